@@ -1,0 +1,55 @@
+// Dense (exact) attention: forward with optional LSE, and backward. Semantics: docs/numerics.md.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+
+#include "flashtq/tensor.hpp"
+
+namespace flashtq {
+
+class Backend;
+
+struct AttentionParams {
+  // Softmax scale; empty means 1/sqrt(D).
+  std::optional<float> scale;
+  bool causal = false;
+  // Absolute position of query row i is i + causal_offset. Empty means Sk - Sq: bottom-right
+  // alignment, as FlashAttention >= 2.1 and decoding against a KV cache. Set 0 for top-left
+  // alignment (PyTorch's is_causal). Applies to the window as well as to causal masking.
+  std::optional<std::int64_t> causal_offset;
+  // 0 = no window; otherwise key j is visible only when |p_i - j| < window.
+  std::int64_t window = 0;
+  // Optional additive f32 mask, element (b, h, i, j) at
+  // b*mask_strides[0] + h*mask_strides[1] + i*mask_strides[2] + j*mask_strides[3];
+  // a stride of 0 broadcasts. mask_elements is the allocation's size, checked against the strides.
+  const float* mask = nullptr;
+  std::array<std::int64_t, 4> mask_strides{};
+  std::int64_t mask_elements = 0;
+  // Dropout probability in [0, 1); decisions come from hash3 (bit-identical on every backend).
+  float dropout_p = 0.0f;
+  std::uint32_t seed = 0;
+};
+
+struct ForwardArgs {
+  TensorView q;    // [B, Sq, H, D]
+  TensorView k;    // [B, Sk, Hkv, D]
+  TensorView v;    // [B, Sk, Hkv, D]
+  TensorView out;  // [B, Sq, H, D], q's dtype
+  float* lse = nullptr;  // optional [B, H, Sq] contiguous, natural log
+  void* stream = nullptr;  // backend stream (cudaStream_t for cuda); null = default
+};
+
+struct BackwardArgs {
+  TensorView q, k, v, out, dout;  // as in the forward; dout shaped like out
+  const float* lse = nullptr;     // required, from the forward
+  TensorView dq, dk, dv;          // shaped like q, k, v
+  void* stream = nullptr;
+};
+
+// Runs on the named backend's memory (see backend.hpp). Validation happens before any work.
+void attention_forward(Backend& backend, const ForwardArgs& args, const AttentionParams& params);
+void attention_backward(Backend& backend, const BackwardArgs& args, const AttentionParams& params);
+
+}  // namespace flashtq

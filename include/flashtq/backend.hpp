@@ -1,0 +1,54 @@
+// The backend interface and registry. A backend computes what SPEC.md defines on memory of one
+// kind; it receives only calls that the validator has accepted.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "flashtq/attention.hpp"
+#include "flashtq/problem.hpp"
+#include "flashtq/turboquant.hpp"
+
+namespace flashtq {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Memory memory() const = 0;
+  // False when the backend is compiled in but cannot run here (no GPU, no adapter).
+  virtual bool available() const { return true; }
+  // A reason when this backend cannot run the problem (head dim, dtype); empty when it can.
+  virtual std::optional<std::string> unsupported(const DenseProblem&) const { return std::nullopt; }
+  virtual std::optional<std::string> unsupported(const TqLayout&) const { return std::nullopt; }
+
+  // Memory of this backend's kind, used by tools and the conformance suite.
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void release(void* ptr) = 0;
+  virtual void upload(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void synchronize() {}
+
+  virtual void forward(const ForwardCall& call) = 0;
+  virtual void backward(const BackwardCall& call) = 0;
+  virtual void tq_encode_keys(const TqEncodeArgs& call) = 0;
+  virtual void tq_encode_values(const TqEncodeArgs& call) = 0;
+  virtual void tq_rotate_queries(const TqRotateArgs& call) = 0;
+  virtual void tq_attend(const TqAttendArgs& call) = 0;
+};
+
+// Every compiled-in backend, available or not, in a fixed order (reference first).
+const std::vector<Backend*>& all_backends();
+// The available ones.
+std::vector<Backend*> available_backends();
+// By name ("reference", "cpu", "cuda", "webgpu"); an Error names the choices when not found.
+Backend& backend(const std::string& name);
+// The fastest available host backend ("cpu" when compiled in, else "reference").
+Backend& default_backend();
+// Adds a backend (for out-of-tree backends); the registry owns it.
+void register_backend(std::unique_ptr<Backend> backend);
+
+}  // namespace flashtq

@@ -1,0 +1,154 @@
+// TurboQuant-compressed KV cache: packed layout, per-layer tables, the three operations
+// (encode, rotate queries, attend over the packed words) and a cache object for users.
+// Semantics: SPEC §2; layout: docs/turboquant_layout.md.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "flashtq/tensor.hpp"
+
+namespace flashtq {
+
+class Backend;
+
+// The packed words of one layer: keys [codes | jl bits | norms], values [codes | norms].
+// Codes are a little-endian bit stream of `bits` per coordinate, LSB first; a slot
+// (kv_head * capacity + t) owns head_dim * bits / 32 whole words, so for 2 bits this is exactly
+// the seed's layout (16 codes per word, element j in bits 2j..2j+1).
+struct TqLayout {
+  std::int64_t head_dim = 128;
+  std::int64_t n_kv_heads = 1;
+  std::int64_t capacity = 0;  // timesteps per kv head: the per-head stride of every region
+  int key_bits = 2;           // b_mse of keys; the QJL bit comes on top
+  int value_bits = 2;
+
+  std::int64_t slots() const { return n_kv_heads * capacity; }
+  std::int64_t key_code_words() const { return head_dim * key_bits / 32; }  // per slot
+  std::int64_t jl_words() const { return head_dim / 32; }                   // per slot
+  std::int64_t value_code_words() const { return head_dim * value_bits / 32; }
+  std::int64_t key_jl_offset() const { return slots() * key_code_words(); }
+  std::int64_t key_norm_offset() const { return key_jl_offset() + slots() * jl_words(); }
+  std::int64_t key_words() const { return key_norm_offset() + slots(); }
+  std::int64_t value_norm_offset() const { return slots() * value_code_words(); }
+  std::int64_t value_words() const { return value_norm_offset() + slots(); }
+  // Bytes one timestep of one kv head costs, keys and values together.
+  std::int64_t bytes_per_token_per_head() const {
+    return 4 * (key_code_words() + jl_words() + 1 + value_code_words() + 1);
+  }
+  double compression_vs_bf16() const {
+    return double(2 * 2 * head_dim) / double(bytes_per_token_per_head());
+  }
+};
+
+// Per-layer constants, small enough to pass by value to a GPU kernel.
+struct TqTables {
+  std::int64_t head_dim = 0;
+  int key_bits = 0, value_bits = 0;
+  std::array<std::uint32_t, 8> polar_sign_bits{};  // bit d set: s_polar[d] = -1
+  std::array<std::uint32_t, 8> jl_sign_bits{};
+  std::array<float, 16> key_centroids{}, value_centroids{};     // ascending, 2^bits used
+  std::array<float, 15> key_boundaries{}, value_boundaries{};   // midpoints, 2^bits - 1 used
+};
+
+// Builds the tables of (seed, layer) for this layout's head_dim and bit widths.
+TqTables make_tq_tables(const TqLayout& layout, std::uint64_t seed, std::int64_t layer);
+
+// Encodes rows x [1, T, n_kv_heads, head_dim] (any dtype, any strides) into timesteps
+// start_pos .. start_pos + T - 1 of a key or value cache.
+struct TqEncodeArgs {
+  TqLayout layout;
+  TqTables tables;
+  TensorView x;
+  std::int64_t start_pos = 0;
+  std::uint32_t* cache = nullptr;
+  void* stream = nullptr;
+};
+
+// Rotated-query scratch [q_rot | q_jl | sums]; region = q_cap * n_heads * head_dim floats.
+inline std::int64_t tq_scratch_floats(std::int64_t q_cap, std::int64_t n_heads,
+                                      std::int64_t head_dim) {
+  return q_cap * n_heads * (2 * head_dim + 1);
+}
+
+// Rotates queries q [1, n_queries, n_heads, head_dim] into the scratch.
+struct TqRotateArgs {
+  TqTables tables;
+  TensorView q;
+  std::int64_t q_cap = 0;  // rows the scratch holds; 0 means n_queries
+  float* scratch = nullptr;
+  void* stream = nullptr;
+};
+
+// Attention of n_queries rotated query rows against the packed caches. Row j sits at absolute
+// position start_pos + j and sees timesteps [0, min(start_pos + j + 1, max_seq)).
+struct TqAttendArgs {
+  TqLayout layout;
+  TqTables tables;
+  const float* scratch = nullptr;
+  std::int64_t q_cap = 0;  // 0 means n_queries
+  std::int64_t n_heads = 0;
+  std::int64_t n_queries = 1;
+  std::int64_t start_pos = 0;
+  std::optional<std::int64_t> max_seq;  // causal clamp; empty means start_pos + n_queries
+  std::optional<float> scale;      // default 1/sqrt(head_dim)
+  std::optional<float> qjl_scale;  // default sqrt(pi/2)/sqrt(head_dim)
+  const std::uint32_t* k_cache = nullptr;
+  const std::uint32_t* v_cache = nullptr;
+  TensorView out;  // f32 [1, n_queries, n_heads, head_dim]
+  void* stream = nullptr;
+};
+
+void tq_encode_keys(Backend& backend, const TqEncodeArgs& args);
+void tq_encode_values(Backend& backend, const TqEncodeArgs& args);
+void tq_rotate_queries(Backend& backend, const TqRotateArgs& args);
+void tq_attend(Backend& backend, const TqAttendArgs& args);
+
+struct TqCacheConfig {
+  std::int64_t layers = 1;
+  std::int64_t n_kv_heads = 1;
+  std::int64_t head_dim = 128;
+  std::int64_t capacity = 0;
+  int key_bits = 2;
+  int value_bits = 2;
+  std::uint64_t seed = 0;
+};
+
+// A host-memory TurboQuant KV cache for every layer of a model, run on a host backend.
+class TqKvCache {
+ public:
+  explicit TqKvCache(const TqCacheConfig& config, Backend* backend = nullptr);
+
+  // Encodes k, v [1, T, n_kv_heads, head_dim] at timesteps start_pos...; a call that would pass
+  // capacity is rejected and leaves the cache unchanged.
+  void append(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos);
+  // Attention of q [1, n, n_heads, head_dim] at positions start_pos... into out (f32, same shape).
+  void attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out);
+
+  const TqCacheConfig& config() const { return config_; }
+  const TqLayout& layout() const { return layout_; }
+  std::int64_t length(std::int64_t layer) const;  // timesteps written so far (highest end)
+  std::int64_t bytes_per_token() const;           // all layers and kv heads
+  double compression_vs_bf16() const { return layout_.compression_vs_bf16(); }
+  std::int64_t memory_bytes() const;              // packed words held, all layers
+  const std::vector<std::uint32_t>& key_words(std::int64_t layer) const;
+  const std::vector<std::uint32_t>& value_words(std::int64_t layer) const;
+
+  void save(const std::string& path) const;
+  static TqKvCache load(const std::string& path, Backend* backend = nullptr);
+
+ private:
+  void check_layer(std::int64_t layer) const;
+  TqCacheConfig config_;
+  TqLayout layout_;
+  Backend* backend_;
+  std::vector<TqTables> tables_;
+  std::vector<std::vector<std::uint32_t>> keys_, values_;
+  std::vector<std::int64_t> length_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace flashtq

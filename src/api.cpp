@@ -1,0 +1,33 @@
+// Public entry points: validate once, then hand the resolved call to the backend.
+#include "core/validate.hpp"
+#include "flashtq/attention.hpp"
+#include "flashtq/backend.hpp"
+#include "flashtq/turboquant.hpp"
+
+namespace flashtq {
+
+void attention_forward(Backend& backend, const ForwardArgs& args, const AttentionParams& params) {
+  backend.forward(core::validate_forward(backend, args, params));
+}
+
+void attention_backward(Backend& backend, const BackwardArgs& args, const AttentionParams& params) {
+  backend.backward(core::validate_backward(backend, args, params));
+}
+
+void tq_encode_keys(Backend& backend, const TqEncodeArgs& args) {
+  backend.tq_encode_keys(core::validate_tq_encode(backend, args));
+}
+
+void tq_encode_values(Backend& backend, const TqEncodeArgs& args) {
+  backend.tq_encode_values(core::validate_tq_encode(backend, args));
+}
+
+void tq_rotate_queries(Backend& backend, const TqRotateArgs& args) {
+  backend.tq_rotate_queries(core::validate_tq_rotate(backend, args));
+}
+
+void tq_attend(Backend& backend, const TqAttendArgs& args) {
+  backend.tq_attend(core::validate_tq_attend(backend, args));
+}
+
+}  // namespace flashtq

@@ -1,0 +1,72 @@
+// The conformance suite: fresh random cases, each run on a backend and on the oracle, compared at
+// the SPEC §3 tolerances with outputs poisoned first. Used by the tests and by `flashtq check`.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashtq/backend.hpp"
+
+namespace flashtq::conformance {
+
+struct DenseCase {
+  std::int64_t B = 1, Sq = 1, Sk = 1, H = 1, Hkv = 1, D = 32;
+  DType dtype = DType::f32;
+  std::optional<float> scale;
+  bool causal = false;
+  std::optional<std::int64_t> causal_offset;
+  std::int64_t window = 0;
+  bool mask = false;
+  std::array<bool, 4> mask_broadcast{};  // per (b, h, q, k): stride 0
+  double mask_neg_inf_rate = 0;
+  float dropout_p = 0;
+  std::uint32_t seed = 0;
+  bool lse = true;
+  bool bhsd_layout = false;  // PyTorch's [B, H, S, D] memory order
+  std::uint64_t data_seed = 0;
+
+  std::string describe() const;
+};
+
+struct TqCase {
+  std::int64_t D = 128, Hkv = 1, H = 1, capacity = 1, tokens = 1, n_queries = 1, start_pos = 0;
+  std::optional<std::int64_t> max_seq;
+  int key_bits = 2, value_bits = 2;
+  DType dtype = DType::f32;
+  std::uint64_t seed = 0, data_seed = 0;
+  bool zero_rows = false;  // some all-zero keys and values
+
+  std::string describe() const;
+};
+
+struct CheckResult {
+  std::string op;           // forward, backward, dropout, tq_encode, tq_rotate, tq_attend
+  std::string description;  // the case
+  double error = 0;         // the measure compared with the tolerance
+  double tolerance = 0;
+  bool passed = false;
+  std::string detail;  // why it failed
+  double seconds = 0;  // time of the backend's call
+};
+
+// Per SPEC §3: relative error bound for a dtype.
+double tolerance(DType dtype);
+
+DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend);
+TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend);
+
+CheckResult check_forward(Backend& backend, const DenseCase& c);
+CheckResult check_backward(Backend& backend, const DenseCase& c);
+// Dropout decisions made by the backend's forward, read off exactly (one-hot values).
+CheckResult check_dropout(Backend& backend, std::uint32_t seed, float p);
+CheckResult check_tq_encode(Backend& backend, const TqCase& c);
+CheckResult check_tq_rotate(Backend& backend, const TqCase& c);
+CheckResult check_tq_attend(Backend& backend, const TqCase& c);
+
+// `cases` random cases of every operation, from one seed.
+std::vector<CheckResult> run_suite(Backend& backend, int cases, std::uint64_t seed);
+
+}  // namespace flashtq::conformance

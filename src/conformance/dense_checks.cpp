@@ -1,0 +1,278 @@
+// Conformance checks of dense forward, backward and dropout against the double oracle.
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "conformance/conformance.hpp"
+#include "conformance/device_buffer.hpp"
+#include "conformance/host_tensor.hpp"
+#include "core/hash3.hpp"
+#include "core/validate.hpp"
+#include "reference/dense.hpp"
+
+namespace flashtq::conformance {
+
+double tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 1e-5;
+    case DType::f16: return 2e-3;
+    case DType::bf16: return 1e-2;
+  }
+  return 0;
+}
+
+std::string DenseCase::describe() const {
+  std::ostringstream s;
+  s << dtype_name(dtype) << " B" << B << " Sq" << Sq << " Sk" << Sk << " H" << H << "/" << Hkv << " D" << D;
+  if (causal) s << " causal";
+  if (causal_offset) s << " off" << *causal_offset;
+  if (window) s << " win" << window;
+  if (mask) s << " mask" << mask_broadcast[0] << mask_broadcast[1] << mask_broadcast[2] << mask_broadcast[3];
+  if (dropout_p > 0) s << " drop" << dropout_p;
+  if (bhsd_layout) s << " bhsd";
+  if (scale) s << " scale" << *scale;
+  return s.str();
+}
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+
+// Everything one case needs on the host: inputs, the mask, and the params.
+struct DenseInputs {
+  HostTensor q, k, v;
+  std::vector<float> mask;
+  AttentionParams params;
+
+  explicit DenseInputs(const DenseCase& c)
+      : q({c.B, c.Sq, c.H, c.D}, c.dtype, c.bhsd_layout),
+        k({c.B, c.Sk, c.Hkv, c.D}, c.dtype, c.bhsd_layout),
+        v({c.B, c.Sk, c.Hkv, c.D}, c.dtype, c.bhsd_layout) {
+    std::mt19937_64 rng(c.data_seed);
+    q.fill_normal(rng);
+    k.fill_normal(rng);
+    v.fill_normal(rng);
+    params.scale = c.scale;
+    params.causal = c.causal;
+    params.causal_offset = c.causal_offset;
+    params.window = c.window;
+    params.dropout_p = c.dropout_p;
+    params.seed = c.seed;
+    if (c.mask) {
+      // A full [B, H, Sq, Sk] block; broadcast dimensions get stride 0 and read its first slice.
+      const std::array<std::int64_t, 4> extent{c.B, c.H, c.Sq, c.Sk};
+      std::int64_t stride = 1;
+      for (int d = 3; d >= 0; --d) {
+        params.mask_strides[std::size_t(d)] = c.mask_broadcast[std::size_t(d)] ? 0 : stride;
+        stride *= extent[std::size_t(d)];
+      }
+      mask.resize(std::size_t(stride));
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      std::uniform_real_distribution<double> u(0.0, 1.0);
+      for (float& m : mask) m = u(rng) < c.mask_neg_inf_rate ? -std::numeric_limits<float>::infinity() : dist(rng);
+      params.mask_elements = std::int64_t(mask.size());
+      params.mask = mask.data();
+    }
+  }
+
+  DenseProblem problem() const {
+    HostTensor out(q);
+    return core::validate_forward(backend("reference"), {q.view, k.view, v.view, out.view}, params).p;
+  }
+};
+
+// The backend's copy of one case's inputs.
+struct DeviceInputs {
+  DeviceBuffer q, k, v, mask;
+  AttentionParams params;
+  DeviceInputs(Backend& b, const DenseInputs& in)
+      : q(b, in.q.bytes), k(b, in.k.bytes), v(b, in.v.bytes), mask(b, in.mask), params(in.params) {
+    if (in.params.mask) params.mask = static_cast<const float*>(mask.get());
+  }
+};
+
+struct OracleForward {
+  std::vector<double> out, lse;
+};
+
+OracleForward oracle_forward(const DenseInputs& in) {
+  const DenseProblem p = in.problem();
+  OracleForward o;
+  o.out.resize(std::size_t(p.B * p.Sq * p.H * p.D));
+  o.lse.resize(std::size_t(p.B * p.H * p.Sq));
+  reference::dense_forward(p, in.q.values().data(), in.k.values().data(), in.v.values().data(), o.out.data(),
+                           o.lse.data());
+  return o;
+}
+
+}  // namespace
+
+CheckResult check_forward(Backend& backend, const DenseCase& c) {
+  CheckResult r{"forward", c.describe(), 0, tolerance(c.dtype), false, "", 0};
+  const DenseInputs in(c);
+  const OracleForward ref = oracle_forward(in);
+
+  HostTensor out(in.q);
+  out.poison();
+  std::vector<float> lse(std::size_t(c.B * c.H * c.Sq), std::numeric_limits<float>::quiet_NaN());
+  DeviceInputs dev(backend, in);
+  DeviceBuffer dout(backend, out.bytes), dlse(backend, lse);
+  ForwardArgs args{in.q.on(dev.q.get(), backend.memory()),
+                   in.k.on(dev.k.get(), backend.memory()), in.v.on(dev.v.get(), backend.memory()),
+                   out.on(dout.get(), backend.memory()), c.lse ? static_cast<float*>(dlse.get()) : nullptr, nullptr};
+  const auto t0 = std::chrono::steady_clock::now();
+  attention_forward(backend, args, dev.params);
+  backend.synchronize();
+  r.seconds = seconds_since(t0);
+  out.assign(dout.read<std::uint8_t>());
+  r.error = relative_error(ref.out, out.values(), r.detail);
+  if (c.lse) {
+    std::string lse_detail;
+    const double lse_err = relative_error(ref.lse, to_double(dlse.read<float>()), lse_detail);
+    if (lse_err > r.error) {
+      r.error = lse_err;
+      r.detail = "lse " + lse_detail;
+    }
+  }
+  r.passed = r.error <= r.tolerance;
+  return r;
+}
+
+CheckResult check_backward(Backend& backend, const DenseCase& c) {
+  CheckResult r{"backward", c.describe(), 0, tolerance(c.dtype), false, "", 0};
+  const DenseInputs in(c);
+  const DenseProblem p = in.problem();
+  const OracleForward fwd = oracle_forward(in);
+  // Both sides get the same out (rounded to the dtype), lse (f32) and a random dout.
+  HostTensor out(in.q), dout(in.q);
+  out.fill(fwd.out);
+  std::mt19937_64 rng(c.data_seed ^ 0xD0D0D0D0ull);
+  dout.fill_normal(rng);
+  std::vector<float> lse(fwd.lse.begin(), fwd.lse.end());
+
+  std::vector<double> dq(std::size_t(in.q.numel())), dk(std::size_t(in.k.numel())), dv(dk.size());
+  reference::dense_backward(p, in.q.values().data(), in.k.values().data(), in.v.values().data(),
+                            out.values().data(), dout.values().data(), to_double(lse).data(), dq.data(), dk.data(),
+                            dv.data());
+
+  HostTensor gq(in.q), gk(in.k), gv(in.v);
+  gq.poison();
+  gk.poison();
+  gv.poison();
+  DeviceInputs dev(backend, in);
+  DeviceBuffer d_out(backend, out.bytes), d_dout(backend, dout.bytes), d_lse(backend, lse),
+      d_dq(backend, gq.bytes), d_dk(backend, gk.bytes), d_dv(backend, gv.bytes);
+  const Memory mem = backend.memory();
+  BackwardArgs args{in.q.on(dev.q.get(), mem), in.k.on(dev.k.get(), mem), in.v.on(dev.v.get(), mem),
+                    out.on(d_out.get(), mem),  dout.on(d_dout.get(), mem), static_cast<const float*>(d_lse.get()),
+                    gq.on(d_dq.get(), mem),    gk.on(d_dk.get(), mem),   gv.on(d_dv.get(), mem), nullptr};
+  const auto t0 = std::chrono::steady_clock::now();
+  attention_backward(backend, args, dev.params);
+  backend.synchronize();
+  r.seconds = seconds_since(t0);
+  gq.assign(d_dq.read<std::uint8_t>());
+  gk.assign(d_dk.read<std::uint8_t>());
+  gv.assign(d_dv.read<std::uint8_t>());
+  const std::pair<const char*, double> errs[] = {{"dq", relative_error(dq, gq.values(), r.detail)},
+                                                  {"dk", relative_error(dk, gk.values(), r.detail)},
+                                                  {"dv", relative_error(dv, gv.values(), r.detail)}};
+  for (const auto& [name, e] : errs) {
+    if (e > r.error) r.error = e;
+    if (e > r.tolerance && r.detail.find(name) == std::string::npos) r.detail = std::string(name) + ": " + r.detail;
+  }
+  r.passed = r.error <= r.tolerance;
+  return r;
+}
+
+CheckResult check_dropout(Backend& backend, std::uint32_t seed, float p) {
+  // With v_j = e_j (one-hot, D >= Sk) out_i[j] = P_ij * keep_ij / (1 - p): a dropped weight is an exact 0.
+  DenseCase c;
+  c.B = 2;
+  c.H = 2;
+  c.Hkv = 1;
+  c.Sq = 24;
+  c.Sk = 64;
+  c.D = 64;
+  c.dropout_p = p;
+  c.seed = seed;
+  c.lse = false;
+  CheckResult r{"dropout", c.describe(), 0, 0, false, "", 0};
+  DenseInputs in(c);
+  std::vector<double> one_hot(std::size_t(in.v.numel()), 0.0);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t j = 0; j < c.Sk; ++j) one_hot[std::size_t(((b * c.Sk + j) * c.Hkv) * c.D + j)] = 1.0;
+  in.v.fill(one_hot);
+  HostTensor out(in.q);
+  out.poison();
+  DeviceInputs dev(backend, in);
+  DeviceBuffer dout(backend, out.bytes);
+  const Memory mem = backend.memory();
+  const auto t0 = std::chrono::steady_clock::now();
+  attention_forward(backend, {in.q.on(dev.q.get(), mem), in.k.on(dev.k.get(), mem), in.v.on(dev.v.get(), mem),
+                              out.on(dout.get(), mem), nullptr, nullptr},
+                    dev.params);
+  backend.synchronize();
+  r.seconds = seconds_since(t0);
+  out.assign(dout.read<std::uint8_t>());
+  const std::vector<double> got = out.values();
+  std::int64_t mismatches = 0;
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t i = 0; i < c.Sq; ++i)
+      for (std::int64_t h = 0; h < c.H; ++h)
+        for (std::int64_t j = 0; j < c.Sk; ++j) {
+          const bool keep = core::dropout_keep(p, seed, std::uint32_t(b * c.H + h), std::uint32_t(i), std::uint32_t(j));
+          const double value = got[std::size_t(((b * c.Sq + i) * c.H + h) * c.D + j)];
+          if (keep != (value != 0.0) || std::isnan(value)) ++mismatches;
+        }
+  r.error = double(mismatches);
+  r.passed = mismatches == 0;
+  if (!r.passed) r.detail = std::to_string(mismatches) + " dropout decisions differ from hash3";
+  return r;
+}
+
+DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend) {
+  auto pick = [&](auto... options) {
+    const std::array values{options...};
+    return values[std::uniform_int_distribution<std::size_t>(0, values.size() - 1)(rng)];
+  };
+  auto chance = [&](double prob) { return std::uniform_real_distribution<double>(0, 1)(rng) < prob; };
+  auto range = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  for (;;) {
+    DenseCase c;
+    c.dtype = pick(DType::f32, DType::f16, DType::bf16);
+    c.D = pick(std::int64_t(1), std::int64_t(17), std::int64_t(32), std::int64_t(64), std::int64_t(96),
+               std::int64_t(128), std::int64_t(256));
+    c.B = range(1, 2);
+    c.Hkv = range(1, 2);
+    c.H = c.Hkv * pick(std::int64_t(1), std::int64_t(2), std::int64_t(4));
+    const std::int64_t budget = c.D >= 128 ? 24 : 48;  // keeps the oracle's work per case small
+    c.Sq = range(1, budget);
+    c.Sk = chance(0.2) ? c.Sq : range(1, budget + 20);
+    c.causal = chance(0.5);
+    const int offset_kind = int(range(0, 3));
+    if (offset_kind == 1) c.causal_offset = 0;
+    if (offset_kind == 2) c.causal_offset = range(-4, c.Sk + 4);
+    if (chance(0.3)) c.window = range(1, 24);
+    if (chance(0.4)) {
+      c.mask = true;
+      for (bool& bcast : c.mask_broadcast) bcast = chance(0.5);
+      c.mask_neg_inf_rate = chance(0.5) ? 0.1 : 0.0;
+    }
+    if (chance(0.3)) c.dropout_p = pick(0.1f, 0.3f, 0.5f);
+    c.seed = std::uint32_t(rng());
+    c.lse = chance(0.8);
+    c.bhsd_layout = chance(0.4);
+    if (chance(0.2)) c.scale = float(pick(0.05, 0.3));
+    c.data_seed = rng();
+    DenseProblem p;
+    p.B = c.B; p.Sq = c.Sq; p.Sk = c.Sk; p.H = c.H; p.Hkv = c.Hkv; p.D = c.D; p.dtype = c.dtype;
+    if (!backend.unsupported(p)) return c;
+  }
+}
+
+}  // namespace flashtq::conformance

@@ -1,0 +1,88 @@
+// Host tensors for the suite: random data rounded into a dtype, poisoning, and gathering values.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/elements.hpp"
+#include "flashtq/tensor.hpp"
+
+namespace flashtq::conformance {
+
+struct HostTensor {
+  std::vector<std::uint8_t> bytes;
+  TensorView view;  // points into bytes
+
+  HostTensor(std::array<std::int64_t, 4> shape, DType dtype, bool bhsd) {
+    const auto [B, S, H, D] = shape;
+    bytes.assign(std::size_t(B * S * H * D) * dtype_size(dtype), 0);
+    view = bhsd ? TensorView::bhsd(bytes.data(), dtype, B, H, S, D) : TensorView::bshd(bytes.data(), dtype, B, S, H, D);
+  }
+  HostTensor(const HostTensor& o) : bytes(o.bytes), view(o.view) { view.data = bytes.data(); }
+  HostTensor& operator=(const HostTensor&) = delete;
+
+  // Replaces the contents (same size), keeping the view's pointer valid.
+  void assign(const std::vector<std::uint8_t>& from) { std::copy(from.begin(), from.end(), bytes.begin()); }
+
+  std::int64_t numel() const { return view.shape[0] * view.shape[1] * view.shape[2] * view.shape[3]; }
+
+  // Every element at its logical index (b, s, h, d) in [B, S, H, D] order.
+  template <typename F>
+  void for_each(F&& f) const {
+    const auto [B, S, H, D] = view.shape;
+    std::int64_t n = 0;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < S; ++s)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t d = 0; d < D; ++d) f(n++, core::offset(view, b, s, h) + d);
+  }
+  void fill_normal(std::mt19937_64& rng, double stddev = 1.0) {
+    std::normal_distribution<float> dist(0.0f, float(stddev));
+    for_each([&](std::int64_t, std::int64_t at) { core::store(view.data, view.dtype, at, dist(rng)); });
+  }
+  void fill(const std::vector<double>& values) {
+    for_each([&](std::int64_t n, std::int64_t at) { core::store(view.data, view.dtype, at, float(values[std::size_t(n)])); });
+  }
+  void poison() {
+    for_each([&](std::int64_t, std::int64_t at) {
+      core::store(view.data, view.dtype, at, std::numeric_limits<float>::quiet_NaN());
+    });
+  }
+  // Values in contiguous [B, S, H, D] order, as the oracle takes them.
+  std::vector<double> values() const {
+    std::vector<double> x(static_cast<std::size_t>(numel()));
+    for_each([&](std::int64_t n, std::int64_t at) { x[std::size_t(n)] = core::load(view.data, view.dtype, at); });
+    return x;
+  }
+  // The same tensor, its data in a backend buffer.
+  TensorView on(void* device_data, Memory memory) const {
+    TensorView v = view;
+    v.data = device_data;
+    v.memory = memory;
+    return v;
+  }
+};
+
+// ||got - ref|| / ||ref||; infinity (with a reason) for a NaN, or where -inf entries disagree.
+inline double relative_error(const std::vector<double>& ref, const std::vector<double>& got, std::string& detail) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const bool ref_ninf = ref[i] == -std::numeric_limits<double>::infinity();
+    if (ref_ninf || std::isnan(got[i]) || std::isinf(got[i])) {
+      if (ref_ninf && got[i] == ref[i]) continue;
+      detail = "element " + std::to_string(i) + " is " + std::to_string(got[i]) + ", oracle " + std::to_string(ref[i]);
+      return std::numeric_limits<double>::infinity();
+    }
+    diff += (got[i] - ref[i]) * (got[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  if (norm == 0) return std::sqrt(diff);
+  return std::sqrt(diff / norm);
+}
+
+}  // namespace flashtq::conformance

@@ -1,0 +1,245 @@
+// Conformance checks of TurboQuant encode, query rotation and attention against the oracle.
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "conformance/conformance.hpp"
+#include "conformance/device_buffer.hpp"
+#include "conformance/host_tensor.hpp"
+#include "core/packing.hpp"
+#include "core/validate.hpp"
+#include "reference/turboquant.hpp"
+
+namespace flashtq::conformance {
+
+std::string TqCase::describe() const {
+  std::ostringstream s;
+  s << dtype_name(dtype) << " D" << D << " H" << H << "/" << Hkv << " k" << key_bits << "v" << value_bits << " cap"
+    << capacity << " T" << tokens << " nq" << n_queries << " pos" << start_pos;
+  if (max_seq) s << " max_seq" << *max_seq;
+  if (zero_rows) s << " zeros";
+  return s.str();
+}
+
+namespace {
+
+constexpr std::uint32_t kPoisonWord = 0xA5A5A5A5u;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TqLayout layout_of(const TqCase& c) {
+  TqLayout l;
+  l.head_dim = c.D;
+  l.n_kv_heads = c.Hkv;
+  l.capacity = c.capacity;
+  l.key_bits = c.key_bits;
+  l.value_bits = c.value_bits;
+  return l;
+}
+
+// Keys or values [1, tokens, Hkv, D], some rows zero when the case asks for it.
+HostTensor kv_rows(const TqCase& c, std::uint64_t salt) {
+  HostTensor x({1, c.tokens, c.Hkv, c.D}, c.dtype, false);
+  std::mt19937_64 rng(c.data_seed ^ salt);
+  x.fill_normal(rng, 2.0);
+  if (c.zero_rows) {
+    std::vector<double> v = x.values();
+    for (std::int64_t t = 0; t < c.tokens; t += 3)
+      for (std::int64_t d = 0; d < c.D; ++d) v[std::size_t(t * c.Hkv * c.D + d)] = 0.0;  // head 0 of every 3rd
+    x.fill(v);
+  }
+  return x;
+}
+
+// Timestep where a case's tokens start: the end of the cache, so the last slot is exercised.
+std::int64_t encode_start(const TqCase& c) { return c.capacity - c.tokens; }
+
+// The packed caches the oracle writes for a case, over a poisoned background.
+struct OracleCache {
+  std::vector<std::uint32_t> keys, values;
+};
+OracleCache oracle_cache(const TqCase& c, const TqTables& tables) {
+  const TqLayout l = layout_of(c);
+  OracleCache o{std::vector<std::uint32_t>(std::size_t(l.key_words()), kPoisonWord),
+                std::vector<std::uint32_t>(std::size_t(l.value_words()), kPoisonWord)};
+  const HostTensor k = kv_rows(c, 1), v = kv_rows(c, 2);
+  reference::tq_encode_keys({l, tables, k.view, encode_start(c), o.keys.data(), nullptr});
+  reference::tq_encode_values({l, tables, v.view, encode_start(c), o.values.data(), nullptr});
+  return o;
+}
+
+// Compares a backend's words with the oracle's: norm words and untouched words exactly, codes and
+// QJL bits at >= 99.9 % agreement. Returns the fraction of codes that differ.
+double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, const std::vector<std::uint32_t>& got,
+                     bool keys, std::string& detail) {
+  const int bits = keys ? l.key_bits : l.value_bits;
+  const std::int64_t code_words = keys ? l.key_code_words() : l.value_code_words();
+  const std::int64_t norm_off = keys ? l.key_norm_offset() : l.value_norm_offset();
+  std::int64_t codes = 0, differ = 0;
+  for (std::int64_t slot = 0; slot < l.slots(); ++slot) {
+    if (ref[std::size_t(norm_off + slot)] != got[std::size_t(norm_off + slot)]) {
+      detail = std::string(keys ? "key" : "value") + " norm word of slot " + std::to_string(slot) + " differs";
+      return std::numeric_limits<double>::infinity();
+    }
+    const std::uint32_t* r = ref.data() + slot * code_words;
+    const std::uint32_t* g = got.data() + slot * code_words;
+    if (r[0] == kPoisonWord && ref[std::size_t(norm_off + slot)] == kPoisonWord) {  // a slot not written
+      for (std::int64_t w = 0; w < code_words; ++w)
+        if (g[w] != kPoisonWord) {
+          detail = "slot " + std::to_string(slot) + " outside the appended timesteps was written";
+          return std::numeric_limits<double>::infinity();
+        }
+      continue;
+    }
+    for (std::int64_t d = 0; d < l.head_dim; ++d) {
+      ++codes;
+      differ += core::get_code(r, d, bits) != core::get_code(g, d, bits);
+      if (keys) {
+        const std::uint32_t* rj = ref.data() + l.key_jl_offset() + slot * l.jl_words();
+        const std::uint32_t* gj = got.data() + l.key_jl_offset() + slot * l.jl_words();
+        ++codes;
+        differ += ((rj[d / 32] ^ gj[d / 32]) >> (d % 32)) & 1u;
+      }
+    }
+  }
+  const double fraction = codes ? double(differ) / double(codes) : 0.0;
+  if (fraction > 1e-3) detail = std::to_string(differ) + " of " + std::to_string(codes) + " codes differ";
+  return fraction;
+}
+
+// The oracle's rotated queries for a case, laid out in a scratch of q_cap = n_queries rows.
+std::vector<float> oracle_scratch(const TqCase& c, const TqTables& tables, const HostTensor& q) {
+  std::vector<float> s(std::size_t(tq_scratch_floats(c.n_queries, c.H, c.D)));
+  reference::tq_rotate_queries({tables, q.view, c.n_queries, s.data(), nullptr});
+  return s;
+}
+
+HostTensor queries(const TqCase& c) {
+  HostTensor q({1, c.n_queries, c.H, c.D}, c.dtype, false);
+  std::mt19937_64 rng(c.data_seed ^ 3);
+  q.fill_normal(rng);
+  return q;
+}
+
+}  // namespace
+
+CheckResult check_tq_encode(Backend& backend, const TqCase& c) {
+  CheckResult r{"tq_encode", c.describe(), 0, 1e-3, false, "", 0};
+  const TqLayout l = layout_of(c);
+  const TqTables tables = make_tq_tables(l, c.seed, 0);
+  const OracleCache ref = oracle_cache(c, tables);
+  const HostTensor k = kv_rows(c, 1), v = kv_rows(c, 2);
+  DeviceBuffer dk(backend, k.bytes), dv(backend, v.bytes),
+      kc(backend, std::vector<std::uint32_t>(ref.keys.size(), kPoisonWord)),
+      vc(backend, std::vector<std::uint32_t>(ref.values.size(), kPoisonWord));
+  const Memory mem = backend.memory();
+  const auto t0 = std::chrono::steady_clock::now();
+  tq_encode_keys(backend, {l, tables, k.on(dk.get(), mem), encode_start(c), static_cast<std::uint32_t*>(kc.get()), nullptr});
+  tq_encode_values(backend, {l, tables, v.on(dv.get(), mem), encode_start(c), static_cast<std::uint32_t*>(vc.get()), nullptr});
+  backend.synchronize();
+  r.seconds = seconds_since(t0);
+  r.error = std::max(compare_words(l, ref.keys, kc.read<std::uint32_t>(), true, r.detail),
+                     compare_words(l, ref.values, vc.read<std::uint32_t>(), false, r.detail));
+  r.passed = r.error <= r.tolerance;
+  return r;
+}
+
+CheckResult check_tq_rotate(Backend& backend, const TqCase& c) {
+  CheckResult r{"tq_rotate", c.describe(), 0, 1e-5, false, "", 0};
+  const TqTables tables = make_tq_tables(layout_of(c), c.seed, 0);
+  const HostTensor q = queries(c);
+  const std::vector<float> ref = oracle_scratch(c, tables, q);
+  DeviceBuffer dq(backend, q.bytes),
+      scratch(backend, std::vector<float>(ref.size(), std::numeric_limits<float>::quiet_NaN()));
+  const auto t0 = std::chrono::steady_clock::now();
+  tq_rotate_queries(backend, {tables, q.on(dq.get(), backend.memory()), c.n_queries, static_cast<float*>(scratch.get()), nullptr});
+  backend.synchronize();
+  r.seconds = seconds_since(t0);
+  const std::vector<float> got = scratch.read<float>();
+  r.error = relative_error(std::vector<double>(ref.begin(), ref.end()), std::vector<double>(got.begin(), got.end()), r.detail);
+  r.passed = r.error <= r.tolerance;
+  return r;
+}
+
+CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
+  CheckResult r{"tq_attend", c.describe(), 0, 1e-5, false, "", 0};
+  const TqLayout l = layout_of(c);
+  const TqTables tables = make_tq_tables(l, c.seed, 0);
+  const OracleCache cache = oracle_cache(c, tables);
+  const HostTensor q = queries(c);
+  const std::vector<float> scratch = oracle_scratch(c, tables, q);
+  TqAttendArgs a;
+  a.layout = l;
+  a.tables = tables;
+  a.scratch = scratch.data();
+  a.n_heads = c.H;
+  a.n_queries = c.n_queries;
+  a.start_pos = c.start_pos;
+  a.max_seq = c.max_seq;
+  a.k_cache = cache.keys.data();
+  a.v_cache = cache.values.data();
+  HostTensor out({1, c.n_queries, c.H, c.D}, DType::f32, false);
+  a.out = out.view;
+  reference::tq_attend(core::validate_tq_attend(flashtq::backend("reference"), a));
+  const std::vector<double> ref = out.values();
+
+  out.poison();
+  DeviceBuffer ds(backend, scratch), dk(backend, cache.keys), dv(backend, cache.values), dout(backend, out.bytes);
+  a.scratch = static_cast<const float*>(ds.get());
+  a.k_cache = static_cast<const std::uint32_t*>(dk.get());
+  a.v_cache = static_cast<const std::uint32_t*>(dv.get());
+  a.out = out.on(dout.get(), backend.memory());
+  const auto t0 = std::chrono::steady_clock::now();
+  tq_attend(backend, a);
+  backend.synchronize();
+  r.seconds = seconds_since(t0);
+  out.assign(dout.read<std::uint8_t>());
+  r.error = relative_error(ref, out.values(), r.detail);
+  r.passed = r.error <= r.tolerance;
+  return r;
+}
+
+TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
+  auto range = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  for (;;) {
+    TqCase c;
+    const std::int64_t dims[] = {32, 64, 128, 256};
+    c.D = dims[range(0, 3)];
+    c.key_bits = int(range(1, 3));
+    c.value_bits = int(range(2, 4));
+    if (range(0, 2) == 0) c.key_bits = c.value_bits = 2;  // the seed's configuration, often
+    c.Hkv = range(1, 2);
+    c.H = c.Hkv * (std::int64_t(1) << range(0, 2));
+    c.tokens = range(1, c.D >= 256 ? 80 : 200);
+    c.capacity = c.tokens + range(0, 16);
+    c.n_queries = range(1, 8);
+    c.start_pos = range(0, c.capacity - 1);
+    if (range(0, 3) == 0) c.max_seq = range(0, c.capacity);
+    c.dtype = std::array{DType::f32, DType::f16, DType::bf16}[std::size_t(range(0, 2))];
+    c.zero_rows = range(0, 3) == 0;
+    c.seed = rng();
+    c.data_seed = rng();
+    if (!backend.unsupported(layout_of(c))) return c;
+  }
+}
+
+std::vector<CheckResult> run_suite(Backend& backend, int cases, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<CheckResult> results;
+  for (int i = 0; i < cases; ++i) {
+    const DenseCase dc = draw_dense_case(rng, backend);
+    results.push_back(check_forward(backend, dc));
+    results.push_back(check_backward(backend, dc));
+    const TqCase tc = draw_tq_case(rng, backend);
+    results.push_back(check_tq_encode(backend, tc));
+    results.push_back(check_tq_rotate(backend, tc));
+    results.push_back(check_tq_attend(backend, tc));
+    if (i % 10 == 0) results.push_back(check_dropout(backend, std::uint32_t(rng()), 0.1f + 0.08f * float(i % 10)));
+  }
+  return results;
+}
+
+}  // namespace flashtq::conformance

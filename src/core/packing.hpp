@@ -1,0 +1,28 @@
+// Bit-stream access to the packed codes of one slot: `bits` per coordinate, LSB first, a code may
+// straddle two words (3 bits). For 2 bits this is the seed's 16-codes-per-word layout.
+#pragma once
+
+#include <cstdint>
+
+namespace flashtq::core {
+
+inline std::uint32_t get_code(const std::uint32_t* words, std::int64_t d, int bits) {
+  const std::int64_t pos = d * bits;
+  const std::int64_t w = pos / 32;
+  const int shift = int(pos % 32);
+  const std::uint32_t mask = (1u << bits) - 1u;
+  std::uint32_t v = words[w] >> shift;
+  if (shift + bits > 32) v |= words[w + 1] << (32 - shift);
+  return v & mask;
+}
+
+// ORs a code into zero-initialised words.
+inline void put_code(std::uint32_t* words, std::int64_t d, int bits, std::uint32_t code) {
+  const std::int64_t pos = d * bits;
+  const std::int64_t w = pos / 32;
+  const int shift = int(pos % 32);
+  words[w] |= code << shift;
+  if (shift + bits > 32) words[w + 1] |= code >> (32 - shift);
+}
+
+}  // namespace flashtq::core

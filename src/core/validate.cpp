@@ -1,0 +1,286 @@
+#include "core/validate.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "core/checked.hpp"
+#include "flashtq/error.hpp"
+
+namespace flashtq {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+  }
+  return "?";
+}
+
+namespace core {
+namespace {
+
+constexpr std::int64_t kInt32Max = std::numeric_limits<std::int32_t>::max();
+constexpr std::int64_t kMaxHeadDim = 256;
+
+const char* memory_name(Memory m) {
+  switch (m) {
+    case Memory::host: return "host";
+    case Memory::cuda: return "cuda";
+    case Memory::webgpu: return "webgpu";
+  }
+  return "?";
+}
+
+std::string shape_text(const std::array<std::int64_t, 4>& s) {
+  return "[" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) +
+         ", " + std::to_string(s[3]) + "]";
+}
+
+void check_pointer(const std::string& name, const void* ptr, std::size_t alignment) {
+  if (ptr == nullptr) throw Error(name, "must not be null");
+  if (reinterpret_cast<std::uintptr_t>(ptr) % alignment != 0) {
+    throw Error(name, "must be aligned to " + std::to_string(alignment) + " bytes");
+  }
+}
+
+// Checks one view: memory kind, pointer, dims, strides, and that its extent fits in 64 bits.
+void check_view(const std::string& name, const TensorView& t, const Backend& backend) {
+  if (t.memory != backend.memory()) {
+    throw Error(name, std::string("lives in ") + memory_name(t.memory) + " memory but backend '" +
+                          backend.name() + "' works on " + memory_name(backend.memory()) + " memory");
+  }
+  check_pointer(name, t.data, dtype_size(t.dtype));
+  for (int d = 0; d < 4; ++d) {
+    if (t.shape[d] < 1) throw Error(name, "every dimension must be >= 1, got shape " + shape_text(t.shape));
+  }
+  if (t.strides[3] != 1) throw Error(name, "the last (head_dim) stride must be 1");
+  std::int64_t last = 0;
+  for (int d = 0; d < 3; ++d) {
+    if (t.strides[d] < 0 || (t.strides[d] == 0 && t.shape[d] > 1)) {
+      throw Error(name, "strides must be positive (0 only for a dimension of size 1)");
+    }
+    last = checked_add(last, checked_mul(t.shape[d] - 1, t.strides[d], name), name);
+  }
+  last = checked_add(last, t.shape[3], name);
+  checked_mul(last, std::int64_t(dtype_size(t.dtype)), name);
+}
+
+void check_shape(const std::string& name, const TensorView& t, const std::array<std::int64_t, 4>& want,
+                 const std::string& why) {
+  if (t.shape != want) {
+    throw Error(name, "shape " + shape_text(t.shape) + " must be " + shape_text(want) + " (" + why + ")");
+  }
+}
+
+void check_dtype(const std::string& name, const TensorView& t, DType want) {
+  if (t.dtype != want) {
+    throw Error(name, std::string("dtype ") + dtype_name(t.dtype) + " must equal q's dtype " + dtype_name(want));
+  }
+}
+
+DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const TensorView& k,
+                             const TensorView& v, const TensorView& out, const AttentionParams& params) {
+  check_view("q", q, backend);
+  check_view("k", k, backend);
+  check_view("v", v, backend);
+  check_view("out", out, backend);
+  DenseProblem p;
+  p.B = q.shape[0];
+  p.Sq = q.shape[1];
+  p.H = q.shape[2];
+  p.D = q.shape[3];
+  p.Sk = k.shape[1];
+  p.Hkv = k.shape[2];
+  p.dtype = q.dtype;
+  check_shape("k", k, {p.B, p.Sk, p.Hkv, p.D}, "batch and head_dim of q");
+  check_shape("v", v, k.shape, "same as k");
+  check_shape("out", out, q.shape, "same as q");
+  check_dtype("k", k, q.dtype);
+  check_dtype("v", v, q.dtype);
+  check_dtype("out", out, q.dtype);
+  if (p.D > kMaxHeadDim) throw Error("q", "head_dim " + std::to_string(p.D) + " must be in [1, 256]");
+  if (p.H % p.Hkv != 0) {
+    throw Error("k", "query heads (" + std::to_string(p.H) + ") must be a multiple of kv heads (" +
+                         std::to_string(p.Hkv) + ")");
+  }
+  if (p.Sq > kInt32Max || p.Sk > kInt32Max) throw Error("q", "sequence lengths must fit in int32");
+  if (p.B * p.H > kInt32Max) throw Error("q", "batch * heads must fit in int32");
+
+  p.scale = params.scale.value_or(float(1.0 / std::sqrt(double(p.D))));
+  if (!std::isfinite(p.scale)) throw Error("scale", "must be finite");
+  p.causal = params.causal;
+  p.causal_offset = params.causal_offset.value_or(p.Sk - p.Sq);
+  if (p.causal_offset < -kInt32Max || p.causal_offset > kInt32Max - p.Sq) {
+    throw Error("causal_offset", "query positions (row + causal_offset) overflow int32");
+  }
+  if (params.window < 0 || params.window > kInt32Max) {
+    throw Error("window", "must be in [0, 2^31 - 1] (0 = no window)");
+  }
+  p.window = params.window;
+  if (!(params.dropout_p >= 0.0f && params.dropout_p < 1.0f)) {
+    throw Error("dropout_p", "must be in [0, 1)");
+  }
+  p.dropout_p = params.dropout_p;
+  p.seed = params.seed;
+
+  if (params.mask != nullptr) {
+    check_pointer("mask", params.mask, alignof(float));
+    const std::array<std::int64_t, 4> extent{p.B, p.H, p.Sq, p.Sk};
+    std::int64_t last = 0;
+    for (int d = 0; d < 4; ++d) {
+      if (params.mask_strides[d] < 0) throw Error("mask_strides", "must be >= 0 (0 broadcasts)");
+      last = checked_add(last, checked_mul(extent[d] - 1, params.mask_strides[d], "mask_strides"),
+                         "mask_strides");
+    }
+    if (params.mask_elements <= last) {
+      throw Error("mask_elements", "mask of " + std::to_string(params.mask_elements) +
+                                       " elements is too small for its strides (needs " +
+                                       std::to_string(last + 1) + ")");
+    }
+    p.mask = params.mask;
+    p.mask_strides = params.mask_strides;
+  }
+  if (auto why = backend.unsupported(p)) throw Error("backend", backend.name() + ": " + *why);
+  return p;
+}
+
+}  // namespace
+
+ForwardCall validate_forward(const Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
+  ForwardCall c;
+  c.p = resolve_problem(backend, a.q, a.k, a.v, a.out, params);
+  if (a.lse != nullptr) {
+    check_pointer("lse", a.lse, alignof(float));
+    checked_mul(checked_mul(c.p.B, c.p.H, "lse"), c.p.Sq, "lse");
+  }
+  c.q = a.q;
+  c.k = a.k;
+  c.v = a.v;
+  c.out = a.out;
+  c.lse = a.lse;
+  c.stream = a.stream;
+  return c;
+}
+
+BackwardCall validate_backward(const Backend& backend, const BackwardArgs& a, const AttentionParams& params) {
+  BackwardCall c;
+  c.p = resolve_problem(backend, a.q, a.k, a.v, a.out, params);
+  const std::pair<const char*, const TensorView*> grads[] = {
+      {"dout", &a.dout}, {"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}};
+  const TensorView* like[] = {&a.out, &a.q, &a.k, &a.v};
+  for (int i = 0; i < 4; ++i) {
+    check_view(grads[i].first, *grads[i].second, backend);
+    check_shape(grads[i].first, *grads[i].second, like[i]->shape, "gradient shaped like its tensor");
+    check_dtype(grads[i].first, *grads[i].second, a.q.dtype);
+  }
+  check_pointer("lse", a.lse, alignof(float));
+  c.q = a.q;
+  c.k = a.k;
+  c.v = a.v;
+  c.out = a.out;
+  c.dout = a.dout;
+  c.dq = a.dq;
+  c.dk = a.dk;
+  c.dv = a.dv;
+  c.lse = a.lse;
+  c.stream = a.stream;
+  return c;
+}
+
+void validate_tq_layout(const TqLayout& l) {
+  const std::int64_t d = l.head_dim;
+  if (d < 32 || d > kMaxHeadDim || (d & (d - 1)) != 0 || d % 32 != 0) {
+    throw Error("head_dim", std::to_string(d) + " must be a power of two, a multiple of 32, and <= 256");
+  }
+  if (l.key_bits < 1 || l.key_bits > 3) throw Error("key_bits", "must be 1, 2 or 3 (plus the QJL bit)");
+  if (l.value_bits < 2 || l.value_bits > 4) throw Error("value_bits", "must be 2, 3 or 4");
+  if (l.n_kv_heads < 1) throw Error("n_kv_heads", "must be >= 1");
+  if (l.capacity < 1) throw Error("capacity", "must be >= 1");
+  const std::int64_t slots = checked_mul(l.n_kv_heads, l.capacity, "capacity");
+  const std::int64_t words_per_slot = d * 4 / 32 + d / 32 + 1;  // the widest slot
+  if (checked_mul(slots, words_per_slot, "capacity") > std::int64_t(std::numeric_limits<std::uint32_t>::max())) {
+    throw Error("capacity", "the packed cache must hold fewer than 2^32 words (32-bit word indices)");
+  }
+}
+
+namespace {
+void check_tables(const TqLayout& l, const TqTables& t) {
+  if (t.head_dim != l.head_dim || t.key_bits != l.key_bits || t.value_bits != l.value_bits) {
+    throw Error("tables", "were built for another head_dim or bit width than the layout");
+  }
+}
+}  // namespace
+
+TqEncodeArgs validate_tq_encode(const Backend& backend, const TqEncodeArgs& a) {
+  validate_tq_layout(a.layout);
+  check_tables(a.layout, a.tables);
+  check_view("x", a.x, backend);
+  const std::int64_t T = a.x.shape[1];
+  check_shape("x", a.x, {1, T, a.layout.n_kv_heads, a.layout.head_dim}, "[1, T, n_kv_heads, head_dim]");
+  if (a.start_pos < 0) throw Error("start_pos", "must be >= 0");
+  if (a.start_pos > a.layout.capacity - T) {
+    throw Error("start_pos", "cache full: timesteps " + std::to_string(a.start_pos) + ".." +
+                                 std::to_string(a.start_pos + T - 1) + " pass capacity " +
+                                 std::to_string(a.layout.capacity));
+  }
+  check_pointer("cache", a.cache, alignof(std::uint32_t));
+  if (auto why = backend.unsupported(a.layout)) throw Error("backend", backend.name() + ": " + *why);
+  return a;
+}
+
+TqRotateArgs validate_tq_rotate(const Backend& backend, const TqRotateArgs& a) {
+  TqLayout l;
+  l.head_dim = a.tables.head_dim;
+  l.key_bits = a.tables.key_bits;
+  l.value_bits = a.tables.value_bits;
+  l.capacity = 1;
+  validate_tq_layout(l);
+  check_view("q", a.q, backend);
+  check_shape("q", a.q, {1, a.q.shape[1], a.q.shape[2], l.head_dim}, "[1, n_queries, n_heads, head_dim]");
+  TqRotateArgs c = a;
+  if (c.q_cap == 0) c.q_cap = a.q.shape[1];
+  if (c.q_cap < a.q.shape[1]) throw Error("q_cap", "must be >= n_queries");
+  checked_mul(checked_mul(c.q_cap, a.q.shape[2], "q_cap"), 2 * l.head_dim + 1, "q_cap");
+  check_pointer("scratch", a.scratch, alignof(float));
+  if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
+  return c;
+}
+
+TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& a) {
+  const TqLayout& l = a.layout;
+  validate_tq_layout(l);
+  check_tables(l, a.tables);
+  TqAttendArgs c = a;
+  if (a.n_heads < 1 || a.n_heads % l.n_kv_heads != 0) {
+    throw Error("n_heads", "must be a positive multiple of n_kv_heads (" + std::to_string(l.n_kv_heads) + ")");
+  }
+  if (a.n_queries < 1) throw Error("n_queries", "must be >= 1");
+  if (c.q_cap == 0) c.q_cap = a.n_queries;
+  if (c.q_cap < a.n_queries) throw Error("q_cap", "must be >= n_queries");
+  if (a.start_pos < 0 || a.start_pos >= l.capacity) {
+    throw Error("start_pos", "must be in [0, capacity " + std::to_string(l.capacity) + ")");
+  }
+  c.max_seq = a.max_seq.value_or(a.start_pos + a.n_queries);
+  if (*c.max_seq < 0 || *c.max_seq > l.capacity) {
+    throw Error("max_seq", "must be in [0, capacity " + std::to_string(l.capacity) + "]");
+  }
+  const float inv_sqrt_d = float(1.0 / std::sqrt(double(l.head_dim)));
+  c.scale = a.scale.value_or(inv_sqrt_d);
+  c.qjl_scale = a.qjl_scale.value_or(float(std::sqrt(std::acos(-1.0) / 2.0) / std::sqrt(double(l.head_dim))));
+  if (!std::isfinite(*c.scale)) throw Error("scale", "must be finite");
+  if (!std::isfinite(*c.qjl_scale)) throw Error("qjl_scale", "must be finite");
+  check_pointer("scratch", a.scratch, alignof(float));
+  check_pointer("k_cache", a.k_cache, alignof(std::uint32_t));
+  check_pointer("v_cache", a.v_cache, alignof(std::uint32_t));
+  check_view("out", a.out, backend);
+  check_shape("out", a.out, {1, a.n_queries, a.n_heads, l.head_dim}, "[1, n_queries, n_heads, head_dim]");
+  if (a.out.dtype != DType::f32) throw Error("out", "must be f32");
+  if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
+  return c;
+}
+
+}  // namespace core
+}  // namespace flashtq

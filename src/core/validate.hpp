@@ -1,0 +1,21 @@
+// The one validator (SPEC §4): every public entry point passes through here before any work.
+#pragma once
+
+#include "flashtq/attention.hpp"
+#include "flashtq/backend.hpp"
+#include "flashtq/problem.hpp"
+#include "flashtq/turboquant.hpp"
+
+namespace flashtq::core {
+
+ForwardCall validate_forward(const Backend& backend, const ForwardArgs& args,
+                             const AttentionParams& params);
+BackwardCall validate_backward(const Backend& backend, const BackwardArgs& args,
+                               const AttentionParams& params);
+
+void validate_tq_layout(const TqLayout& layout);
+TqEncodeArgs validate_tq_encode(const Backend& backend, const TqEncodeArgs& args);
+TqRotateArgs validate_tq_rotate(const Backend& backend, const TqRotateArgs& args);
+TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& args);
+
+}  // namespace flashtq::core

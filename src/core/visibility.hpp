@@ -1,0 +1,37 @@
+// Which keys a query row sees (SPEC §1), in one place for every host backend.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "flashtq/problem.hpp"
+
+namespace flashtq::core {
+
+// Scores at or below this count as masked, exactly like an invisible key.
+inline constexpr double masked_score = -1e30;
+
+inline bool key_visible(const DenseProblem& p, std::int64_t i, std::int64_t j) {
+  const std::int64_t pos = i + p.causal_offset;
+  if (j < 0 || j >= p.Sk) return false;
+  if (p.causal && j > pos) return false;
+  if (p.window > 0 && (pos > j ? pos - j : j - pos) >= p.window) return false;
+  return true;
+}
+
+// The half-open key range [begin, end) that can be visible to rows [i0, i1); empty when begin >= end.
+struct KeyRange {
+  std::int64_t begin, end;
+};
+inline KeyRange key_range(const DenseProblem& p, std::int64_t i0, std::int64_t i1) {
+  const std::int64_t first = i0 + p.causal_offset, last = i1 - 1 + p.causal_offset;
+  std::int64_t begin = 0, end = p.Sk;
+  if (p.causal) end = std::min(end, last + 1);
+  if (p.window > 0) {
+    begin = std::max<std::int64_t>(begin, first - p.window + 1);
+    if (!p.causal) end = std::min(end, last + p.window);
+  }
+  return {begin, std::max(begin, end)};
+}
+
+}  // namespace flashtq::core

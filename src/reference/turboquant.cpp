@@ -1,0 +1,168 @@
+#include "reference/turboquant.hpp"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/codebook.hpp"
+#include "core/elements.hpp"
+#include "core/half.hpp"
+#include "core/packing.hpp"
+#include "core/rht.hpp"
+
+namespace flashtq::reference {
+namespace {
+
+constexpr double kZeroNorm = 1e-12;
+
+// Reads row (t, h) of x [1, T, H, D] into doubles.
+void read_row(const TensorView& x, std::int64_t t, std::int64_t h, std::vector<double>& row) {
+  const std::int64_t base = core::offset(x, 0, t, h);
+  for (std::size_t d = 0; d < row.size(); ++d) row[d] = core::load(x.data, x.dtype, base + std::int64_t(d));
+}
+
+double norm(const std::vector<double>& x) {
+  double s = 0;
+  for (double e : x) s += e * e;
+  return std::sqrt(s);
+}
+
+// The f16 of a norm as a GPU computing in f32 stores it: rounded to f32, then to f16 (RNE).
+std::uint32_t f16_bits(double x) { return core::f32_to_f16(float(x)); }
+double f16_value(std::uint32_t bits) { return double(core::f16_to_f32(std::uint16_t(bits & 0xFFFFu))); }
+
+// Quantizes unit vector u after the polar rotation: codes into `codes`, rotated vector into r.
+void quantize_rotated(std::vector<double>& r, const TqTables& t, const core::Codebook& cb, int bits,
+                      std::uint32_t* codes) {
+  core::rht(r.data(), std::int64_t(r.size()), t.polar_sign_bits);
+  for (std::size_t d = 0; d < r.size(); ++d) {
+    const int idx = core::quantize(r[d], cb.boundaries.data(), int(cb.boundaries.size()));
+    core::put_code(codes, std::int64_t(d), bits, std::uint32_t(idx));
+    r[d] -= cb.centroids[idx];  // r becomes the residual
+  }
+}
+
+void encode(const TqEncodeArgs& a, bool keys) {
+  const TqLayout& l = a.layout;
+  const std::int64_t D = l.head_dim;
+  const int bits = keys ? l.key_bits : l.value_bits;
+  const core::Codebook& cb = core::codebook(D, bits);
+  const std::int64_t code_words = keys ? l.key_code_words() : l.value_code_words();
+  const std::int64_t norm_off = keys ? l.key_norm_offset() : l.value_norm_offset();
+  std::vector<double> r(D);
+  for (std::int64_t t = 0; t < a.x.shape[1]; ++t) {
+    for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
+      const std::int64_t slot = h * l.capacity + a.start_pos + t;
+      std::uint32_t* codes = a.cache + slot * code_words;
+      std::uint32_t* jl = a.cache + l.key_jl_offset() + slot * l.jl_words();
+      for (std::int64_t w = 0; w < code_words; ++w) codes[w] = 0;
+      if (keys) for (std::int64_t w = 0; w < l.jl_words(); ++w) jl[w] = 0;
+      a.cache[norm_off + slot] = 0;
+      read_row(a.x, t, h, r);
+      const double n = norm(r);
+      if (n < kZeroNorm) continue;  // a zero vector: every word of its slot is 0
+      for (double& e : r) e /= n;
+      quantize_rotated(r, a.tables, cb, bits, codes);
+      std::uint32_t word = f16_bits(n);
+      if (keys) {
+        const double gamma = norm(r);
+        if (gamma >= kZeroNorm) {
+          // Only the signs of H diag(s_jl) e matter, so the 1/sqrt(D) of the RHT is irrelevant.
+          core::rht(r.data(), D, a.tables.jl_sign_bits);
+          for (std::int64_t d = 0; d < D; ++d) {
+            if (r[d] >= 0) jl[d / 32] |= 1u << (d % 32);
+          }
+        }
+        word |= f16_bits(gamma) << 16;
+      }
+      a.cache[norm_off + slot] = word;
+    }
+  }
+}
+
+}  // namespace
+
+void tq_encode_keys(const TqEncodeArgs& a) { encode(a, true); }
+void tq_encode_values(const TqEncodeArgs& a) { encode(a, false); }
+
+void tq_rotate_queries(const TqRotateArgs& a) {
+  const std::int64_t D = a.tables.head_dim, nq = a.q.shape[1], H = a.q.shape[2];
+  const std::int64_t region = a.q_cap * H * D;
+  std::vector<double> x(D);
+  for (std::int64_t j = 0; j < nq; ++j) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      read_row(a.q, j, h, x);
+      core::rht(x.data(), D, a.tables.polar_sign_bits);
+      float* q_rot = a.scratch + (j * H + h) * D;
+      for (std::int64_t d = 0; d < D; ++d) q_rot[d] = float(x[d]);
+      core::rht(x.data(), D, a.tables.jl_sign_bits);
+      double sum = 0;
+      for (std::int64_t d = 0; d < D; ++d) {
+        a.scratch[region + (j * H + h) * D + d] = float(x[d]);
+        sum += x[d];
+      }
+      a.scratch[2 * region + j * H + h] = float(sum);
+    }
+  }
+}
+
+double tq_key_dot(const TqLayout& l, const float* q_rot, const float* q_jl, double q_jl_sum,
+                  const std::uint32_t* k_cache, std::int64_t slot, double qjl_scale) {
+  const core::Codebook& cb = core::codebook(l.head_dim, l.key_bits);
+  const std::uint32_t nw = k_cache[l.key_norm_offset() + slot];
+  const double n = f16_value(nw), gamma = f16_value(nw >> 16);
+  const std::uint32_t* codes = k_cache + slot * l.key_code_words();
+  const std::uint32_t* jl = k_cache + l.key_jl_offset() + slot * l.jl_words();
+  double polar = 0, positive = 0;
+  for (std::int64_t d = 0; d < l.head_dim; ++d) {
+    polar += double(q_rot[d]) * cb.centroids[core::get_code(codes, d, l.key_bits)];
+    if ((jl[d / 32] >> (d % 32)) & 1u) positive += double(q_jl[d]);
+  }
+  return n * (polar + gamma * qjl_scale * (2.0 * positive - q_jl_sum));
+}
+
+void tq_attend(const TqAttendArgs& a) {
+  const TqLayout& l = a.layout;
+  const std::int64_t D = l.head_dim, H = a.n_heads, group = H / l.n_kv_heads;
+  const std::int64_t region = a.q_cap * H * D;
+  const core::Codebook& vcb = core::codebook(D, l.value_bits);
+  const double scale = double(*a.scale), qjl_scale = double(*a.qjl_scale);
+  std::vector<double> scores, acc(D);
+  for (std::int64_t j = 0; j < a.n_queries; ++j) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t seq_len = std::min(a.start_pos + j + 1, *a.max_seq);
+      const float* q_rot = a.scratch + (j * H + h) * D;
+      const float* q_jl = a.scratch + region + (j * H + h) * D;
+      const double q_jl_sum = a.scratch[2 * region + j * H + h];
+      const std::int64_t slot0 = (h / group) * l.capacity;
+      scores.assign(std::size_t(std::max<std::int64_t>(seq_len, 0)), 0.0);
+      double m = -std::numeric_limits<double>::infinity();
+      for (std::int64_t t = 0; t < seq_len; ++t) {
+        scores[t] = scale * tq_key_dot(l, q_rot, q_jl, q_jl_sum, a.k_cache, slot0 + t, qjl_scale);
+        m = std::max(m, scores[t]);
+      }
+      float* out = static_cast<float*>(a.out.data) + core::offset(a.out, 0, j, h);
+      if (seq_len <= 0) {
+        for (std::int64_t d = 0; d < D; ++d) out[d] = 0.0f;
+        continue;
+      }
+      double sum = 0;
+      for (double& e : acc) e = 0;
+      for (std::int64_t t = 0; t < seq_len; ++t) {
+        const std::int64_t slot = slot0 + t;
+        const double p = std::exp(scores[t] - m);
+        sum += p;
+        const double vn = f16_value(a.v_cache[l.value_norm_offset() + slot]);
+        const std::uint32_t* codes = a.v_cache + slot * l.value_code_words();
+        for (std::int64_t d = 0; d < D; ++d) {
+          acc[d] += p * vn * vcb.centroids[core::get_code(codes, d, l.value_bits)];
+        }
+      }
+      for (double& e : acc) e /= sum;
+      core::inverse_rht(acc.data(), D, a.tables.polar_sign_bits);  // back from rotated space, once
+      for (std::int64_t d = 0; d < D; ++d) out[d] = float(acc[d]);
+    }
+  }
+}
+
+}  // namespace flashtq::reference

@@ -1,0 +1,19 @@
+// The oracle for TurboQuant: encode, query rotation and attention over the packed words, in double
+// with the exact Lloyd–Max codebooks. Host memory; arguments already validated.
+#pragma once
+
+#include "flashtq/turboquant.hpp"
+
+namespace flashtq::reference {
+
+void tq_encode_keys(const TqEncodeArgs& a);
+void tq_encode_values(const TqEncodeArgs& a);
+void tq_rotate_queries(const TqRotateArgs& a);
+void tq_attend(const TqAttendArgs& a);
+
+// The estimate of <q, k_t> (no softmax scale) for one rotated query row against key slot `slot`:
+// n_t * (sum_d q_rot[d] c[idx_d] + gamma_t * qjl_scale * (2 sum_{bit=1} q_jl[d] - q_jl_sum)).
+double tq_key_dot(const TqLayout& layout, const float* q_rot, const float* q_jl, double q_jl_sum,
+                  const std::uint32_t* k_cache, std::int64_t slot, double qjl_scale);
+
+}  // namespace flashtq::reference

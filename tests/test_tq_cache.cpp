@@ -1,0 +1,105 @@
+// TqKvCache: accounting, append/attend against the low-level operations, capacity, save/load.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include "conformance/host_tensor.hpp"
+#include "flashtq/flashtq.hpp"
+
+namespace flashtq {
+namespace {
+
+using conformance::HostTensor;
+
+TEST(TqKvCache, SeedConfigurationCosts88BytesPerTokenPerHead) {
+  TqKvCache cache({1, 1, 128, 16, 2, 2, 0}, &backend("reference"));
+  EXPECT_EQ(cache.layout().bytes_per_token_per_head(), 88);
+  EXPECT_EQ(cache.bytes_per_token(), 88);
+  EXPECT_NEAR(cache.compression_vs_bf16(), 5.818, 1e-3);
+  TqKvCache bigger({4, 8, 128, 16, 3, 4, 0}, &backend("reference"));
+  EXPECT_EQ(bigger.layout().bytes_per_token_per_head(), 4 * (12 + 4 + 1 + 16 + 1));
+  EXPECT_EQ(bigger.bytes_per_token(), 4 * 8 * 4 * 34);
+}
+
+struct Model {
+  TqKvCache cache{{2, 2, 64, 32, 2, 3, 99}, &backend("reference")};
+  HostTensor k{{1, 10, 2, 64}, DType::bf16, false}, v{k};
+  Model() {
+    std::mt19937_64 rng(std::random_device{}());
+    k.fill_normal(rng);
+    v.fill_normal(rng);
+  }
+};
+
+TEST(TqKvCache, AppendAndAttendMatchTheOperations) {
+  Model m;
+  m.cache.append(1, m.k.view, m.v.view, 0);
+  EXPECT_EQ(m.cache.length(1), 10);
+  EXPECT_EQ(m.cache.length(0), 0);
+  // The same words as the low-level encode with layer 1's tables.
+  const TqTables t = make_tq_tables(m.cache.layout(), 99, 1);
+  std::vector<std::uint32_t> keys(std::size_t(m.cache.layout().key_words()), 0u);
+  tq_encode_keys(backend("reference"), {m.cache.layout(), t, m.k.view, 0, keys.data(), nullptr});
+  EXPECT_EQ(keys, m.cache.key_words(1));
+
+  HostTensor q({1, 3, 4, 64}, DType::f32, false), out({1, 3, 4, 64}, DType::f32, false);
+  std::mt19937_64 rng(std::random_device{}());
+  q.fill_normal(rng);
+  out.poison();
+  m.cache.attend(1, q.view, 7, out.view);
+  for (double x : out.values()) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_THROW(m.cache.attend(1, q.view, 8, out.view), Error);  // rows 8..10 pass the 10 appended
+  EXPECT_THROW(m.cache.attend(0, q.view, 0, out.view), Error);  // layer 0 is empty
+  EXPECT_THROW(m.cache.attend(2, q.view, 0, out.view), Error);  // no layer 2
+}
+
+TEST(TqKvCache, AppendPastCapacityIsAnErrorThatLeavesTheCacheUnchanged) {
+  Model m;
+  m.cache.append(0, m.k.view, m.v.view, 20);
+  const auto keys = m.cache.key_words(0), values = m.cache.value_words(0);
+  try {
+    m.cache.append(0, m.k.view, m.v.view, 25);  // 25 + 10 > 32
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "start_pos");
+    EXPECT_NE(std::string(e.what()).find("cache full"), std::string::npos);
+  }
+  HostTensor bad_v({1, 10, 2, 32}, DType::bf16, false);
+  EXPECT_THROW(m.cache.append(0, m.k.view, bad_v.view, 0), Error);  // values invalid: keys untouched too
+  EXPECT_EQ(keys, m.cache.key_words(0));
+  EXPECT_EQ(values, m.cache.value_words(0));
+  EXPECT_EQ(m.cache.length(0), 30);
+}
+
+TEST(TqKvCache, SaveLoadRoundTripAndHeaderChecks) {
+  Model m;
+  m.cache.append(0, m.k.view, m.v.view, 3);
+  const std::string path = ::testing::TempDir() + "/flashtq_cache.bin";
+  m.cache.save(path);
+  const TqKvCache loaded = TqKvCache::load(path, &backend("reference"));
+  EXPECT_EQ(loaded.key_words(0), m.cache.key_words(0));
+  EXPECT_EQ(loaded.value_words(0), m.cache.value_words(0));
+  EXPECT_EQ(loaded.length(0), 13);
+  EXPECT_EQ(loaded.config().seed, 99u);
+
+  auto corrupt = [&](std::streamoff at, char byte) {
+    std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(at);
+    f.put(byte);
+  };
+  corrupt(8, 2);  // version 1 -> 2
+  EXPECT_THROW(TqKvCache::load(path, &backend("reference")), Error);
+  m.cache.save(path);
+  corrupt(0, 'X');  // magic
+  EXPECT_THROW(TqKvCache::load(path, &backend("reference")), Error);
+  m.cache.save(path);
+  { std::ofstream(path, std::ios::binary | std::ios::app).put(0); }  // a trailing byte: wrong size
+  EXPECT_THROW(TqKvCache::load(path, &backend("reference")), Error);
+  EXPECT_THROW(TqKvCache::load(path + ".missing", &backend("reference")), Error);
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace flashtq

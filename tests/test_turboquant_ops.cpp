@@ -1,0 +1,237 @@
+// TurboQuant operations on the reference backend: zero vectors, prefill == decodes, GQA, bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "conformance/host_tensor.hpp"
+#include "flashtq/flashtq.hpp"
+
+namespace flashtq {
+namespace {
+
+using conformance::HostTensor;
+
+// A filled cache (keys, values) of `tokens` timesteps and rotated queries for n rows.
+struct Fixture {
+  TqLayout l;
+  TqTables t;
+  std::vector<std::uint32_t> keys, values;
+  HostTensor k, v;
+  Fixture(std::int64_t D, std::int64_t Hkv, std::int64_t tokens, int kb = 2, int vb = 2)
+      : l{D, Hkv, tokens, kb, vb},
+        t(make_tq_tables(l, std::random_device{}(), 0)),
+        keys(std::size_t(l.key_words()), 0xFFFFFFFFu),
+        values(std::size_t(l.value_words()), 0xFFFFFFFFu),
+        k({1, tokens, Hkv, D}, DType::f32, false),
+        v(k) {
+    std::mt19937_64 rng(std::random_device{}());
+    k.fill_normal(rng);
+    v.fill_normal(rng);
+  }
+  void encode() {
+    tq_encode_keys(backend("reference"), {l, t, k.view, 0, keys.data(), nullptr});
+    tq_encode_values(backend("reference"), {l, t, v.view, 0, values.data(), nullptr});
+  }
+  // Attention of queries q [1, n, H, D] at start_pos (max_seq as given) into a fresh f32 output.
+  std::vector<double> attend(const HostTensor& q, std::int64_t start_pos, std::optional<std::int64_t> max_seq = {}) {
+    const std::int64_t n = q.view.shape[1], H = q.view.shape[2];
+    std::vector<float> scratch(std::size_t(tq_scratch_floats(n, H, l.head_dim)));
+    tq_rotate_queries(backend("reference"), {t, q.view, n, scratch.data(), nullptr});
+    HostTensor out({1, n, H, l.head_dim}, DType::f32, false);
+    out.poison();
+    TqAttendArgs a;
+    a.layout = l;
+    a.tables = t;
+    a.scratch = scratch.data();
+    a.n_heads = H;
+    a.n_queries = n;
+    a.start_pos = start_pos;
+    a.max_seq = max_seq;
+    a.k_cache = keys.data();
+    a.v_cache = values.data();
+    a.out = out.view;
+    tq_attend(backend("reference"), a);
+    return out.values();
+  }
+};
+
+HostTensor random_queries(std::int64_t n, std::int64_t H, std::int64_t D) {
+  HostTensor q({1, n, H, D}, DType::f32, false);
+  std::mt19937_64 rng(std::random_device{}());
+  q.fill_normal(rng);
+  return q;
+}
+
+TEST(TqOps, ZeroKeyAndValueGiveZeroWordsAndContributeNothing) {
+  Fixture f(64, 1, 8);
+  std::vector<double> k = f.k.values(), v = f.v.values();
+  for (int d = 0; d < 64; ++d) k[std::size_t(5 * 64 + d)] = v[std::size_t(2 * 64 + d)] = 0.0;
+  f.k.fill(k);
+  f.v.fill(v);
+  f.encode();
+  for (std::int64_t w = 0; w < f.l.key_code_words(); ++w) EXPECT_EQ(f.keys[std::size_t(5 * f.l.key_code_words() + w)], 0u);
+  for (std::int64_t w = 0; w < f.l.jl_words(); ++w) EXPECT_EQ(f.keys[std::size_t(f.l.key_jl_offset() + 5 * f.l.jl_words() + w)], 0u);
+  EXPECT_EQ(f.keys[std::size_t(f.l.key_norm_offset() + 5)], 0u);
+  for (std::int64_t w = 0; w < f.l.value_code_words(); ++w) EXPECT_EQ(f.values[std::size_t(2 * f.l.value_code_words() + w)], 0u);
+  EXPECT_EQ(f.values[std::size_t(f.l.value_norm_offset() + 2)], 0u);
+  // A decode over only the zero value (timestep 2 is the last one seen when it is all there is
+  // besides two others) equals the same decode with the value slot removed: check via one row
+  // that sees timesteps 0..2 against a cache whose slot 2 value is zeroed anyway, i.e. the result
+  // is a weighted sum of values 0 and 1 only: it lies in their span.
+  const HostTensor q = random_queries(1, 1, 64);
+  const auto out = f.attend(q, 0);  // sees only timestep 0
+  const auto out2 = f.attend(q, 2);  // sees 0, 1, 2
+  EXPECT_FALSE(std::isnan(out[0]));
+  EXPECT_FALSE(std::isnan(out2[0]));
+  // Score of the zero key is exactly 0: a query against only timestep 5 of a zero key... a
+  // softmax over one element gives weight 1 whatever the score, so compare against the value.
+  Fixture g(64, 1, 1);
+  std::vector<double> zero(64, 0.0);
+  g.v.fill(zero);
+  g.encode();
+  for (double x : g.attend(q, 0)) EXPECT_EQ(x, 0.0);  // the only value is zero: output exactly 0
+}
+
+TEST(TqOps, ChunkedPrefillEqualsSingleRowDecodes) {
+  Fixture f(128, 2, 40, 2, 2);
+  f.encode();
+  const std::int64_t n = 6, start = 30, H = 4;
+  const HostTensor q = random_queries(n, H, 128);
+  const auto chunk = f.attend(q, start);
+  for (std::int64_t j = 0; j < n; ++j) {
+    HostTensor row({1, 1, H, 128}, DType::f32, false);
+    std::vector<double> qv = q.values();
+    row.fill(std::vector<double>(qv.begin() + j * H * 128, qv.begin() + (j + 1) * H * 128));
+    const auto single = f.attend(row, start + j);
+    for (std::int64_t e = 0; e < H * 128; ++e) ASSERT_EQ(single[std::size_t(e)], chunk[std::size_t(j * H * 128 + e)]) << j;
+  }
+}
+
+TEST(TqOps, MaxSeqClampsAndZeroLengthWritesZeros) {
+  Fixture f(32, 1, 16);
+  f.encode();
+  const HostTensor q = random_queries(3, 2, 32);
+  const auto clamped = f.attend(q, 10, 5);  // every row sees timesteps 0..4
+  for (std::int64_t j = 1; j < 3; ++j)
+    for (std::int64_t e = 0; e < 64; ++e) ASSERT_EQ(clamped[std::size_t(j * 64 + e)] != 0.0, true);
+  const auto zero = f.attend(q, 10, 0);
+  for (double x : zero) EXPECT_EQ(x, 0.0);
+}
+
+TEST(TqOps, GqaReadsTheRightKvHead) {
+  // Hkv = 2, H = 4: query heads 2 and 3 read kv head 1. The same keys and values as a one-head
+  // cache must give the same outputs for those heads.
+  Fixture two(64, 2, 12);
+  two.encode();
+  Fixture one(64, 1, 12);
+  one.t = two.t;
+  std::vector<double> k2 = two.k.values(), v2 = two.v.values(), k1(12 * 64), v1(12 * 64);
+  for (int t = 0; t < 12; ++t)
+    for (int d = 0; d < 64; ++d) {
+      k1[std::size_t(t * 64 + d)] = k2[std::size_t((t * 2 + 1) * 64 + d)];
+      v1[std::size_t(t * 64 + d)] = v2[std::size_t((t * 2 + 1) * 64 + d)];
+    }
+  one.k.fill(k1);
+  one.v.fill(v1);
+  one.encode();
+  const HostTensor q4 = random_queries(1, 4, 64);
+  std::vector<double> qv = q4.values();
+  HostTensor q2({1, 1, 2, 64}, DType::f32, false);
+  q2.fill(std::vector<double>(qv.begin() + 128, qv.end()));
+  const auto a = two.attend(q4, 11), b = one.attend(q2, 11);
+  for (int e = 0; e < 128; ++e) ASSERT_EQ(a[std::size_t(128 + e)], b[std::size_t(e)]);
+  bool differs = false;  // heads 0, 1 (kv head 0) see other data
+  for (int e = 0; e < 128; ++e) differs |= a[std::size_t(e)] != b[std::size_t(e)];
+  EXPECT_TRUE(differs);
+}
+
+struct BadTq {
+  const char* name;
+  const char* argument;
+  std::function<void(TqEncodeArgs&)> breaker;
+};
+class TqBadInput : public ::testing::TestWithParam<BadTq> {};
+
+TEST_P(TqBadInput, RejectedNamingTheArgumentCacheUnchanged) {
+  TqLayout l{64, 2, 8, 2, 2};
+  HostTensor x({1, 4, 2, 64}, DType::f32, false);
+  std::vector<std::uint32_t> cache(std::size_t(l.key_words()), 0x12345678u);
+  TqEncodeArgs a{l, make_tq_tables(l, 1, 0), x.view, 0, cache.data(), nullptr};
+  GetParam().breaker(a);
+  try {
+    tq_encode_keys(backend("reference"), a);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), GetParam().argument) << e.what();
+  }
+  for (auto w : cache) ASSERT_EQ(w, 0x12345678u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Spec4, TqBadInput,
+    ::testing::Values(BadTq{"head_dim_not_power_of_two", "head_dim", [](TqEncodeArgs& a) { a.layout.head_dim = 96; }},
+                      BadTq{"head_dim_not_multiple_of_32", "head_dim", [](TqEncodeArgs& a) { a.layout.head_dim = 16; }},
+                      BadTq{"head_dim_too_large", "head_dim", [](TqEncodeArgs& a) { a.layout.head_dim = 512; }},
+                      BadTq{"key_bits", "key_bits", [](TqEncodeArgs& a) { a.layout.key_bits = 4; }},
+                      BadTq{"value_bits", "value_bits", [](TqEncodeArgs& a) { a.layout.value_bits = 1; }},
+                      BadTq{"cache_full", "start_pos", [](TqEncodeArgs& a) { a.start_pos = 5; }},
+                      BadTq{"start_pos_past_capacity", "start_pos", [](TqEncodeArgs& a) { a.start_pos = 9; }},
+                      BadTq{"start_pos_negative", "start_pos", [](TqEncodeArgs& a) { a.start_pos = -1; }},
+                      BadTq{"mismatched_heads", "x", [](TqEncodeArgs& a) { a.x.shape[2] = 1; }},
+                      BadTq{"mismatched_dim", "x", [](TqEncodeArgs& a) { a.x.shape[3] = 32; }},
+                      BadTq{"tables_for_other_bits", "tables", [](TqEncodeArgs& a) { a.tables.key_bits = 3; }},
+                      BadTq{"null_cache", "cache", [](TqEncodeArgs& a) { a.cache = nullptr; }},
+                      BadTq{"capacity_overflow", "capacity", [](TqEncodeArgs& a) { a.layout.capacity = std::int64_t(1) << 62; }}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(TqBadInput, AttendArgumentsAreChecked) {
+  Fixture f(64, 2, 8);
+  f.encode();
+  std::vector<float> scratch(std::size_t(tq_scratch_floats(1, 4, 64)), 0.0f);
+  HostTensor out({1, 1, 4, 64}, DType::f32, false);
+  auto base = [&] {
+    TqAttendArgs a;
+    a.layout = f.l;
+    a.tables = f.t;
+    a.scratch = scratch.data();
+    a.n_heads = 4;
+    a.start_pos = 3;
+    a.k_cache = f.keys.data();
+    a.v_cache = f.values.data();
+    a.out = out.view;
+    return a;
+  };
+  auto expect_arg = [&](TqAttendArgs a, const std::string& arg) {
+    try {
+      tq_attend(backend("reference"), a);
+      ADD_FAILURE() << "accepted: " << arg;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), arg) << e.what();
+    }
+  };
+  auto a = base();
+  a.n_heads = 3;
+  expect_arg(a, "n_heads");
+  a = base();
+  a.start_pos = 8;
+  expect_arg(a, "start_pos");
+  a = base();
+  a.max_seq = 9;
+  expect_arg(a, "max_seq");
+  a = base();
+  a.out.shape[2] = 2;
+  expect_arg(a, "out");
+  a = base();
+  a.v_cache = nullptr;
+  expect_arg(a, "v_cache");
+  a = base();
+  a.q_cap = 0;
+  a.n_queries = 2;
+  a.q_cap = 1;
+  expect_arg(a, "q_cap");
+}
+
+}  // namespace
+}  // namespace flashtq

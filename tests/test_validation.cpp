@@ -1,0 +1,144 @@
+// Every bad input of SPEC §4 is rejected with the library error naming the argument, before any
+// output is written.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "conformance/host_tensor.hpp"
+#include "flashtq/flashtq.hpp"
+
+namespace flashtq {
+namespace {
+
+using conformance::HostTensor;
+
+// A valid small problem that each case breaks in one way.
+struct Dense {
+  HostTensor q{{1, 4, 4, 32}, DType::f32, false};
+  HostTensor k{{1, 6, 2, 32}, DType::f32, false};
+  HostTensor v{k};
+  HostTensor out{q};
+  HostTensor dout{q}, dq{q}, dk{k}, dv{k};
+  std::vector<float> lse = std::vector<float>(16, 0.0f);
+  std::vector<float> mask = std::vector<float>(4 * 6, 0.0f);
+  AttentionParams params;
+  ForwardArgs fwd() { return {q.view, k.view, v.view, out.view, lse.data(), nullptr}; }
+  BackwardArgs bwd() { return {q.view, k.view, v.view, out.view, dout.view, lse.data(), dq.view, dk.view, dv.view, nullptr}; }
+};
+
+struct BadDense {
+  const char* name;
+  const char* argument;
+  std::function<void(Dense&, ForwardArgs&, AttentionParams&)> breaker;
+};
+
+class DenseBadInput : public ::testing::TestWithParam<BadDense> {};
+
+TEST_P(DenseBadInput, RejectedNamingTheArgument) {
+  Dense d;
+  d.out.poison();
+  ForwardArgs args = d.fwd();
+  GetParam().breaker(d, args, d.params);
+  try {
+    attention_forward(backend("reference"), args, d.params);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), GetParam().argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(GetParam().argument), std::string::npos);
+  }
+  for (double x : d.out.values()) ASSERT_TRUE(std::isnan(x)) << "output written by a rejected call";
+}
+
+const std::int64_t kHuge = std::int64_t(1) << 40;
+
+INSTANTIATE_TEST_SUITE_P(
+    Spec4, DenseBadInput,
+    ::testing::Values(
+        BadDense{"k_shape", "k", [](Dense&, ForwardArgs& a, AttentionParams&) { a.k.shape[3] = 16; }},
+        BadDense{"k_batch", "k", [](Dense&, ForwardArgs& a, AttentionParams&) { a.k.shape[0] = 2; }},
+        BadDense{"v_shape", "v", [](Dense&, ForwardArgs& a, AttentionParams&) { a.v.shape[1] = 5; }},
+        BadDense{"out_shape", "out", [](Dense&, ForwardArgs& a, AttentionParams&) { a.out.shape[2] = 2; }},
+        BadDense{"heads_not_multiple", "k", [](Dense&, ForwardArgs& a, AttentionParams&) {
+                   a.k.shape[2] = 3; a.v.shape[2] = 3; }},
+        BadDense{"head_dim_too_large", "q", [](Dense&, ForwardArgs& a, AttentionParams&) {
+                   static HostTensor big({1, 1, 1, 300}, DType::f32, false);
+                   static HostTensor bigk({1, 1, 1, 300}, DType::f32, false);
+                   a.q = big.view; a.k = bigk.view; a.v = bigk.view; a.out = bigk.view; }},
+        BadDense{"dtype_mismatch", "k", [](Dense&, ForwardArgs& a, AttentionParams&) { a.k.dtype = DType::f16; }},
+        BadDense{"dropout_negative", "dropout_p", [](Dense&, ForwardArgs&, AttentionParams& p) { p.dropout_p = -0.1f; }},
+        BadDense{"dropout_one", "dropout_p", [](Dense&, ForwardArgs&, AttentionParams& p) { p.dropout_p = 1.0f; }},
+        BadDense{"dropout_nan", "dropout_p", [](Dense&, ForwardArgs&, AttentionParams& p) {
+                   p.dropout_p = std::numeric_limits<float>::quiet_NaN(); }},
+        BadDense{"window_negative", "window", [](Dense&, ForwardArgs&, AttentionParams& p) { p.window = -1; }},
+        BadDense{"window_overflow", "window", [](Dense&, ForwardArgs&, AttentionParams& p) { p.window = kHuge; }},
+        BadDense{"offset_overflow", "causal_offset", [](Dense&, ForwardArgs&, AttentionParams& p) {
+                   p.causal = true; p.causal_offset = std::numeric_limits<std::int32_t>::max(); }},
+        BadDense{"offset_underflow", "causal_offset", [](Dense&, ForwardArgs&, AttentionParams& p) {
+                   p.causal_offset = -kHuge; }},
+        BadDense{"scale_nan", "scale", [](Dense&, ForwardArgs&, AttentionParams& p) {
+                   p.scale = std::numeric_limits<float>::infinity(); }},
+        BadDense{"q_null", "q", [](Dense&, ForwardArgs& a, AttentionParams&) { a.q.data = nullptr; }},
+        BadDense{"q_misaligned", "q", [](Dense&, ForwardArgs& a, AttentionParams&) {
+                   a.q.data = static_cast<char*>(a.q.data) + 1; }},
+        BadDense{"lse_misaligned", "lse", [](Dense&, ForwardArgs& a, AttentionParams&) {
+                   a.lse = reinterpret_cast<float*>(reinterpret_cast<char*>(a.lse) + 2); }},
+        BadDense{"q_stride_not_contiguous", "q", [](Dense&, ForwardArgs& a, AttentionParams&) { a.q.strides[3] = 2; }},
+        BadDense{"q_negative_stride", "q", [](Dense&, ForwardArgs& a, AttentionParams&) { a.q.strides[1] = -128; }},
+        BadDense{"q_zero_dim", "q", [](Dense&, ForwardArgs& a, AttentionParams&) { a.q.shape[1] = 0; }},
+        BadDense{"element_count_overflow", "k", [](Dense&, ForwardArgs& a, AttentionParams&) {
+                   a.k.strides[1] = std::numeric_limits<std::int64_t>::max() / 2; }},
+        BadDense{"wrong_memory", "q", [](Dense&, ForwardArgs& a, AttentionParams&) { a.q.memory = Memory::cuda; }},
+        BadDense{"mask_too_small", "mask_elements", [](Dense& d, ForwardArgs&, AttentionParams& p) {
+                   p.mask = d.mask.data(); p.mask_strides = {0, 0, 6, 1}; p.mask_elements = 10; }},
+        BadDense{"mask_negative_stride", "mask_strides", [](Dense& d, ForwardArgs&, AttentionParams& p) {
+                   p.mask = d.mask.data(); p.mask_strides = {0, 0, -6, 1}; p.mask_elements = 24; }},
+        BadDense{"mask_stride_overflow", "mask_strides", [](Dense& d, ForwardArgs&, AttentionParams& p) {
+                   p.mask = d.mask.data(); p.mask_strides = {0, 0, std::numeric_limits<std::int64_t>::max() / 2, 1};
+                   p.mask_elements = 24; }},
+        BadDense{"mask_misaligned", "mask", [](Dense& d, ForwardArgs&, AttentionParams& p) {
+                   p.mask = reinterpret_cast<const float*>(reinterpret_cast<const char*>(d.mask.data()) + 1);
+                   p.mask_strides = {0, 0, 6, 1}; p.mask_elements = 24; }}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(BackwardBadInput, NamesTheArgument) {
+  Dense d;
+  auto expect_arg = [&](BackwardArgs a, const std::string& arg) {
+    try {
+      attention_backward(backend("reference"), a, d.params);
+      ADD_FAILURE() << "accepted: " << arg;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), arg) << e.what();
+    }
+  };
+  BackwardArgs a = d.bwd();
+  a.lse = nullptr;
+  expect_arg(a, "lse");
+  a = d.bwd();
+  a.dout.shape[1] = 3;
+  expect_arg(a, "dout");
+  a = d.bwd();
+  a.dk.shape[2] = 1;
+  expect_arg(a, "dk");
+  a = d.bwd();
+  a.dv.dtype = DType::bf16;
+  expect_arg(a, "dv");
+  a = d.bwd();
+  a.dq.data = nullptr;
+  expect_arg(a, "dq");
+}
+
+TEST(Registry, UnknownBackendNamesTheChoices) {
+  try {
+    backend("tpu");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "backend");
+    EXPECT_NE(std::string(e.what()).find("reference"), std::string::npos);
+  }
+  EXPECT_EQ(backend("reference").name(), "reference");
+}
+
+}  // namespace
+}  // namespace flashtq
