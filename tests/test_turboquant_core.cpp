@@ -12,7 +12,7 @@
 #include "core/rht.hpp"
 #include "core/signs.hpp"
 #include "flashtq/flashtq.hpp"
-#include "reference/turboquant.hpp"
+#include "reference/quality.hpp"
 
 namespace flashtq {
 namespace {
@@ -69,12 +69,16 @@ TEST(Layout, HandComputedOffsetsOfEveryRegion) {
   tq_encode_values(backend("reference"), {l, t, x.view, 3, values.data(), nullptr});
   auto in = [](std::int64_t w, std::int64_t lo, std::int64_t hi) { return w >= lo && w < hi; };
   for (std::int64_t w = 0; w < l.key_words(); ++w) {
-    if (!(in(w, 104, 112) || in(w, 212, 216) || w == 253)) EXPECT_EQ(keys[std::size_t(w)], 0u) << w;
+    if (!(in(w, 104, 112) || in(w, 212, 216) || w == 253)) {
+      EXPECT_EQ(keys[std::size_t(w)], 0u) << w;
+    }
   }
   EXPECT_NE(keys[253], 0u);
   EXPECT_NE(keys[253] >> 16, 0u);  // residual norm in the high half
   for (std::int64_t w = 0; w < l.value_words(); ++w) {
-    if (!(in(w, 104, 112) || w == 173)) EXPECT_EQ(values[std::size_t(w)], 0u) << w;
+    if (!(in(w, 104, 112) || w == 173)) {
+      EXPECT_EQ(values[std::size_t(w)], 0u) << w;
+    }
   }
   EXPECT_NE(values[173], 0u);
   EXPECT_EQ(values[173] >> 16, 0u);  // values: high half 0
@@ -136,83 +140,21 @@ class CodebookMse : public ::testing::TestWithParam<int> {};
 TEST_P(CodebookMse, MeasuredDistortionMatchesSpec) {
   const int b = GetParam();
   const double spec[] = {0, 0.361, 0.116, 0.034, 0.0093};
-  const std::int64_t D = 128;
-  const auto& cb = core::codebook(D, b);
-  const auto s = core::sign_bits(1, 0, 0);
   std::mt19937_64 rng(std::random_device{}());
-  std::normal_distribution<double> n(0, 1);
-  double total = 0;
-  const int trials = 4000;
-  std::vector<double> x(D);
-  for (int t = 0; t < trials; ++t) {
-    double norm = 0;
-    for (double& e : x) norm += (e = n(rng)) * e;
-    for (double& e : x) e /= std::sqrt(norm);
-    std::vector<double> y = x;
-    core::rht(y.data(), D, s);
-    for (double& e : y) e = cb.centroids[std::size_t(core::quantize(e, cb.boundaries.data(), int(cb.boundaries.size())))];
-    core::inverse_rht(y.data(), D, s);
-    for (std::int64_t d = 0; d < D; ++d) total += (y[std::size_t(d)] - x[std::size_t(d)]) * (y[std::size_t(d)] - x[std::size_t(d)]);
-  }
-  EXPECT_NEAR(total / trials, spec[b], 0.03 * spec[b]);
-  EXPECT_NEAR(cb.mse_per_coordinate * D, spec[b], 0.03 * spec[b]);  // the exact integral too
+  EXPECT_NEAR(reference::measure_mse(128, b, 4000, rng), spec[b], 0.03 * spec[b]);
+  EXPECT_NEAR(core::codebook(128, b).mse_per_coordinate * 128, spec[b], 0.03 * spec[b]);  // the exact integral
 }
 INSTANTIATE_TEST_SUITE_P(Bits, CodebookMse, ::testing::Values(1, 2, 3, 4));
 
-// The key estimator is unbiased and its error is within the paper's bound (b = b_mse + 1 bits).
+// The key estimator is unbiased and its error is within the paper's bound for b = b_mse + 1 bits.
 class KeyEstimator : public ::testing::TestWithParam<int> {};
 TEST_P(KeyEstimator, UnbiasedWithBoundedError) {
   const int b_mse = GetParam();
-  const std::int64_t D = 128, pairs = 20000;
-  TqLayout l{D, 1, pairs, b_mse, 2};
-  const TqTables t = make_tq_tables(l, std::random_device{}(), 0);
   std::mt19937_64 rng(std::random_device{}());
-  HostTensor k({1, pairs, 1, D}, DType::f32, false), q(k);
-  std::vector<double> kv(std::size_t(pairs * D)), qv(kv.size());
-  std::normal_distribution<double> n(0, 1);
-  for (std::int64_t i = 0; i < pairs; ++i) {  // unit keys and queries
-    double nk = 0, nq = 0;
-    for (std::int64_t d = 0; d < D; ++d) {
-      nk += std::pow(kv[std::size_t(i * D + d)] = n(rng), 2);
-      nq += std::pow(qv[std::size_t(i * D + d)] = n(rng), 2);
-    }
-    for (std::int64_t d = 0; d < D; ++d) {
-      kv[std::size_t(i * D + d)] /= std::sqrt(nk);
-      // Correlated with its key so that true inner products span a range.
-      qv[std::size_t(i * D + d)] = qv[std::size_t(i * D + d)] / std::sqrt(nq) * 0.6 + 0.8 * kv[std::size_t(i * D + d)];
-    }
-  }
-  k.fill(kv);
-  q.fill(qv);
-  std::vector<std::uint32_t> words(std::size_t(l.key_words()));
-  tq_encode_keys(backend("reference"), {l, t, k.view, 0, words.data(), nullptr});
-  std::vector<float> scratch(std::size_t(tq_scratch_floats(pairs, 1, D)));
-  tq_rotate_queries(backend("reference"), {t, q.view, pairs, scratch.data(), nullptr});
-  const double qjl = std::sqrt(std::acos(-1.0) / 2) / std::sqrt(double(D));
-  const std::int64_t region = pairs * D;
-  double sx = 0, sy = 0, sxx = 0, sxy = 0, sq_err = 0, sq_norm = 0;
-  const auto kvals = k.values(), qvals = q.values();
-  for (std::int64_t i = 0; i < pairs; ++i) {
-    double truth = 0, qn = 0;
-    for (std::int64_t d = 0; d < D; ++d) {
-      truth += kvals[std::size_t(i * D + d)] * qvals[std::size_t(i * D + d)];
-      qn += qvals[std::size_t(i * D + d)] * qvals[std::size_t(i * D + d)];
-    }
-    const double est = reference::tq_key_dot(l, scratch.data() + i * D, scratch.data() + region + i * D,
-                                             scratch[std::size_t(2 * region + i)], words.data(), i, qjl);
-    sx += truth;
-    sy += est;
-    sxx += truth * truth;
-    sxy += truth * est;
-    sq_err += (est - truth) * (est - truth) / qn;  // error per unit query norm
-    sq_norm += 1;
-  }
-  const double N = double(pairs);
-  const double slope = (sxy - sx * sy / N) / (sxx - sx * sx / N);
-  EXPECT_GE(slope, 0.99);
-  EXPECT_LE(slope, 1.01);
-  const double dprod_d = sq_err / sq_norm * double(D);
-  EXPECT_LT(dprod_d, std::sqrt(3.0) * std::pow(std::acos(-1.0), 2) * std::pow(4.0, -(b_mse + 1)));
+  const auto stats = reference::measure_key_estimator(128, b_mse, 20000, rng);
+  EXPECT_GE(stats.slope, 0.99);
+  EXPECT_LE(stats.slope, 1.01);
+  EXPECT_LT(stats.dprod_d, std::sqrt(3.0) * std::pow(std::acos(-1.0), 2) * std::pow(4.0, -(b_mse + 1)));
 }
 INSTANTIATE_TEST_SUITE_P(Bits, KeyEstimator, ::testing::Values(1, 2, 3));
 

@@ -15,7 +15,7 @@ class DeviceBuffer {
   }
   template <typename T>
   DeviceBuffer(Backend& backend, const std::vector<T>& host) : DeviceBuffer(backend, host.size() * sizeof(T)) {
-    backend.upload(ptr_, host.data(), bytes_);
+    if (bytes_ > 0) backend.upload(ptr_, host.data(), bytes_);
   }
   ~DeviceBuffer() { backend_.release(ptr_); }
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -26,7 +26,7 @@ class DeviceBuffer {
   std::vector<T> read() const {
     backend_.synchronize();
     std::vector<T> host(bytes_ / sizeof(T));
-    backend_.download(host.data(), ptr_, bytes_);
+    if (bytes_ > 0) backend_.download(host.data(), ptr_, bytes_);
     return host;
   }
 

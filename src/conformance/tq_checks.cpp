@@ -1,4 +1,5 @@
 // Conformance checks of TurboQuant encode, query rotation and attention against the oracle.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -215,8 +216,8 @@ TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
     c.H = c.Hkv * (std::int64_t(1) << range(0, 2));
     c.tokens = range(1, c.D >= 256 ? 80 : 200);
     c.capacity = c.tokens + range(0, 16);
-    c.n_queries = range(1, 8);
-    c.start_pos = range(0, c.capacity - 1);
+    c.n_queries = range(1, std::min<std::int64_t>(8, c.capacity));
+    c.start_pos = range(0, c.capacity - c.n_queries);
     if (range(0, 3) == 0) c.max_seq = range(0, c.capacity);
     c.dtype = std::array{DType::f32, DType::f16, DType::bf16}[std::size_t(range(0, 2))];
     c.zero_rows = range(0, 3) == 0;

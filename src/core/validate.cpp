@@ -263,6 +263,11 @@ TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& a) {
   if (a.start_pos < 0 || a.start_pos >= l.capacity) {
     throw Error("start_pos", "must be in [0, capacity " + std::to_string(l.capacity) + ")");
   }
+  if (!a.max_seq && a.start_pos + a.n_queries > l.capacity) {
+    throw Error("start_pos", "query rows " + std::to_string(a.start_pos) + ".." +
+                                 std::to_string(a.start_pos + a.n_queries - 1) + " pass capacity " +
+                                 std::to_string(l.capacity));
+  }
   c.max_seq = a.max_seq.value_or(a.start_pos + a.n_queries);
   if (*c.max_seq < 0 || *c.max_seq > l.capacity) {
     throw Error("max_seq", "must be in [0, capacity " + std::to_string(l.capacity) + "]");

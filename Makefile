@@ -1,0 +1,20 @@
+# The two commands: `make demo` and `make test`. Both set up a fresh Debian machine themselves.
+JOBS ?= $(shell nproc)
+
+.PHONY: setup build demo test clean
+
+setup:
+	./scripts/setup.sh
+
+build: setup
+	cmake --preset release
+	cmake --build --preset release -j $(JOBS)
+
+demo: build
+	./build/release/tools/flashtq/flashtq demo
+
+test: build
+	./scripts/test.sh
+
+clean:
+	rm -rf build

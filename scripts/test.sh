@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Everything `make test` runs after the release build: the unit and conformance tests, the same
+# tests under AddressSanitizer + UndefinedBehaviorSanitizer, the installed package consumed from an
+# outside project (which also builds the README's example), and the CLI's conformance bar.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+flashtq=./build/release/tools/flashtq/flashtq
+
+echo "== tests (release)"
+ctest --preset release -j "$jobs"
+
+echo "== tests under ASan + UBSan"
+cmake --preset sanitize >/dev/null
+cmake --build --preset sanitize -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --preset sanitize -j "$jobs"
+
+echo "== install and consume flashtq::flashtq from an outside project (with the README example)"
+rm -rf build/install build/consumer
+cmake --install build/release --prefix build/install >/dev/null
+./scripts/readme_example.sh > build/readme_example.cpp
+cmake -S examples/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$PWD/build/install" \
+  -DREADME_EXAMPLE="$PWD/build/readme_example.cpp" >/dev/null
+cmake --build build/consumer -j "$jobs"
+./build/consumer/consumer
+./build/consumer/readme_example
+
+echo "== flashtq check --json --cases 200"
+report=$("$flashtq" check --json --cases 200)
+echo "$report"
+python3 -c 'import json,sys; r=json.loads(sys.argv[1]); bad={k:v for k,v in r["backends"].items() if v["failed"]}; sys.exit(1 if bad or not r["backends"] else 0)' "$report"
+echo "== all tests passed"
