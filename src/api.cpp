@@ -30,4 +30,11 @@ void tq_attend(Backend& backend, const TqAttendArgs& args) {
   backend.tq_attend(core::validate_tq_attend(backend, args));
 }
 
+std::size_t tq_attend_workspace_bytes(Backend& backend, const TqAttendArgs& args) {
+  TqAttendArgs probe = args;
+  probe.workspace = nullptr;
+  probe.workspace_bytes = 0;
+  return backend.tq_attend_workspace(core::validate_tq_attend(backend, probe, /*check_workspace=*/false));
+}
+
 }  // namespace flashtq

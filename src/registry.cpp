@@ -5,6 +5,9 @@
 #include "flashtq/backend.hpp"
 #include "flashtq/error.hpp"
 #include "reference/backend.hpp"
+#ifdef FLASHTQ_HAVE_CUDA
+#include "cuda/backend.hpp"
+#endif
 
 namespace flashtq {
 namespace {
@@ -18,6 +21,9 @@ std::vector<std::unique_ptr<Backend>>& owned() {
   static std::vector<std::unique_ptr<Backend>> backends = [] {
     std::vector<std::unique_ptr<Backend>> list;
     list.push_back(reference::make_backend());
+#ifdef FLASHTQ_HAVE_CUDA
+    list.push_back(cuda::make_backend());
+#endif
     return list;
   }();
   return backends;

@@ -38,6 +38,8 @@ class Backend {
   virtual void tq_encode_values(const TqEncodeArgs& call) = 0;
   virtual void tq_rotate_queries(const TqRotateArgs& call) = 0;
   virtual void tq_attend(const TqAttendArgs& call) = 0;
+  // Workspace bytes tq_attend needs for a validated call.
+  virtual std::size_t tq_attend_workspace(const TqAttendArgs&) const { return 0; }
 };
 
 // Every compiled-in backend, available or not, in a fixed order (reference first).

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 
+#include "flashtq/config.hpp"
 #include "flashtq/tensor.hpp"
 
 namespace flashtq {
@@ -22,7 +23,7 @@ struct DenseProblem {
   float dropout_p = 0.0f;
   std::uint32_t seed = 0;
 
-  std::int64_t group() const { return H / Hkv; }  // query heads per kv head
+  FLASHTQ_HOST_DEVICE std::int64_t group() const { return H / Hkv; }  // query heads per kv head
 };
 
 struct ForwardCall {

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "flashtq/config.hpp"
 #include "flashtq/tensor.hpp"
 
 namespace flashtq {
@@ -26,17 +28,17 @@ struct TqLayout {
   int key_bits = 2;           // b_mse of keys; the QJL bit comes on top
   int value_bits = 2;
 
-  std::int64_t slots() const { return n_kv_heads * capacity; }
-  std::int64_t key_code_words() const { return head_dim * key_bits / 32; }  // per slot
-  std::int64_t jl_words() const { return head_dim / 32; }                   // per slot
-  std::int64_t value_code_words() const { return head_dim * value_bits / 32; }
-  std::int64_t key_jl_offset() const { return slots() * key_code_words(); }
-  std::int64_t key_norm_offset() const { return key_jl_offset() + slots() * jl_words(); }
-  std::int64_t key_words() const { return key_norm_offset() + slots(); }
-  std::int64_t value_norm_offset() const { return slots() * value_code_words(); }
-  std::int64_t value_words() const { return value_norm_offset() + slots(); }
+  FLASHTQ_HOST_DEVICE std::int64_t slots() const { return n_kv_heads * capacity; }
+  FLASHTQ_HOST_DEVICE std::int64_t key_code_words() const { return head_dim * key_bits / 32; }  // per slot
+  FLASHTQ_HOST_DEVICE std::int64_t jl_words() const { return head_dim / 32; }                   // per slot
+  FLASHTQ_HOST_DEVICE std::int64_t value_code_words() const { return head_dim * value_bits / 32; }
+  FLASHTQ_HOST_DEVICE std::int64_t key_jl_offset() const { return slots() * key_code_words(); }
+  FLASHTQ_HOST_DEVICE std::int64_t key_norm_offset() const { return key_jl_offset() + slots() * jl_words(); }
+  FLASHTQ_HOST_DEVICE std::int64_t key_words() const { return key_norm_offset() + slots(); }
+  FLASHTQ_HOST_DEVICE std::int64_t value_norm_offset() const { return slots() * value_code_words(); }
+  FLASHTQ_HOST_DEVICE std::int64_t value_words() const { return value_norm_offset() + slots(); }
   // Bytes one timestep of one kv head costs, keys and values together.
-  std::int64_t bytes_per_token_per_head() const {
+  FLASHTQ_HOST_DEVICE std::int64_t bytes_per_token_per_head() const {
     return 4 * (key_code_words() + jl_words() + 1 + value_code_words() + 1);
   }
   double compression_vs_bf16() const {
@@ -99,6 +101,8 @@ struct TqAttendArgs {
   const std::uint32_t* k_cache = nullptr;
   const std::uint32_t* v_cache = nullptr;
   TensorView out;  // f32 [1, n_queries, n_heads, head_dim]
+  void* workspace = nullptr;      // in the backend's memory, tq_attend_workspace_bytes() large
+  std::size_t workspace_bytes = 0;
   void* stream = nullptr;
 };
 
@@ -106,6 +110,8 @@ void tq_encode_keys(Backend& backend, const TqEncodeArgs& args);
 void tq_encode_values(Backend& backend, const TqEncodeArgs& args);
 void tq_rotate_queries(Backend& backend, const TqRotateArgs& args);
 void tq_attend(Backend& backend, const TqAttendArgs& args);
+// Scratch tq_attend needs on this backend for these arguments (0 on host backends).
+std::size_t tq_attend_workspace_bytes(Backend& backend, const TqAttendArgs& args);
 
 struct TqCacheConfig {
   std::int64_t layers = 1;

@@ -3,9 +3,11 @@
 
 #include <cstdint>
 
+#include "core/hd.hpp"
+
 namespace flashtq::core {
 
-inline float hash3(std::uint32_t x, std::uint32_t y, std::uint32_t z) {
+FLASHTQ_HD float hash3(std::uint32_t x, std::uint32_t y, std::uint32_t z) {
   std::uint32_t a = x * 1664525u + 1013904223u;
   std::uint32_t b = y * 1664525u + 1013904223u;
   std::uint32_t c = z * 1664525u + 1013904223u;
@@ -20,7 +22,7 @@ inline float hash3(std::uint32_t x, std::uint32_t y, std::uint32_t z) {
 }
 
 // Dropout decision for attention weight (b*H + h, row i, key j); all arithmetic wraps in u32.
-inline bool dropout_keep(float p, std::uint32_t seed, std::uint32_t bh, std::uint32_t i,
+FLASHTQ_HD bool dropout_keep(float p, std::uint32_t seed, std::uint32_t bh, std::uint32_t i,
                          std::uint32_t j) {
   return p <= 0.0f || hash3(bh, i, j + seed) >= p;
 }

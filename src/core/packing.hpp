@@ -4,9 +4,11 @@
 
 #include <cstdint>
 
+#include "core/hd.hpp"
+
 namespace flashtq::core {
 
-inline std::uint32_t get_code(const std::uint32_t* words, std::int64_t d, int bits) {
+FLASHTQ_HD std::uint32_t get_code(const std::uint32_t* words, std::int64_t d, int bits) {
   const std::int64_t pos = d * bits;
   const std::int64_t w = pos / 32;
   const int shift = int(pos % 32);
@@ -17,7 +19,7 @@ inline std::uint32_t get_code(const std::uint32_t* words, std::int64_t d, int bi
 }
 
 // ORs a code into zero-initialised words.
-inline void put_code(std::uint32_t* words, std::int64_t d, int bits, std::uint32_t code) {
+FLASHTQ_HD void put_code(std::uint32_t* words, std::int64_t d, int bits, std::uint32_t code) {
   const std::int64_t pos = d * bits;
   const std::int64_t w = pos / 32;
   const int shift = int(pos % 32);

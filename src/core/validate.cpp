@@ -249,7 +249,7 @@ TqRotateArgs validate_tq_rotate(const Backend& backend, const TqRotateArgs& a) {
   return c;
 }
 
-TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& a) {
+TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& a, bool check_workspace) {
   const TqLayout& l = a.layout;
   validate_tq_layout(l);
   check_tables(l, a.tables);
@@ -284,6 +284,13 @@ TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& a) {
   check_shape("out", a.out, {1, a.n_queries, a.n_heads, l.head_dim}, "[1, n_queries, n_heads, head_dim]");
   if (a.out.dtype != DType::f32) throw Error("out", "must be f32");
   if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
+  if (check_workspace) {
+    const std::size_t need = backend.tq_attend_workspace(c);
+    if (need > 0 && (a.workspace == nullptr || a.workspace_bytes < need)) {
+      throw Error("workspace", "needs " + std::to_string(need) + " bytes (tq_attend_workspace_bytes), got " +
+                                   std::to_string(a.workspace == nullptr ? 0 : a.workspace_bytes));
+    }
+  }
   return c;
 }
 

@@ -16,6 +16,6 @@ BackwardCall validate_backward(const Backend& backend, const BackwardArgs& args,
 void validate_tq_layout(const TqLayout& layout);
 TqEncodeArgs validate_tq_encode(const Backend& backend, const TqEncodeArgs& args);
 TqRotateArgs validate_tq_rotate(const Backend& backend, const TqRotateArgs& args);
-TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& args);
+TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& args, bool check_workspace = true);
 
 }  // namespace flashtq::core

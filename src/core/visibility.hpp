@@ -1,8 +1,9 @@
 // Which keys a query row sees (SPEC §1), in one place for every host backend.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
+
+#include "core/hd.hpp"
 
 #include "flashtq/problem.hpp"
 
@@ -11,7 +12,7 @@ namespace flashtq::core {
 // Scores at or below this count as masked, exactly like an invisible key.
 inline constexpr double masked_score = -1e30;
 
-inline bool key_visible(const DenseProblem& p, std::int64_t i, std::int64_t j) {
+FLASHTQ_HD bool key_visible(const DenseProblem& p, std::int64_t i, std::int64_t j) {
   const std::int64_t pos = i + p.causal_offset;
   if (j < 0 || j >= p.Sk) return false;
   if (p.causal && j > pos) return false;
@@ -23,15 +24,15 @@ inline bool key_visible(const DenseProblem& p, std::int64_t i, std::int64_t j) {
 struct KeyRange {
   std::int64_t begin, end;
 };
-inline KeyRange key_range(const DenseProblem& p, std::int64_t i0, std::int64_t i1) {
+FLASHTQ_HD KeyRange key_range(const DenseProblem& p, std::int64_t i0, std::int64_t i1) {
   const std::int64_t first = i0 + p.causal_offset, last = i1 - 1 + p.causal_offset;
   std::int64_t begin = 0, end = p.Sk;
-  if (p.causal) end = std::min(end, last + 1);
+  if (p.causal && last + 1 < end) end = last + 1;
   if (p.window > 0) {
-    begin = std::max<std::int64_t>(begin, first - p.window + 1);
-    if (!p.causal) end = std::min(end, last + p.window);
+    if (first - p.window + 1 > begin) begin = first - p.window + 1;
+    if (!p.causal && last + p.window < end) end = last + p.window;
   }
-  return {begin, std::max(begin, end)};
+  return {begin, end > begin ? end : begin};
 }
 
 }  // namespace flashtq::core

@@ -1,0 +1,55 @@
+// The `cuda` backend: device pointers and a cudaStream_t; no hidden synchronisation, no allocation
+// in the operations (tq_attend's workspace is queried and passed).
+#include "cuda/backend.hpp"
+
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.hpp"
+
+namespace flashtq::cuda {
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  std::string name() const override { return "cuda"; }
+  Memory memory() const override { return Memory::cuda; }
+  bool available() const override {
+    int count = 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  }
+  std::optional<std::string> unsupported(const TqLayout& l) const override {
+    if (l.head_dim != 32 && l.head_dim != 64 && l.head_dim != 128 && l.head_dim != 256) {
+      return "TurboQuant kernels exist for head_dim 32, 64, 128 and 256";
+    }
+    return std::nullopt;
+  }
+
+  void* allocate(std::size_t bytes) override {
+    void* p = nullptr;
+    FLASHTQ_CUDA_CHECK(cudaMalloc(&p, bytes));
+    return p;
+  }
+  void release(void* ptr) override { cudaFree(ptr); }
+  void upload(void* dst, const void* src, std::size_t bytes) override {
+    FLASHTQ_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  }
+  void download(void* dst, const void* src, std::size_t bytes) override {
+    FLASHTQ_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  }
+  void synchronize() override { FLASHTQ_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+  void forward(const ForwardCall& c) override { launch_dense_forward(c); }
+  void backward(const BackwardCall& c) override { launch_dense_backward(c); }
+  void tq_encode_keys(const TqEncodeArgs& c) override { launch_tq_encode(c, true); }
+  void tq_encode_values(const TqEncodeArgs& c) override { launch_tq_encode(c, false); }
+  void tq_rotate_queries(const TqRotateArgs& c) override { launch_tq_rotate(c); }
+  void tq_attend(const TqAttendArgs& c) override { launch_tq_attend(c); }
+  std::size_t tq_attend_workspace(const TqAttendArgs& c) const override { return cuda::tq_attend_workspace(c); }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace flashtq::cuda

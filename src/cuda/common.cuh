@@ -1,0 +1,79 @@
+// Device helpers shared by the CUDA kernels: element access, warp reductions, the warp RHT.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "flashtq/tensor.hpp"
+
+namespace flashtq::cuda {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Element offset of row (b, s, h) of a [B, S, H, D] view.
+__device__ __forceinline__ std::int64_t row_offset(const TensorView& t, std::int64_t b, std::int64_t s, std::int64_t h) {
+  return b * t.strides[0] + s * t.strides[1] + h * t.strides[2];
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T x) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xFFFFFFFFu, x, m);
+  return x;
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_max(T x) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) x = fmax(x, __shfl_xor_sync(0xFFFFFFFFu, x, m));
+  return x;
+}
+
+__device__ __forceinline__ double sign_of(const std::uint32_t* bits, int d) {
+  return ((bits[d / 32] >> (d % 32)) & 1u) ? -1.0 : 1.0;
+}
+
+// RHT_s over a warp, in double, lane holding dims [lane*E, lane*E + E): the same butterflies in the
+// same order as core::rht, so the result is bit-identical to the host's.
+template <int E>
+__device__ __forceinline__ void warp_rht(double (&x)[E], const std::uint32_t* signs, int lane) {
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] *= sign_of(signs, lane * E + e);
+#pragma unroll
+  for (int len = 1; len < E; len <<= 1) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if (!(e & len)) {
+        const double a = x[e], b = x[e + len];
+        x[e] = a + b;
+        x[e + len] = a - b;
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const double other = __shfl_xor_sync(0xFFFFFFFFu, x[e], m);
+      x[e] = (lane & m) ? other - x[e] : x[e] + other;
+    }
+  }
+  const double inv = 1.0 / sqrt(double(32 * E));
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] *= inv;
+}
+
+}  // namespace flashtq::cuda

@@ -1,0 +1,235 @@
+// Dense attention on CUDA: exact f32 arithmetic, one warp per query row (forward and dq) or per
+// key row (dk, dv). Every feature of SPEC §1; deterministic (no atomics). A correctness-first
+// path: the tensor-core kernels of the CUDA dense issue replace it for f16/bf16 speed.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "core/hash3.hpp"
+#include "core/visibility.hpp"
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.hpp"
+
+namespace flashtq::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMaxPerLane = 8;  // head_dim <= 256: lane owns dims lane + 32 e
+
+struct RowIndex {
+  std::int64_t b, h, s;
+};
+__device__ __forceinline__ RowIndex split_row(std::int64_t row, std::int64_t S, std::int64_t H) {
+  return {row / S / H, (row / S) % H, row % S};
+}
+
+template <typename T>
+__device__ __forceinline__ void load_row(float (&x)[kMaxPerLane], const T* base, int D, int lane) {
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e) {
+    const int d = lane + 32 * e;
+    x[e] = d < D ? to_float(base[d]) : 0.0f;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float dot_row(const float (&x)[kMaxPerLane], const T* base, int D, int lane) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e) {
+    const int d = lane + 32 * e;
+    if (d < D) acc = fmaf(x[e], to_float(base[d]), acc);
+  }
+  return warp_sum(acc);
+}
+
+// scale * <q, k> + mask, or -inf when masked (<= -1e30).
+__device__ __forceinline__ float masked(const DenseProblem& p, float dot, std::int64_t b, std::int64_t h,
+                                        std::int64_t i, std::int64_t j) {
+  float s = p.scale * dot;
+  if (p.mask != nullptr) {
+    s += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
+  }
+  return s <= -1e30f ? -INFINITY : s;
+}
+
+__device__ __forceinline__ float dropout_factor(const DenseProblem& p, std::int64_t b, std::int64_t h, std::int64_t i,
+                                                std::int64_t j) {
+  if (p.dropout_p <= 0.0f) return 1.0f;
+  const bool keep = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j));
+  return keep ? 1.0f / (1.0f - p.dropout_p) : 0.0f;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarps) forward_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv,
+                                                              TensorView ov, float* lse) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= p.B * p.H * p.Sq) return;
+  const auto [b, h, i] = split_row(row, p.Sq, p.H);
+  const std::int64_t hk = h / p.group();
+  const int D = int(p.D);
+  float q[kMaxPerLane], acc[kMaxPerLane] = {};
+  load_row(q, static_cast<const T*>(qv.data) + row_offset(qv, b, i, h), D, lane);
+  float m = -INFINITY, l = 0.0f;
+  const core::KeyRange range = core::key_range(p, i, i + 1);
+  for (std::int64_t j = range.begin; j < range.end; ++j) {
+    if (!core::key_visible(p, i, j)) continue;
+    const float s = masked(p, dot_row(q, static_cast<const T*>(kv.data) + row_offset(kv, b, j, hk), D, lane), b, h, i, j);
+    if (s == -INFINITY) continue;
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new), e = expf(s - m_new);
+    l = l * corr + e;
+    const float w = e * dropout_factor(p, b, h, i, j);
+    const T* vrow = static_cast<const T*>(vv.data) + row_offset(vv, b, j, hk);
+#pragma unroll
+    for (int x = 0; x < kMaxPerLane; ++x) {
+      const int d = lane + 32 * x;
+      acc[x] = acc[x] * corr + (d < D ? w * to_float(vrow[d]) : 0.0f);
+    }
+    m = m_new;
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  T* orow = static_cast<T*>(ov.data) + row_offset(ov, b, i, h);
+#pragma unroll
+  for (int x = 0; x < kMaxPerLane; ++x) {
+    const int d = lane + 32 * x;
+    if (d < D) orow[d] = from_float<T>(acc[x] * inv);
+  }
+  if (lse != nullptr && lane == 0) lse[(b * p.H + h) * p.Sq + i] = l > 0.0f ? m + logf(l) : -INFINITY;
+}
+
+// dq for one query row: sum_j dS_ij k_j with dS = P (dP - D_i) scale.
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarps) dq_kernel(BackwardCall c) {
+  const DenseProblem& p = c.p;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= p.B * p.H * p.Sq) return;
+  const auto [b, h, i] = split_row(row, p.Sq, p.H);
+  const std::int64_t hk = h / p.group();
+  const int D = int(p.D);
+  float q[kMaxPerLane], dout[kMaxPerLane], dq[kMaxPerLane] = {};
+  load_row(q, static_cast<const T*>(c.q.data) + row_offset(c.q, b, i, h), D, lane);
+  load_row(dout, static_cast<const T*>(c.dout.data) + row_offset(c.dout, b, i, h), D, lane);
+  const float delta = dot_row(dout, static_cast<const T*>(c.out.data) + row_offset(c.out, b, i, h), D, lane);
+  const float row_lse = c.lse[(b * p.H + h) * p.Sq + i];
+  const core::KeyRange range = core::key_range(p, i, i + 1);
+  for (std::int64_t j = range.begin; row_lse != -INFINITY && j < range.end; ++j) {
+    if (!core::key_visible(p, i, j)) continue;
+    const T* krow = static_cast<const T*>(c.k.data) + row_offset(c.k, b, j, hk);
+    const float s = masked(p, dot_row(q, krow, D, lane), b, h, i, j);
+    if (s == -INFINITY) continue;
+    const float prob = expf(s - row_lse);
+    const float z = dropout_factor(p, b, h, i, j);
+    const float dp = dot_row(dout, static_cast<const T*>(c.v.data) + row_offset(c.v, b, j, hk), D, lane) * z;
+    const float ds = prob * (dp - delta) * p.scale;
+#pragma unroll
+    for (int x = 0; x < kMaxPerLane; ++x) {
+      const int d = lane + 32 * x;
+      if (d < D) dq[x] = fmaf(ds, to_float(krow[d]), dq[x]);
+    }
+  }
+  T* out = static_cast<T*>(c.dq.data) + row_offset(c.dq, b, i, h);
+#pragma unroll
+  for (int x = 0; x < kMaxPerLane; ++x) {
+    const int d = lane + 32 * x;
+    if (d < D) out[d] = from_float<T>(dq[x]);
+  }
+}
+
+// dk, dv for one key row, summing over every query head of its group and every row that sees it.
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarps) dkdv_kernel(BackwardCall c) {
+  const DenseProblem& p = c.p;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= p.B * p.Hkv * p.Sk) return;
+  const auto [b, hk, j] = split_row(row, p.Sk, p.Hkv);
+  const int D = int(p.D);
+  float k[kMaxPerLane], v[kMaxPerLane], dk[kMaxPerLane] = {}, dv[kMaxPerLane] = {};
+  load_row(k, static_cast<const T*>(c.k.data) + row_offset(c.k, b, j, hk), D, lane);
+  load_row(v, static_cast<const T*>(c.v.data) + row_offset(c.v, b, j, hk), D, lane);
+  // Rows that can see key j: causal needs i >= j - offset, the window |i + offset - j| < window.
+  std::int64_t lo = 0, hi = p.Sq;
+  if (p.causal) lo = max(lo, j - p.causal_offset);
+  if (p.window > 0) {
+    lo = max(lo, j - p.causal_offset - p.window + 1);
+    hi = min(hi, j - p.causal_offset + p.window);
+  }
+  for (std::int64_t g = 0; g < p.group(); ++g) {
+    const std::int64_t h = hk * p.group() + g;
+    for (std::int64_t i = lo; i < hi; ++i) {
+      if (!core::key_visible(p, i, j)) continue;
+      const float row_lse = c.lse[(b * p.H + h) * p.Sq + i];
+      if (row_lse == -INFINITY) continue;
+      const T* qrow = static_cast<const T*>(c.q.data) + row_offset(c.q, b, i, h);
+      const float s = masked(p, dot_row(k, qrow, D, lane), b, h, i, j);
+      if (s == -INFINITY) continue;
+      float dout[kMaxPerLane];
+      load_row(dout, static_cast<const T*>(c.dout.data) + row_offset(c.dout, b, i, h), D, lane);
+      const float delta = dot_row(dout, static_cast<const T*>(c.out.data) + row_offset(c.out, b, i, h), D, lane);
+      const float prob = expf(s - row_lse);
+      const float z = dropout_factor(p, b, h, i, j);
+      float dp = 0.0f;
+#pragma unroll
+      for (int x = 0; x < kMaxPerLane; ++x) dp = fmaf(dout[x], v[x], dp);
+      dp = warp_sum(dp) * z;
+      const float ds = prob * (dp - delta) * p.scale;
+#pragma unroll
+      for (int x = 0; x < kMaxPerLane; ++x) {
+        const int d = lane + 32 * x;
+        if (d < D) {
+          dv[x] = fmaf(prob * z, dout[x], dv[x]);
+          dk[x] = fmaf(ds, to_float(qrow[d]), dk[x]);
+        }
+      }
+    }
+  }
+  T* dk_out = static_cast<T*>(c.dk.data) + row_offset(c.dk, b, j, hk);
+  T* dv_out = static_cast<T*>(c.dv.data) + row_offset(c.dv, b, j, hk);
+#pragma unroll
+  for (int x = 0; x < kMaxPerLane; ++x) {
+    const int d = lane + 32 * x;
+    if (d < D) {
+      dk_out[d] = from_float<T>(dk[x]);
+      dv_out[d] = from_float<T>(dv[x]);
+    }
+  }
+}
+
+template <typename F>
+void by_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: f(float{}); break;
+    case DType::f16: f(__half{}); break;
+    case DType::bf16: f(__nv_bfloat16{}); break;
+  }
+}
+
+unsigned blocks_for(std::int64_t rows) { return unsigned((rows + kWarps - 1) / kWarps); }
+
+}  // namespace
+
+void launch_dense_forward(const ForwardCall& c) {
+  auto stream = static_cast<cudaStream_t>(c.stream);
+  by_dtype(c.p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    forward_kernel<T><<<blocks_for(c.p.B * c.p.H * c.p.Sq), 32 * kWarps, 0, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
+  });
+  FLASHTQ_CUDA_CHECK_LAUNCH("dense forward kernel");
+}
+
+void launch_dense_backward(const BackwardCall& c) {
+  auto stream = static_cast<cudaStream_t>(c.stream);
+  by_dtype(c.p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    dq_kernel<T><<<blocks_for(c.p.B * c.p.H * c.p.Sq), 32 * kWarps, 0, stream>>>(c);
+    dkdv_kernel<T><<<blocks_for(c.p.B * c.p.Hkv * c.p.Sk), 32 * kWarps, 0, stream>>>(c);
+  });
+  FLASHTQ_CUDA_CHECK_LAUNCH("dense backward kernels");
+}
+
+}  // namespace flashtq::cuda

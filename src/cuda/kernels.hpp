@@ -1,0 +1,19 @@
+// Launchers of the CUDA kernels (one per operation; each dispatches on dtype and head_dim).
+#pragma once
+
+#include <cstddef>
+
+#include "flashtq/problem.hpp"
+#include "flashtq/turboquant.hpp"
+
+namespace flashtq::cuda {
+
+void launch_dense_forward(const ForwardCall& call);
+void launch_dense_backward(const BackwardCall& call);
+
+void launch_tq_encode(const TqEncodeArgs& call, bool keys);
+void launch_tq_rotate(const TqRotateArgs& call);
+std::size_t tq_attend_workspace(const TqAttendArgs& call);
+void launch_tq_attend(const TqAttendArgs& call);
+
+}  // namespace flashtq::cuda

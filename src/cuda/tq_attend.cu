@@ -1,0 +1,239 @@
+// Attention over the packed TurboQuant cache on CUDA (decode and chunked prefill): the key
+// sequence is split across blocks (flash-decoding); each block scores its tokens straight from
+// the packed words for a tile of the GQA group's query heads, accumulates values in rotated
+// space, and a merge kernel combines the splits by their LSEs and rotates back once.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "core/packing.hpp"
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.hpp"
+
+namespace flashtq::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kSplitTokens = 256;
+
+struct AttendParams {
+  TqLayout l;
+  const float* scratch;
+  std::int64_t q_cap, H, n_queries, start_pos, max_seq;
+  float scale, qjl_scale;
+  const std::uint32_t* k;
+  const std::uint32_t* v;
+  float* out;
+  std::int64_t out_row_stride, out_head_stride;
+  float* ws;
+  int n_splits, n_tiles;
+  float key_centroids[16], value_centroids[16];
+  std::uint32_t polar_signs[8];
+};
+
+__device__ __forceinline__ float f16_low(std::uint32_t w) { return __half2float(__ushort_as_half(std::uint16_t(w & 0xFFFFu))); }
+
+__device__ __forceinline__ std::int64_t seq_len_of(const AttendParams& a, std::int64_t j) {
+  return min(a.start_pos + j + 1, a.max_seq);
+}
+
+template <int D, int HT>
+__global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
+  __shared__ float q_rot[HT][D], q_jl[HT][D], q_sum[HT];
+  __shared__ float p[HT][kSplitTokens], v_norm[kSplitTokens];
+  __shared__ float kc[16], vc[16], row_max[HT], row_sum[HT];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int split = blockIdx.x;
+  const std::int64_t kvh = blockIdx.y / a.n_tiles, j = blockIdx.z;
+  const std::int64_t G = a.H / a.l.n_kv_heads, h0 = kvh * G + (blockIdx.y % a.n_tiles) * HT;
+  const std::int64_t t0 = std::int64_t(split) * kSplitTokens;
+  const std::int64_t visible = seq_len_of(a, j) - t0;
+  const int n = visible <= 0 ? 0 : visible >= kSplitTokens ? kSplitTokens : int(visible);
+  float* ws = a.ws + ((j * a.H + h0) * a.n_splits + split) * (D + 2);
+  if (n == 0) {  // nothing to see in this split: an empty partial
+    if (tid < HT) {
+      ws[tid * a.n_splits * (D + 2)] = -INFINITY;
+      ws[tid * a.n_splits * (D + 2) + 1] = 0.0f;
+    }
+    return;
+  }
+  const std::int64_t region = a.q_cap * a.H * D;
+  for (int i = tid; i < HT * D; i += kThreads) {
+    const std::int64_t at = (j * a.H + h0 + i / D) * D + i % D;
+    q_rot[i / D][i % D] = a.scratch[at];
+    q_jl[i / D][i % D] = a.scratch[region + at];
+  }
+  if (tid < HT) q_sum[tid] = a.scratch[2 * region + j * a.H + h0 + tid];
+  if (tid < 16) {
+    kc[tid] = a.key_centroids[tid];
+    vc[tid] = a.value_centroids[tid];
+  }
+  __syncthreads();
+
+  const TqLayout& l = a.l;
+  const int kb = l.key_bits, vb = l.value_bits;
+  for (int tt = tid; tt < n; tt += kThreads) {
+    const std::int64_t slot = kvh * l.capacity + t0 + tt;
+    const std::uint32_t nw = a.k[l.key_norm_offset() + slot];
+    const float norm = f16_low(nw), gamma = f16_low(nw >> 16);
+    const std::uint32_t* codes = a.k + slot * (D * kb / 32);
+    const std::uint32_t* jl = a.k + l.key_jl_offset() + slot * (D / 32);
+    float polar[HT] = {}, positive[HT] = {};
+    for (int d = 0; d < D; ++d) {
+      const float c = kc[core::get_code(codes, d, kb)];
+      const bool bit = (jl[d / 32] >> (d % 32)) & 1u;
+#pragma unroll
+      for (int g = 0; g < HT; ++g) {
+        polar[g] = fmaf(q_rot[g][d], c, polar[g]);
+        if (bit) positive[g] += q_jl[g][d];
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < HT; ++g) {
+      p[g][tt] = a.scale * norm * (polar[g] + gamma * a.qjl_scale * (2.0f * positive[g] - q_sum[g]));
+    }
+    v_norm[tt] = f16_low(a.v[l.value_norm_offset() + slot]);
+  }
+  __syncthreads();
+  // Softmax statistics per head (warp g handles heads g, g + 4, ...); p becomes exp(s - max).
+  for (int g = warp; g < HT; g += kThreads / 32) {
+    float m = -INFINITY;
+    for (int tt = lane; tt < n; tt += 32) m = fmaxf(m, p[g][tt]);
+    m = warp_max(m);
+    float s = 0.0f;
+    for (int tt = lane; tt < n; tt += 32) {
+      const float e = expf(p[g][tt] - m);
+      p[g][tt] = e * v_norm[tt];
+      s += e;
+    }
+    s = warp_sum(s);
+    if (lane == 0) {
+      row_max[g] = m;
+      row_sum[g] = s;
+    }
+  }
+  __syncthreads();
+  // Values, still rotated: thread owns dims tid, tid + 128.
+  constexpr int R = (D + kThreads - 1) / kThreads;
+  float acc[HT][R] = {};
+  const int value_words = D * vb / 32;
+  for (int tt = 0; tt < n; ++tt) {
+    const std::uint32_t* codes = a.v + (kvh * l.capacity + t0 + tt) * value_words;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int d = tid + r * kThreads;
+      if (d < D) {
+        const float c = vc[core::get_code(codes, d, vb)];
+#pragma unroll
+        for (int g = 0; g < HT; ++g) acc[g][r] = fmaf(p[g][tt], c, acc[g][r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < HT; ++g) {
+    float* w = ws + g * a.n_splits * (D + 2);
+    if (tid == 0) {
+      w[0] = row_max[g];
+      w[1] = row_sum[g];
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int d = tid + r * kThreads;
+      if (d < D) w[2 + d] = acc[g][r];
+    }
+  }
+}
+
+// One block per (query row, head): merge the splits by LSE, normalise, rotate back, store.
+template <int D>
+__global__ void __launch_bounds__(D) attend_merge(AttendParams a) {
+  __shared__ float x[D];
+  const int d = threadIdx.x;
+  const std::int64_t row = blockIdx.x, j = row / a.H, h = row % a.H;
+  const float* ws = a.ws + row * a.n_splits * (D + 2);
+  float m = -INFINITY;
+  for (int s = 0; s < a.n_splits; ++s) m = fmaxf(m, ws[s * (D + 2)]);
+  float l = 0.0f, acc = 0.0f;
+  if (m != -INFINITY) {
+    for (int s = 0; s < a.n_splits; ++s) {
+      const float* w = ws + s * (D + 2);
+      if (w[1] == 0.0f) continue;
+      const float f = expf(w[0] - m);
+      l = fmaf(w[1], f, l);
+      acc = fmaf(w[2 + d], f, acc);
+    }
+  }
+  x[d] = l > 0.0f ? acc / l : 0.0f;  // a row that sees no timestep writes zeros
+  for (int len = 1; len < D; len <<= 1) {
+    __syncthreads();
+    const float mine = x[d], other = x[d ^ len];
+    __syncthreads();
+    x[d] = (d & len) ? other - mine : mine + other;
+  }
+  const float sign = ((a.polar_signs[d / 32] >> (d % 32)) & 1u) ? -1.0f : 1.0f;
+  a.out[j * a.out_row_stride + h * a.out_head_stride + d] = x[d] * (1.0f / sqrtf(float(D))) * sign;
+}
+
+int n_splits_of(const TqAttendArgs& c) {
+  const std::int64_t longest = std::min(c.start_pos + c.n_queries, *c.max_seq);
+  return int(std::max<std::int64_t>(1, (longest + kSplitTokens - 1) / kSplitTokens));
+}
+
+int head_tile(std::int64_t group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1; }
+
+template <int D>
+void launch_for_dim(const AttendParams& a, int ht, std::int64_t n_kv, cudaStream_t stream) {
+  const dim3 grid(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), unsigned(a.n_queries));
+  switch (ht) {
+    case 4: attend_partial<D, 4><<<grid, kThreads, 0, stream>>>(a); break;
+    case 2: attend_partial<D, 2><<<grid, kThreads, 0, stream>>>(a); break;
+    default: attend_partial<D, 1><<<grid, kThreads, 0, stream>>>(a); break;
+  }
+  FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant attend kernel");
+  attend_merge<D><<<unsigned(a.n_queries * a.H), D, 0, stream>>>(a);
+  FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant merge kernel");
+}
+
+}  // namespace
+
+std::size_t tq_attend_workspace(const TqAttendArgs& c) {
+  return std::size_t(c.n_queries * c.n_heads * n_splits_of(c) * (c.layout.head_dim + 2)) * sizeof(float);
+}
+
+void launch_tq_attend(const TqAttendArgs& c) {
+  AttendParams a{};
+  a.l = c.layout;
+  a.scratch = c.scratch;
+  a.q_cap = c.q_cap;
+  a.H = c.n_heads;
+  a.n_queries = c.n_queries;
+  a.start_pos = c.start_pos;
+  a.max_seq = *c.max_seq;
+  a.scale = *c.scale;
+  a.qjl_scale = *c.qjl_scale;
+  a.k = c.k_cache;
+  a.v = c.v_cache;
+  a.out = static_cast<float*>(c.out.data);
+  a.out_row_stride = c.out.strides[1];
+  a.out_head_stride = c.out.strides[2];
+  a.ws = static_cast<float*>(c.workspace);
+  a.n_splits = n_splits_of(c);
+  const int ht = head_tile(c.n_heads / c.layout.n_kv_heads);
+  a.n_tiles = int(c.n_heads / c.layout.n_kv_heads / ht);
+  for (int i = 0; i < 16; ++i) {
+    a.key_centroids[i] = c.tables.key_centroids[std::size_t(i)];
+    a.value_centroids[i] = c.tables.value_centroids[std::size_t(i)];
+  }
+  for (int i = 0; i < 8; ++i) a.polar_signs[i] = c.tables.polar_sign_bits[std::size_t(i)];
+  auto stream = static_cast<cudaStream_t>(c.stream);
+  switch (c.layout.head_dim) {
+    case 32: launch_for_dim<32>(a, ht, c.layout.n_kv_heads, stream); break;
+    case 64: launch_for_dim<64>(a, ht, c.layout.n_kv_heads, stream); break;
+    case 128: launch_for_dim<128>(a, ht, c.layout.n_kv_heads, stream); break;
+    case 256: launch_for_dim<256>(a, ht, c.layout.n_kv_heads, stream); break;
+    default: throw Error("head_dim", "no CUDA TurboQuant kernel for this head_dim");
+  }
+}
+
+}  // namespace flashtq::cuda

@@ -1,0 +1,172 @@
+// TurboQuant encode and query rotation on CUDA: one warp per row, the rotation in double with the
+// host's butterflies, so codes and norm words match the oracle's.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/codebook.hpp"
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.hpp"
+
+namespace flashtq::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+
+struct DeviceCodebook {
+  double centroids[16];
+  double boundaries[15];
+  int n_boundaries;
+};
+
+DeviceCodebook device_codebook(std::int64_t head_dim, int bits) {
+  const core::Codebook& cb = core::codebook(head_dim, bits);
+  DeviceCodebook d{};
+  for (std::size_t i = 0; i < cb.centroids.size(); ++i) d.centroids[i] = cb.centroids[i];
+  for (std::size_t i = 0; i < cb.boundaries.size(); ++i) d.boundaries[i] = cb.boundaries[i];
+  d.n_boundaries = int(cb.boundaries.size());
+  return d;
+}
+
+// ORs `width` bits per lane (lane's bits start at lane * width) into words[], then stores them.
+__device__ __forceinline__ void store_bitstream(std::uint32_t* shared_words, std::uint32_t* out, int n_words,
+                                                std::uint32_t lane_bits, int width, int lane) {
+  if (lane < n_words) shared_words[lane] = 0u;
+  __syncwarp();
+  const int pos = lane * width;
+  atomicOr(&shared_words[pos / 32], lane_bits << (pos % 32));
+  if (pos % 32 + width > 32) atomicOr(&shared_words[pos / 32 + 1], lane_bits >> (32 - pos % 32));
+  __syncwarp();
+  if (lane < n_words) out[lane] = shared_words[lane];
+  __syncwarp();
+}
+
+template <typename T, int E>
+__global__ void __launch_bounds__(32 * kWarps) encode_kernel(TqLayout l, TqTables tables, TensorView x, std::int64_t start,
+                                                             std::uint32_t* cache, DeviceCodebook cb, bool keys) {
+  __shared__ std::uint32_t words[kWarps][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + warp;
+  const std::int64_t T_rows = x.shape[1];
+  if (row >= T_rows * l.n_kv_heads) return;
+  const std::int64_t t = row / l.n_kv_heads, h = row % l.n_kv_heads;
+  const std::int64_t slot = h * l.capacity + start + t;
+  const int bits = keys ? l.key_bits : l.value_bits;
+  const int code_words = int(l.head_dim) * bits / 32;
+  std::uint32_t* codes = cache + slot * code_words;
+  std::uint32_t* jl = cache + l.key_jl_offset() + slot * l.jl_words();
+  std::uint32_t* norm_word = cache + (keys ? l.key_norm_offset() : l.value_norm_offset()) + slot;
+
+  double r[E];
+  const T* src = static_cast<const T*>(x.data) + row_offset(x, 0, t, h) + lane * E;
+  double n2 = 0.0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    r[e] = double(to_float(src[e]));
+    n2 += r[e] * r[e];
+  }
+  const double n = sqrt(warp_sum(n2));
+  if (n < 1e-12) {  // a zero vector: every word of its slot is 0
+    if (lane < code_words) codes[lane] = 0u;
+    if (keys && lane < int(l.jl_words())) jl[lane] = 0u;
+    if (lane == 0) *norm_word = 0u;
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) r[e] /= n;
+  warp_rht<E>(r, tables.polar_sign_bits.data(), lane);
+  std::uint32_t lane_codes = 0;
+  double e2 = 0.0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    int idx = 0;
+    for (int i = 0; i < cb.n_boundaries; ++i) idx += r[e] >= cb.boundaries[i] ? 1 : 0;
+    lane_codes |= std::uint32_t(idx) << (e * bits);
+    r[e] -= cb.centroids[idx];
+    e2 += r[e] * r[e];
+  }
+  store_bitstream(words[warp], codes, code_words, lane_codes, E * bits, lane);
+  std::uint32_t word = __half_as_ushort(__float2half_rn(float(n)));
+  if (keys) {
+    const double gamma = sqrt(warp_sum(e2));
+    std::uint32_t lane_jl = 0;
+    if (gamma >= 1e-12) {
+      warp_rht<E>(r, tables.jl_sign_bits.data(), lane);
+#pragma unroll
+      for (int e = 0; e < E; ++e) lane_jl |= (r[e] >= 0.0 ? 1u : 0u) << e;
+    }
+    store_bitstream(words[warp], jl, int(l.jl_words()), lane_jl, E, lane);
+    word |= std::uint32_t(__half_as_ushort(__float2half_rn(float(gamma)))) << 16;
+  }
+  if (lane == 0) *norm_word = word;
+}
+
+template <typename T, int E>
+__global__ void __launch_bounds__(32 * kWarps) rotate_kernel(TqTables tables, TensorView q, std::int64_t q_cap, float* scratch) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const std::int64_t n = q.shape[1], H = q.shape[2], D = 32 * E;
+  if (row >= n * H) return;
+  const std::int64_t j = row / H, h = row % H;
+  const std::int64_t region = q_cap * H * D;
+  double x[E];
+  const T* src = static_cast<const T*>(q.data) + row_offset(q, 0, j, h) + lane * E;
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = double(to_float(src[e]));
+  warp_rht<E>(x, tables.polar_sign_bits.data(), lane);
+  float* q_rot = scratch + (j * H + h) * D + lane * E;
+#pragma unroll
+  for (int e = 0; e < E; ++e) q_rot[e] = float(x[e]);
+  warp_rht<E>(x, tables.jl_sign_bits.data(), lane);
+  double sum = 0.0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    q_rot[region + e] = float(x[e]);
+    sum += x[e];
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) scratch[2 * region + j * H + h] = float(sum);
+}
+
+template <typename F>
+void by_dtype_and_width(DType t, std::int64_t head_dim, F&& f) {
+  auto width = [&](auto tag) {
+    switch (head_dim) {
+      case 32: f(tag, std::integral_constant<int, 1>{}); break;
+      case 64: f(tag, std::integral_constant<int, 2>{}); break;
+      case 128: f(tag, std::integral_constant<int, 4>{}); break;
+      case 256: f(tag, std::integral_constant<int, 8>{}); break;
+      default: throw Error("head_dim", "no CUDA TurboQuant kernel for this head_dim");
+    }
+  };
+  switch (t) {
+    case DType::f32: width(float{}); break;
+    case DType::f16: width(__half{}); break;
+    case DType::bf16: width(__nv_bfloat16{}); break;
+  }
+}
+
+}  // namespace
+
+void launch_tq_encode(const TqEncodeArgs& c, bool keys) {
+  const DeviceCodebook cb = device_codebook(c.layout.head_dim, keys ? c.layout.key_bits : c.layout.value_bits);
+  const std::int64_t rows = c.x.shape[1] * c.layout.n_kv_heads;
+  by_dtype_and_width(c.x.dtype, c.layout.head_dim, [&](auto tag, auto width) {
+    encode_kernel<decltype(tag), decltype(width)::value>
+        <<<unsigned((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(
+            c.layout, c.tables, c.x, c.start_pos, c.cache, cb, keys);
+  });
+  FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant encode kernel");
+}
+
+void launch_tq_rotate(const TqRotateArgs& c) {
+  const std::int64_t rows = c.q.shape[1] * c.q.shape[2];
+  by_dtype_and_width(c.q.dtype, c.tables.head_dim, [&](auto tag, auto width) {
+    rotate_kernel<decltype(tag), decltype(width)::value>
+        <<<unsigned((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(
+            c.tables, c.q, c.q_cap, c.scratch);
+  });
+  FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant rotate kernel");
+}
+
+}  // namespace flashtq::cuda
