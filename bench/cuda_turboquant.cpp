@@ -1,0 +1,180 @@
+// bench/cuda_turboquant: TurboQuant decode, chunked prefill and encode on the `cuda` backend,
+// timed with CUDA events (median of repeats), with the device's measured copy bandwidth as the
+// ceiling. Prints JSON; bench/cuda_turboquant.sh runs it beside PyTorch SDPA in one run.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+#include "flashtq/flashtq.hpp"
+
+namespace {
+
+using flashtq::DType;
+using flashtq::Memory;
+using flashtq::TensorView;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// Median milliseconds of `repeats` timed calls after warm-up.
+template <typename F>
+double time_ms(F&& f, int repeats = 20) {
+  for (int i = 0; i < 3; ++i) f();
+  check(cudaDeviceSynchronize(), "warm-up");
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    check(cudaEventSynchronize(b), "timing");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double copy_bandwidth_gbs() {
+  const std::size_t bytes = std::size_t(2) << 30;
+  void *src, *dst;
+  check(cudaMalloc(&src, bytes), "malloc");
+  check(cudaMalloc(&dst, bytes), "malloc");
+  cudaMemset(src, 1, bytes);
+  const double ms = time_ms([&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); }, 10);
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * double(bytes) / (ms * 1e-3) / 1e9;  // read + write
+}
+
+struct Sequences {
+  flashtq::TqLayout layout;
+  flashtq::TqTables tables;
+  std::int64_t batch;
+  std::uint32_t* keys = nullptr;  // batch consecutive caches
+  std::uint32_t* values = nullptr;
+  double encode_ms = 0;  // to encode all of them
+};
+
+// Random f32 rows of `chunk` tokens, encoded repeatedly to fill every sequence to `ctx`.
+Sequences make_sequences(std::int64_t batch, std::int64_t ctx, std::int64_t hkv, std::int64_t dim, std::mt19937_64& rng) {
+  Sequences s;
+  s.layout = {dim, hkv, ctx, 2, 2};
+  s.tables = flashtq::make_tq_tables(s.layout, 1234, 0);
+  s.batch = batch;
+  check(cudaMalloc(&s.keys, std::size_t(batch * s.layout.key_words()) * 4), "malloc keys");
+  check(cudaMalloc(&s.values, std::size_t(batch * s.layout.value_words()) * 4), "malloc values");
+  const std::int64_t chunk = std::min<std::int64_t>(ctx, 4096);
+  std::vector<float> host(std::size_t(chunk * hkv * dim));
+  std::normal_distribution<float> n(0, 1);
+  for (float& x : host) x = n(rng);
+  float* rows;
+  check(cudaMalloc(&rows, host.size() * 4), "malloc rows");
+  check(cudaMemcpy(rows, host.data(), host.size() * 4, cudaMemcpyHostToDevice), "upload rows");
+  flashtq::Backend& cuda = flashtq::backend("cuda");
+  const TensorView x = TensorView::bshd(rows, DType::f32, 1, chunk, hkv, dim, Memory::cuda);
+  s.encode_ms = time_ms(
+      [&] {
+        for (std::int64_t b = 0; b < batch; ++b)
+          for (std::int64_t t = 0; t < ctx; t += chunk) {
+            flashtq::tq_encode_keys(cuda, {s.layout, s.tables, x, t, s.keys + b * s.layout.key_words(), nullptr});
+            flashtq::tq_encode_values(cuda, {s.layout, s.tables, x, t, s.values + b * s.layout.value_words(), nullptr});
+          }
+      },
+      3);
+  cudaFree(rows);
+  return s;
+}
+
+// Decode or chunked prefill of `rows` query rows at the end of every sequence; returns ms.
+double attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows, std::mt19937_64& rng) {
+  flashtq::Backend& cuda = flashtq::backend("cuda");
+  const std::int64_t dim = s.layout.head_dim;
+  std::vector<float> host(std::size_t(rows * heads * dim));
+  std::normal_distribution<float> n(0, 1);
+  for (float& x : host) x = n(rng);
+  float *q, *scratch, *out;
+  check(cudaMalloc(&q, host.size() * 4), "malloc q");
+  check(cudaMemcpy(q, host.data(), host.size() * 4, cudaMemcpyHostToDevice), "upload q");
+  check(cudaMalloc(&scratch, std::size_t(flashtq::tq_scratch_floats(rows, heads, dim)) * 4), "malloc scratch");
+  check(cudaMalloc(&out, host.size() * 4), "malloc out");
+  flashtq::TqAttendArgs a;
+  a.layout = s.layout;
+  a.tables = s.tables;
+  a.scratch = scratch;
+  a.n_heads = heads;
+  a.n_queries = rows;
+  a.start_pos = s.layout.capacity - rows;
+  a.k_cache = s.keys;
+  a.v_cache = s.values;
+  a.out = TensorView::bshd(out, DType::f32, 1, rows, heads, dim, Memory::cuda);
+  const std::size_t ws_bytes = flashtq::tq_attend_workspace_bytes(cuda, a);
+  void* ws;
+  check(cudaMalloc(&ws, ws_bytes), "malloc workspace");
+  a.workspace = ws;
+  a.workspace_bytes = ws_bytes;
+  const TensorView qv = TensorView::bshd(q, DType::f32, 1, rows, heads, dim, Memory::cuda);
+  const double ms = time_ms([&] {
+    for (std::int64_t b = 0; b < s.batch; ++b) {
+      flashtq::tq_rotate_queries(cuda, {s.tables, qv, rows, scratch, nullptr});
+      a.k_cache = s.keys + b * s.layout.key_words();
+      a.v_cache = s.values + b * s.layout.value_words();
+      flashtq::tq_attend(cuda, a);
+    }
+  });
+  check(cudaGetLastError(), "attend");
+  cudaFree(q);
+  cudaFree(scratch);
+  cudaFree(out);
+  cudaFree(ws);
+  return ms;
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "device");
+  std::mt19937_64 rng(7);
+  nlohmann::json report;
+  report["device"] = prop.name;
+  const double bw = copy_bandwidth_gbs();
+  report["copy_bandwidth_gbs"] = bw;
+  const std::int64_t H = 32, Hkv = 8, D = 128;
+  for (auto [batch, ctx] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 32768}, {1, 131072}, {8, 32768}, {32, 8192}}) {
+    Sequences s = make_sequences(batch, ctx, Hkv, D, rng);
+    const double ms = attend_ms(s, H, 1, rng);
+    const double bytes = double(batch * ctx * Hkv * s.layout.bytes_per_token_per_head());
+    report["decode"].push_back({{"batch", batch}, {"ctx", ctx}, {"ms", ms}, {"packed_bytes", bytes},
+                                {"gbs", bytes / (ms * 1e-3) / 1e9}, {"fraction_of_copy_bw", bytes / (ms * 1e-3) / 1e9 / bw},
+                                {"encode_ms", s.encode_ms},
+                                {"encode_tokens_per_s", double(batch * ctx) / (s.encode_ms * 1e-3)}});
+    std::fprintf(stderr, "decode B=%lld ctx=%lld: %.3f ms, %.0f GB/s of packed bytes (copy %.0f GB/s)\n", (long long)batch,
+                 (long long)ctx, ms, bytes / (ms * 1e-3) / 1e9, bw);
+    cudaFree(s.keys);
+    cudaFree(s.values);
+  }
+  {
+    Sequences s = make_sequences(1, 32768, Hkv, D, rng);
+    for (std::int64_t chunk : {512, 2048}) {
+      const double ms = attend_ms(s, H, chunk, rng);
+      report["prefill"].push_back({{"ctx", 32768}, {"chunk", chunk}, {"ms", ms}});
+      std::fprintf(stderr, "prefill chunk=%lld over 32k: %.3f ms\n", (long long)chunk, ms);
+    }
+    cudaFree(s.keys);
+    cudaFree(s.values);
+  }
+  std::printf("%s\n", report.dump(2).c_str());
+  return 0;
+}

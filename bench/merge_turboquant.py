@@ -1,0 +1,53 @@
+"""Merges flashtq's and PyTorch's TurboQuant-benchmark JSON (one run, one GPU) and computes the ratios.
+
+merge_turboquant.py FLASHTQ.json TORCH.json COMMIT  -> merged JSON on stdout
+merge_turboquant.py --table MERGED.json            -> a table
+"""
+import json
+import platform
+import subprocess
+import sys
+
+
+def merge(flashtq_path, torch_path, commit):
+    f = json.load(open(flashtq_path))
+    t = json.load(open(torch_path))
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+    out = {"machine": {"gpu": gpu, "host": platform.node()}, "commit": commit, "torch": t["torch"],
+           "copy_bandwidth_gbs": f["copy_bandwidth_gbs"], "decode": [], "prefill": []}
+    for ours, theirs in zip(f["decode"], t["decode"]):
+        row = dict(ours)
+        row.update({k: v for k, v in theirs.items() if k not in row})
+        times = [theirs[k] for k in ("flash_ms", "cudnn_ms") if k in theirs]
+        if times:
+            row["best_sdpa_ms"] = min(times)
+            row["speedup_vs_best_sdpa"] = min(times) / ours["ms"]
+        row["bf16_floor_ms"] = theirs["bf16_bytes"] / (f["copy_bandwidth_gbs"] * 1e9) * 1e3
+        row["packed_floor_ms"] = ours["packed_bytes"] / (f["copy_bandwidth_gbs"] * 1e9) * 1e3
+        out["decode"].append(row)
+    for ours, theirs in zip(f["prefill"], t["prefill"]):
+        row = dict(ours)
+        row.update({k: v for k, v in theirs.items() if k not in row})
+        if "flash_ms" in theirs:
+            row["speed_vs_flash"] = theirs["flash_ms"] / ours["ms"]
+        out["prefill"].append(row)
+    return out
+
+
+def table(merged):
+    print(f"{merged['machine']['gpu']}  commit {merged['commit']}  copy {merged['copy_bandwidth_gbs']:.0f} GB/s")
+    print(f"{'B':>3} {'ctx':>7} {'flashtq ms':>11} {'flash ms':>9} {'cudnn ms':>9} {'speedup':>8} {'GB/s':>7}")
+    for r in merged["decode"]:
+        print(f"{r['batch']:>3} {r['ctx']:>7} {r['ms']:>11.4f} {r.get('flash_ms', float('nan')):>9.4f} "
+              f"{r.get('cudnn_ms', float('nan')):>9.4f} {r.get('speedup_vs_best_sdpa', float('nan')):>8.2f} {r['gbs']:>7.0f}")
+    for r in merged["prefill"]:
+        print(f"prefill chunk {r['chunk']}: flashtq {r['ms']:.3f} ms, flash {r.get('flash_ms', float('nan')):.3f} ms, "
+              f"speed vs flash {r.get('speed_vs_flash', float('nan')):.3f}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--table":
+        table(json.load(open(sys.argv[2])))
+    else:
+        print(json.dumps(merge(sys.argv[1], sys.argv[2], sys.argv[3]), indent=2))

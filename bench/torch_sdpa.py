@@ -1,0 +1,69 @@
+"""PyTorch SDPA baselines over a bf16 cache of the same shapes as bench/cuda_turboquant (same run, same GPU).
+
+Prints JSON. Decode: q [B, 32, 1, 128], k/v [B, 8, ctx, 128] bf16 with enable_gqa. Prefill: a chunk of
+queries against a 32k cache (not causal: PyTorch aligns is_causal top-left, and only the chunk's own
+last keys would be masked bottom-right).
+"""
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def median_ms(fn, repeats=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run(backend, q, k, v):
+    with sdpa_kernel([backend]):
+        return median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+
+
+def main():
+    torch.manual_seed(0)
+    report = {"torch": torch.__version__, "decode": [], "prefill": []}
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    for batch, ctx in [(1, 32768), (1, 131072), (8, 32768), (32, 8192)]:
+        q = torch.randn(batch, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(batch, 8, ctx, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        row = {"batch": batch, "ctx": ctx, "bf16_bytes": 2 * k.numel() * 2}
+        for name, b in backends.items():
+            try:
+                row[name + "_ms"] = run(b, q, k, v)
+            except RuntimeError as e:
+                row[name + "_error"] = str(e).splitlines()[0][:200]
+        report["decode"].append(row)
+        print(row, file=sys.stderr)
+        del q, k, v
+    k = torch.randn(1, 8, 32768, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    for chunk in (512, 2048):
+        q = torch.randn(1, 32, chunk, 128, device="cuda", dtype=torch.bfloat16)
+        row = {"ctx": 32768, "chunk": chunk}
+        for name, b in backends.items():
+            try:
+                row[name + "_ms"] = run(b, q, k, v)
+            except RuntimeError as e:
+                row[name + "_error"] = str(e).splitlines()[0][:200]
+        report["prefill"].append(row)
+        print(row, file=sys.stderr)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
