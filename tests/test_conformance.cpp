@@ -62,6 +62,12 @@ TEST_P(Conformance, TurboQuantEncodeRotateAttend) {
   expect_pass(conformance::check_tq_attend(b, c));
 }
 
+TEST_P(Conformance, TurboQuantDecodeShapes) {
+  Backend& b = under_test();
+  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device)";
+  expect_pass(conformance::check_tq_attend(b, conformance::draw_tq_decode_case(rng)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(suite_cases()),
                          [](const auto& info) { return info.param.backend + "_" + std::to_string(info.param.index); });
 

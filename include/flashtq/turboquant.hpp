@@ -76,31 +76,40 @@ inline std::int64_t tq_scratch_floats(std::int64_t q_cap, std::int64_t n_heads,
   return q_cap * n_heads * (2 * head_dim + 1);
 }
 
-// Rotates queries q [1, n_queries, n_heads, head_dim] into the scratch.
+// Rotates queries q [batch, n_queries, n_heads, head_dim] into the scratch; query (b, j) becomes
+// scratch row b * n_queries + j.
 struct TqRotateArgs {
   TqTables tables;
   TensorView q;
-  std::int64_t q_cap = 0;  // rows the scratch holds; 0 means n_queries
+  std::int64_t q_cap = 0;  // rows the scratch holds; 0 means batch * n_queries
   float* scratch = nullptr;
   void* stream = nullptr;
 };
 
 // Attention of n_queries rotated query rows against the packed caches. Row j sits at absolute
 // position start_pos + j and sees timesteps [0, min(start_pos + j + 1, max_seq)).
+//
+// Batching: `batch` sequences in one call, each with its own caches (sequence b's words start at
+// k_cache + b * layout.key_words() and v_cache + b * layout.value_words()), its query rows at
+// scratch rows b * n_queries + j, and its output at out[b]. With start_positions (one int32 per
+// sequence, in the backend's memory) every sequence has its own start position; values outside
+// [0, capacity) are clamped by the kernels, never read out of bounds.
 struct TqAttendArgs {
   TqLayout layout;
   TqTables tables;
   const float* scratch = nullptr;
-  std::int64_t q_cap = 0;  // 0 means n_queries
+  std::int64_t q_cap = 0;  // 0 means batch * n_queries
   std::int64_t n_heads = 0;
   std::int64_t n_queries = 1;
   std::int64_t start_pos = 0;
-  std::optional<std::int64_t> max_seq;  // causal clamp; empty means start_pos + n_queries
+  std::optional<std::int64_t> max_seq;  // causal clamp; empty means start_pos + n_queries (capacity with start_positions)
+  std::int64_t batch = 1;
+  const std::int32_t* start_positions = nullptr;
   std::optional<float> scale;      // default 1/sqrt(head_dim)
   std::optional<float> qjl_scale;  // default sqrt(pi/2)/sqrt(head_dim)
   const std::uint32_t* k_cache = nullptr;
   const std::uint32_t* v_cache = nullptr;
-  TensorView out;  // f32 [1, n_queries, n_heads, head_dim]
+  TensorView out;  // f32 [batch, n_queries, n_heads, head_dim]
   void* workspace = nullptr;      // in the backend's memory, tq_attend_workspace_bytes() large
   std::size_t workspace_bytes = 0;
   void* stream = nullptr;

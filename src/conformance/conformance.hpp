@@ -38,6 +38,8 @@ struct TqCase {
   DType dtype = DType::f32;
   std::uint64_t seed = 0, data_seed = 0;
   bool zero_rows = false;  // some all-zero keys and values
+  std::int64_t batch = 1;            // sequences attended in one call (attend only)
+  std::vector<std::int32_t> starts;  // per-sequence start positions, or empty: start_pos for all
 
   std::string describe() const;
 };
@@ -57,6 +59,9 @@ double tolerance(DType dtype);
 
 DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend);
 TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend);
+// Decode-shaped cases in the seed's configuration (head_dim 128, keys 2+1, values 2, GQA groups of
+// 4 or 8, up to a few thousand timesteps): the shapes that GPU decode fast paths specialise for.
+TqCase draw_tq_decode_case(std::mt19937_64& rng);
 
 CheckResult check_forward(Backend& backend, const DenseCase& c);
 CheckResult check_backward(Backend& backend, const DenseCase& c);

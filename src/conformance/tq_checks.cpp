@@ -20,6 +20,7 @@ std::string TqCase::describe() const {
     << capacity << " T" << tokens << " nq" << n_queries << " pos" << start_pos;
   if (max_seq) s << " max_seq" << *max_seq;
   if (zero_rows) s << " zeros";
+  if (batch > 1) s << " batch" << batch << (starts.empty() ? "" : " own-starts");
   return s.str();
 }
 
@@ -41,7 +42,8 @@ TqLayout layout_of(const TqCase& c) {
   return l;
 }
 
-// Keys or values [1, tokens, Hkv, D], some rows zero when the case asks for it.
+// Keys or values [1, tokens, Hkv, D] (of sequence `salt / 4` of a batch), some rows zero when the
+// case asks for it.
 HostTensor kv_rows(const TqCase& c, std::uint64_t salt) {
   HostTensor x({1, c.tokens, c.Hkv, c.D}, c.dtype, false);
   std::mt19937_64 rng(c.data_seed ^ salt);
@@ -62,13 +64,15 @@ std::int64_t encode_start(const TqCase& c) { return c.capacity - c.tokens; }
 struct OracleCache {
   std::vector<std::uint32_t> keys, values;
 };
-OracleCache oracle_cache(const TqCase& c, const TqTables& tables) {
+OracleCache oracle_cache(const TqCase& c, const TqTables& tables, std::int64_t sequences = 1) {
   const TqLayout l = layout_of(c);
-  OracleCache o{std::vector<std::uint32_t>(std::size_t(l.key_words()), kPoisonWord),
-                std::vector<std::uint32_t>(std::size_t(l.value_words()), kPoisonWord)};
-  const HostTensor k = kv_rows(c, 1), v = kv_rows(c, 2);
-  reference::tq_encode_keys({l, tables, k.view, encode_start(c), o.keys.data(), nullptr});
-  reference::tq_encode_values({l, tables, v.view, encode_start(c), o.values.data(), nullptr});
+  OracleCache o{std::vector<std::uint32_t>(std::size_t(sequences * l.key_words()), kPoisonWord),
+                std::vector<std::uint32_t>(std::size_t(sequences * l.value_words()), kPoisonWord)};
+  for (std::int64_t b = 0; b < sequences; ++b) {
+    const HostTensor k = kv_rows(c, 1 + 4 * std::uint64_t(b)), v = kv_rows(c, 2 + 4 * std::uint64_t(b));
+    reference::tq_encode_keys({l, tables, k.view, encode_start(c), o.keys.data() + b * l.key_words(), nullptr});
+    reference::tq_encode_values({l, tables, v.view, encode_start(c), o.values.data() + b * l.value_words(), nullptr});
+  }
   return o;
 }
 
@@ -111,15 +115,15 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
   return fraction;
 }
 
-// The oracle's rotated queries for a case, laid out in a scratch of q_cap = n_queries rows.
+// The oracle's rotated queries for a case, laid out in a scratch of q_cap = batch * n_queries rows.
 std::vector<float> oracle_scratch(const TqCase& c, const TqTables& tables, const HostTensor& q) {
-  std::vector<float> s(std::size_t(tq_scratch_floats(c.n_queries, c.H, c.D)));
-  reference::tq_rotate_queries({tables, q.view, c.n_queries, s.data(), nullptr});
+  std::vector<float> s(std::size_t(tq_scratch_floats(c.batch * c.n_queries, c.H, c.D)));
+  reference::tq_rotate_queries({tables, q.view, c.batch * c.n_queries, s.data(), nullptr});
   return s;
 }
 
 HostTensor queries(const TqCase& c) {
-  HostTensor q({1, c.n_queries, c.H, c.D}, c.dtype, false);
+  HostTensor q({c.batch, c.n_queries, c.H, c.D}, c.dtype, false);
   std::mt19937_64 rng(c.data_seed ^ 3);
   q.fill_normal(rng);
   return q;
@@ -156,7 +160,8 @@ CheckResult check_tq_rotate(Backend& backend, const TqCase& c) {
   DeviceBuffer dq(backend, q.bytes),
       scratch(backend, std::vector<float>(ref.size(), std::numeric_limits<float>::quiet_NaN()));
   const auto t0 = std::chrono::steady_clock::now();
-  tq_rotate_queries(backend, {tables, q.on(dq.get(), backend.memory()), c.n_queries, static_cast<float*>(scratch.get()), nullptr});
+  tq_rotate_queries(backend, {tables, q.on(dq.get(), backend.memory()), c.batch * c.n_queries,
+                              static_cast<float*>(scratch.get()), nullptr});
   backend.synchronize();
   r.seconds = seconds_since(t0);
   const std::vector<float> got = scratch.read<float>();
@@ -169,7 +174,7 @@ CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
   CheckResult r{"tq_attend", c.describe(), 0, 1e-5, false, "", 0};
   const TqLayout l = layout_of(c);
   const TqTables tables = make_tq_tables(l, c.seed, 0);
-  const OracleCache cache = oracle_cache(c, tables);
+  const OracleCache cache = oracle_cache(c, tables, c.batch);
   const HostTensor q = queries(c);
   const std::vector<float> scratch = oracle_scratch(c, tables, q);
   TqAttendArgs a;
@@ -180,16 +185,20 @@ CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
   a.n_queries = c.n_queries;
   a.start_pos = c.start_pos;
   a.max_seq = c.max_seq;
+  a.batch = c.batch;
+  a.start_positions = c.starts.empty() ? nullptr : c.starts.data();
   a.k_cache = cache.keys.data();
   a.v_cache = cache.values.data();
-  HostTensor out({1, c.n_queries, c.H, c.D}, DType::f32, false);
+  HostTensor out({c.batch, c.n_queries, c.H, c.D}, DType::f32, false);
   a.out = out.view;
   reference::tq_attend(core::validate_tq_attend(flashtq::backend("reference"), a));
   const std::vector<double> ref = out.values();
 
   out.poison();
-  DeviceBuffer ds(backend, scratch), dk(backend, cache.keys), dv(backend, cache.values), dout(backend, out.bytes);
+  DeviceBuffer ds(backend, scratch), dk(backend, cache.keys), dv(backend, cache.values), dout(backend, out.bytes),
+      dstarts(backend, c.starts);
   a.scratch = static_cast<const float*>(ds.get());
+  if (!c.starts.empty()) a.start_positions = static_cast<const std::int32_t*>(dstarts.get());
   a.k_cache = static_cast<const std::uint32_t*>(dk.get());
   a.v_cache = static_cast<const std::uint32_t*>(dv.get());
   a.out = out.on(dout.get(), backend.memory());
@@ -205,6 +214,17 @@ CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
   r.passed = r.error <= r.tolerance;
   return r;
 }
+
+namespace {
+// Half the cases attend a batch of 2..4 sequences, half of those with their own start positions.
+template <typename Range>
+void draw_batch(TqCase& c, Range&& range) {
+  if (range(0, 1) == 0) return;
+  c.batch = range(2, 4);
+  if (range(0, 1) == 0) return;
+  for (std::int64_t b = 0; b < c.batch; ++b) c.starts.push_back(std::int32_t(range(0, c.capacity - c.n_queries)));
+}
+}  // namespace
 
 TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
   auto range = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
@@ -224,10 +244,31 @@ TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
     if (range(0, 3) == 0) c.max_seq = range(0, c.capacity);
     c.dtype = std::array{DType::f32, DType::f16, DType::bf16}[std::size_t(range(0, 2))];
     c.zero_rows = range(0, 3) == 0;
+    draw_batch(c, range);
     c.seed = rng();
     c.data_seed = rng();
     if (!backend.unsupported(layout_of(c))) return c;
   }
+}
+
+TqCase draw_tq_decode_case(std::mt19937_64& rng) {
+  auto range = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  TqCase c;
+  c.D = 128;
+  c.key_bits = c.value_bits = 2;
+  c.Hkv = range(1, 2);
+  c.H = c.Hkv * (range(0, 1) ? 8 : 4);
+  c.tokens = range(1, 3000);
+  c.capacity = c.tokens + range(0, 40);
+  c.n_queries = range(1, std::min<std::int64_t>(3, c.capacity));
+  c.start_pos = std::max<std::int64_t>(0, std::min(c.tokens - 1, c.capacity - c.n_queries) - range(0, 3));
+  if (range(0, 4) == 0) c.max_seq = range(0, c.capacity);
+  c.dtype = std::array{DType::f32, DType::f16, DType::bf16}[std::size_t(range(0, 2))];
+  c.zero_rows = range(0, 3) == 0;
+  draw_batch(c, range);
+  c.seed = rng();
+  c.data_seed = rng();
+  return c;
 }
 
 std::vector<CheckResult> run_suite(Backend& backend, int cases, std::uint64_t seed) {
@@ -241,6 +282,7 @@ std::vector<CheckResult> run_suite(Backend& backend, int cases, std::uint64_t se
     results.push_back(check_tq_encode(backend, tc));
     results.push_back(check_tq_rotate(backend, tc));
     results.push_back(check_tq_attend(backend, tc));
+    if (i % 4 == 0) results.push_back(check_tq_attend(backend, draw_tq_decode_case(rng)));
     if (i % 10 == 0) results.push_back(check_dropout(backend, std::uint32_t(rng()), 0.1f + 0.08f * float(i % 10)));
   }
   return results;

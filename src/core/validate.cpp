@@ -239,10 +239,11 @@ TqRotateArgs validate_tq_rotate(const Backend& backend, const TqRotateArgs& a) {
   l.capacity = 1;
   validate_tq_layout(l);
   check_view("q", a.q, backend);
-  check_shape("q", a.q, {1, a.q.shape[1], a.q.shape[2], l.head_dim}, "[1, n_queries, n_heads, head_dim]");
+  check_shape("q", a.q, {a.q.shape[0], a.q.shape[1], a.q.shape[2], l.head_dim}, "[batch, n_queries, n_heads, head_dim]");
   TqRotateArgs c = a;
-  if (c.q_cap == 0) c.q_cap = a.q.shape[1];
-  if (c.q_cap < a.q.shape[1]) throw Error("q_cap", "must be >= n_queries");
+  const std::int64_t rows = checked_mul(a.q.shape[0], a.q.shape[1], "q");
+  if (c.q_cap == 0) c.q_cap = rows;
+  if (c.q_cap < rows) throw Error("q_cap", "must be >= batch * n_queries");
   checked_mul(checked_mul(c.q_cap, a.q.shape[2], "q_cap"), 2 * l.head_dim + 1, "q_cap");
   check_pointer("scratch", a.scratch, alignof(float));
   if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
@@ -258,17 +259,25 @@ TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
     throw Error("n_heads", "must be a positive multiple of n_kv_heads (" + std::to_string(l.n_kv_heads) + ")");
   }
   if (a.n_queries < 1) throw Error("n_queries", "must be >= 1");
-  if (c.q_cap == 0) c.q_cap = a.n_queries;
-  if (c.q_cap < a.n_queries) throw Error("q_cap", "must be >= n_queries");
-  if (a.start_pos < 0 || a.start_pos >= l.capacity) {
-    throw Error("start_pos", "must be in [0, capacity " + std::to_string(l.capacity) + ")");
+  if (a.batch < 1) throw Error("batch", "must be >= 1");
+  const std::int64_t rows = checked_mul(a.batch, a.n_queries, "batch");
+  if (c.q_cap == 0) c.q_cap = rows;
+  if (c.q_cap < rows) throw Error("q_cap", "must be >= batch * n_queries");
+  checked_mul(a.batch, l.key_words() + l.value_words(), "batch");
+  if (a.start_positions != nullptr) {
+    check_pointer("start_positions", a.start_positions, alignof(std::int32_t));
+    c.max_seq = a.max_seq.value_or(l.capacity);
+  } else {
+    if (a.start_pos < 0 || a.start_pos >= l.capacity) {
+      throw Error("start_pos", "must be in [0, capacity " + std::to_string(l.capacity) + ")");
+    }
+    if (!a.max_seq && a.start_pos + a.n_queries > l.capacity) {
+      throw Error("start_pos", "query rows " + std::to_string(a.start_pos) + ".." +
+                                   std::to_string(a.start_pos + a.n_queries - 1) + " pass capacity " +
+                                   std::to_string(l.capacity));
+    }
+    c.max_seq = a.max_seq.value_or(a.start_pos + a.n_queries);
   }
-  if (!a.max_seq && a.start_pos + a.n_queries > l.capacity) {
-    throw Error("start_pos", "query rows " + std::to_string(a.start_pos) + ".." +
-                                 std::to_string(a.start_pos + a.n_queries - 1) + " pass capacity " +
-                                 std::to_string(l.capacity));
-  }
-  c.max_seq = a.max_seq.value_or(a.start_pos + a.n_queries);
   if (*c.max_seq < 0 || *c.max_seq > l.capacity) {
     throw Error("max_seq", "must be in [0, capacity " + std::to_string(l.capacity) + "]");
   }
@@ -281,7 +290,7 @@ TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
   check_pointer("k_cache", a.k_cache, alignof(std::uint32_t));
   check_pointer("v_cache", a.v_cache, alignof(std::uint32_t));
   check_view("out", a.out, backend);
-  check_shape("out", a.out, {1, a.n_queries, a.n_heads, l.head_dim}, "[1, n_queries, n_heads, head_dim]");
+  check_shape("out", a.out, {a.batch, a.n_queries, a.n_heads, l.head_dim}, "[batch, n_queries, n_heads, head_dim]");
   if (a.out.dtype != DType::f32) throw Error("out", "must be f32");
   if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
   if (check_workspace) {

@@ -10,33 +10,16 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/tq_attend.cuh"
 
 namespace flashtq::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kSplitTokens = 256;
 
-struct AttendParams {
-  TqLayout l;
-  const float* scratch;
-  std::int64_t q_cap, H, n_queries, start_pos, max_seq;
-  float scale, qjl_scale;
-  const std::uint32_t* k;
-  const std::uint32_t* v;
-  float* out;
-  std::int64_t out_row_stride, out_head_stride;
-  float* ws;
-  int n_splits, n_tiles;
-  float key_centroids[16], value_centroids[16];
-  std::uint32_t polar_signs[8];
-};
 
-__device__ __forceinline__ float f16_low(std::uint32_t w) { return __half2float(__ushort_as_half(std::uint16_t(w & 0xFFFFu))); }
 
-__device__ __forceinline__ std::int64_t seq_len_of(const AttendParams& a, std::int64_t j) {
-  return min(a.start_pos + j + 1, a.max_seq);
-}
+
 
 template <int D, int HT>
 __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
@@ -45,7 +28,9 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   __shared__ float kc[16], vc[16], row_max[HT], row_sum[HT];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int split = blockIdx.x;
-  const std::int64_t kvh = blockIdx.y / a.n_tiles, j = blockIdx.z;
+  const std::int64_t kvh = blockIdx.y / a.n_tiles, j = blockIdx.z;  // j: row b * n_queries + j of the batch
+  const std::uint32_t* keys = keys_of(a, j);
+  const std::uint32_t* values = values_of(a, j);
   const std::int64_t G = a.H / a.l.n_kv_heads, h0 = kvh * G + (blockIdx.y % a.n_tiles) * HT;
   const std::int64_t t0 = std::int64_t(split) * kSplitTokens;
   const std::int64_t visible = seq_len_of(a, j) - t0;
@@ -75,10 +60,10 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   const int kb = l.key_bits, vb = l.value_bits;
   for (int tt = tid; tt < n; tt += kThreads) {
     const std::int64_t slot = kvh * l.capacity + t0 + tt;
-    const std::uint32_t nw = a.k[l.key_norm_offset() + slot];
+    const std::uint32_t nw = keys[l.key_norm_offset() + slot];
     const float norm = f16_low(nw), gamma = f16_low(nw >> 16);
-    const std::uint32_t* codes = a.k + slot * (D * kb / 32);
-    const std::uint32_t* jl = a.k + l.key_jl_offset() + slot * (D / 32);
+    const std::uint32_t* codes = keys + slot * (D * kb / 32);
+    const std::uint32_t* jl = keys + l.key_jl_offset() + slot * (D / 32);
     float polar[HT] = {}, positive[HT] = {};
     for (int d = 0; d < D; ++d) {
       const float c = kc[core::get_code(codes, d, kb)];
@@ -93,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
     for (int g = 0; g < HT; ++g) {
       p[g][tt] = a.scale * norm * (polar[g] + gamma * a.qjl_scale * (2.0f * positive[g] - q_sum[g]));
     }
-    v_norm[tt] = f16_low(a.v[l.value_norm_offset() + slot]);
+    v_norm[tt] = f16_low(values[l.value_norm_offset() + slot]);
   }
   __syncthreads();
   // Softmax statistics per head (warp g handles heads g, g + 4, ...); p becomes exp(s - max).
@@ -119,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   float acc[HT][R] = {};
   const int value_words = D * vb / 32;
   for (int tt = 0; tt < n; ++tt) {
-    const std::uint32_t* codes = a.v + (kvh * l.capacity + t0 + tt) * value_words;
+    const std::uint32_t* codes = values + (kvh * l.capacity + t0 + tt) * value_words;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int d = tid + r * kThreads;
@@ -145,60 +130,91 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   }
 }
 
-// One block per (query row, head): merge the splits by LSE, normalise, rotate back, store.
+// One block per (query row, head): merge the splits by LSE, normalise, rotate back, store. Four
+// groups of D threads share the splits, each keeping many independent loads in flight, so a long
+// context's hundreds of partials cost a few memory latencies rather than one per split.
+constexpr int kMergeGroups = 4;
+
 template <int D>
-__global__ void __launch_bounds__(D) attend_merge(AttendParams a) {
-  __shared__ float x[D];
-  const int d = threadIdx.x;
-  const std::int64_t row = blockIdx.x, j = row / a.H, h = row % a.H;
+__global__ void __launch_bounds__(kMergeGroups * D) attend_merge(AttendParams a) {
+  __shared__ float x[kMergeGroups][D];
+  __shared__ float group_max[kMergeGroups], group_sum[kMergeGroups];
+  const int d = threadIdx.x % D, g = threadIdx.x / D;
+  const std::int64_t row = blockIdx.x, z = row / a.H, h = row % a.H;
+  const std::int64_t b = z / a.n_queries, j = z % a.n_queries;
   const float* ws = a.ws + row * a.n_splits * (D + 2);
+  // Each group's own maximum and weighted sums over splits g, g + 4, ...
   float m = -INFINITY;
-  for (int s = 0; s < a.n_splits; ++s) m = fmaxf(m, ws[s * (D + 2)]);
+  for (int s = g; s < a.n_splits; s += kMergeGroups) m = fmaxf(m, ws[s * (D + 2)]);
   float l = 0.0f, acc = 0.0f;
   if (m != -INFINITY) {
-    for (int s = 0; s < a.n_splits; ++s) {
+#pragma unroll 8
+    for (int s = g; s < a.n_splits; s += kMergeGroups) {
       const float* w = ws + s * (D + 2);
-      if (w[1] == 0.0f) continue;
-      const float f = expf(w[0] - m);
+      const float f = w[1] == 0.0f ? 0.0f : expf(w[0] - m);
       l = fmaf(w[1], f, l);
       acc = fmaf(w[2 + d], f, acc);
     }
   }
-  x[d] = l > 0.0f ? acc / l : 0.0f;  // a row that sees no timestep writes zeros
+  if (d == 0) {
+    group_max[g] = m;
+    group_sum[g] = l;
+  }
+  __syncthreads();
+  float M = -INFINITY;
+  for (int i = 0; i < kMergeGroups; ++i) M = fmaxf(M, group_max[i]);
+  const float f = m == -INFINITY ? 0.0f : expf(m - M);
+  x[g][d] = acc * f;
+  __syncthreads();
+  if (g != 0) return;
+  float L = 0.0f, total = 0.0f;
+  for (int i = 0; i < kMergeGroups; ++i) {
+    const float fi = group_max[i] == -INFINITY ? 0.0f : expf(group_max[i] - M);
+    L = fmaf(group_sum[i], fi, L);
+    total += x[i][d];
+  }
+  // Group 0 alone from here on: its D threads rotate back with named barriers of D threads.
+  float* y = x[0];
+  __syncwarp();
+  asm volatile("bar.sync 1, %0;" ::"r"(D));
+  y[d] = L > 0.0f ? total / L : 0.0f;  // a row that sees no timestep writes zeros
   for (int len = 1; len < D; len <<= 1) {
-    __syncthreads();
-    const float mine = x[d], other = x[d ^ len];
-    __syncthreads();
-    x[d] = (d & len) ? other - mine : mine + other;
+    asm volatile("bar.sync 1, %0;" ::"r"(D));
+    const float mine = y[d], other = y[d ^ len];
+    asm volatile("bar.sync 1, %0;" ::"r"(D));
+    y[d] = (d & len) ? other - mine : mine + other;
   }
   const float sign = ((a.polar_signs[d / 32] >> (d % 32)) & 1u) ? -1.0f : 1.0f;
-  a.out[j * a.out_row_stride + h * a.out_head_stride + d] = x[d] * (1.0f / sqrtf(float(D))) * sign;
+  a.out[b * a.out_batch_stride + j * a.out_row_stride + h * a.out_head_stride + d] = y[d] * (1.0f / sqrtf(float(D))) * sign;
 }
 
 int n_splits_of(const TqAttendArgs& c) {
-  const std::int64_t longest = std::min(c.start_pos + c.n_queries, *c.max_seq);
-  return int(std::max<std::int64_t>(1, (longest + kSplitTokens - 1) / kSplitTokens));
+  const std::int64_t longest = c.start_positions ? *c.max_seq : std::min(c.start_pos + c.n_queries, *c.max_seq);
+  const std::int64_t per_split = mma_decode_supported(c) ? kMmaSplitTokens : kSplitTokens;
+  return int(std::max<std::int64_t>(1, (longest + per_split - 1) / per_split));
 }
 
 int head_tile(std::int64_t group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1; }
 
 template <int D>
 void launch_for_dim(const AttendParams& a, int ht, std::int64_t n_kv, cudaStream_t stream) {
-  const dim3 grid(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), unsigned(a.n_queries));
-  switch (ht) {
+  const dim3 grid(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), unsigned(a.batch * a.n_queries));
+  if (mma_decode_supported(a)) {
+    launch_mma_decode(a, stream);
+  } else switch (ht) {
     case 4: attend_partial<D, 4><<<grid, kThreads, 0, stream>>>(a); break;
     case 2: attend_partial<D, 2><<<grid, kThreads, 0, stream>>>(a); break;
     default: attend_partial<D, 1><<<grid, kThreads, 0, stream>>>(a); break;
   }
   FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant attend kernel");
-  attend_merge<D><<<unsigned(a.n_queries * a.H), D, 0, stream>>>(a);
+  attend_merge<D><<<unsigned(a.batch * a.n_queries * a.H), kMergeGroups * D, 0, stream>>>(a);
   FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant merge kernel");
 }
 
 }  // namespace
 
 std::size_t tq_attend_workspace(const TqAttendArgs& c) {
-  return std::size_t(c.n_queries * c.n_heads * n_splits_of(c) * (c.layout.head_dim + 2)) * sizeof(float);
+  return std::size_t(c.batch * c.n_queries * c.n_heads * n_splits_of(c) * (c.layout.head_dim + 2)) * sizeof(float);
 }
 
 void launch_tq_attend(const TqAttendArgs& c) {
@@ -215,7 +231,10 @@ void launch_tq_attend(const TqAttendArgs& c) {
   a.k = c.k_cache;
   a.v = c.v_cache;
   a.out = static_cast<float*>(c.out.data);
+  a.out_batch_stride = c.out.strides[0];
   a.out_row_stride = c.out.strides[1];
+  a.batch = c.batch;
+  a.starts = c.start_positions;
   a.out_head_stride = c.out.strides[2];
   a.ws = static_cast<float*>(c.workspace);
   a.n_splits = n_splits_of(c);

@@ -106,11 +106,11 @@ __global__ void __launch_bounds__(32 * kWarps) rotate_kernel(TqTables tables, Te
   const int lane = threadIdx.x % 32;
   const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   const std::int64_t n = q.shape[1], H = q.shape[2], D = 32 * E;
-  if (row >= n * H) return;
-  const std::int64_t j = row / H, h = row % H;
+  if (row >= q.shape[0] * n * H) return;
+  const std::int64_t j = row / H, h = row % H;  // j: scratch row b * n + i of query (b, i)
   const std::int64_t region = q_cap * H * D;
   double x[E];
-  const T* src = static_cast<const T*>(q.data) + row_offset(q, 0, j, h) + lane * E;
+  const T* src = static_cast<const T*>(q.data) + row_offset(q, j / n, j % n, h) + lane * E;
 #pragma unroll
   for (int e = 0; e < E; ++e) x[e] = double(to_float(src[e]));
   warp_rht<E>(x, tables.polar_sign_bits.data(), lane);
@@ -160,7 +160,7 @@ void launch_tq_encode(const TqEncodeArgs& c, bool keys) {
 }
 
 void launch_tq_rotate(const TqRotateArgs& c) {
-  const std::int64_t rows = c.q.shape[1] * c.q.shape[2];
+  const std::int64_t rows = c.q.shape[0] * c.q.shape[1] * c.q.shape[2];
   by_dtype_and_width(c.q.dtype, c.tables.head_dim, [&](auto tag, auto width) {
     rotate_kernel<decltype(tag), decltype(width)::value>
         <<<unsigned((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(

@@ -1,5 +1,6 @@
 #include "reference/turboquant.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -89,19 +90,23 @@ void tq_rotate_queries(const TqRotateArgs& a) {
   const std::int64_t D = a.tables.head_dim, nq = a.q.shape[1], H = a.q.shape[2];
   const std::int64_t region = a.q_cap * H * D;
   std::vector<double> x(D);
-  for (std::int64_t j = 0; j < nq; ++j) {
-    for (std::int64_t h = 0; h < H; ++h) {
-      read_row(a.q, j, h, x);
-      core::rht(x.data(), D, a.tables.polar_sign_bits);
-      float* q_rot = a.scratch + (j * H + h) * D;
-      for (std::int64_t d = 0; d < D; ++d) q_rot[d] = float(x[d]);
-      core::rht(x.data(), D, a.tables.jl_sign_bits);
-      double sum = 0;
-      for (std::int64_t d = 0; d < D; ++d) {
-        a.scratch[region + (j * H + h) * D + d] = float(x[d]);
-        sum += x[d];
+  for (std::int64_t b = 0; b < a.q.shape[0]; ++b) {
+    for (std::int64_t j = 0; j < nq; ++j) {
+      const std::int64_t row = b * nq + j;
+      for (std::int64_t h = 0; h < H; ++h) {
+        const std::int64_t base = core::offset(a.q, b, j, h);
+        for (std::int64_t d = 0; d < D; ++d) x[std::size_t(d)] = core::load(a.q.data, a.q.dtype, base + d);
+        core::rht(x.data(), D, a.tables.polar_sign_bits);
+        float* q_rot = a.scratch + (row * H + h) * D;
+        for (std::int64_t d = 0; d < D; ++d) q_rot[d] = float(x[std::size_t(d)]);
+        core::rht(x.data(), D, a.tables.jl_sign_bits);
+        double sum = 0;
+        for (std::int64_t d = 0; d < D; ++d) {
+          a.scratch[region + (row * H + h) * D + d] = float(x[std::size_t(d)]);
+          sum += x[std::size_t(d)];
+        }
+        a.scratch[2 * region + row * H + h] = float(sum);
       }
-      a.scratch[2 * region + j * H + h] = float(sum);
     }
   }
 }
@@ -128,39 +133,46 @@ void tq_attend(const TqAttendArgs& a) {
   const core::Codebook& vcb = core::codebook(D, l.value_bits);
   const double scale = double(*a.scale), qjl_scale = double(*a.qjl_scale);
   std::vector<double> scores, acc(D);
-  for (std::int64_t j = 0; j < a.n_queries; ++j) {
-    for (std::int64_t h = 0; h < H; ++h) {
-      const std::int64_t seq_len = std::min(a.start_pos + j + 1, *a.max_seq);
-      const float* q_rot = a.scratch + (j * H + h) * D;
-      const float* q_jl = a.scratch + region + (j * H + h) * D;
-      const double q_jl_sum = a.scratch[2 * region + j * H + h];
-      const std::int64_t slot0 = (h / group) * l.capacity;
-      scores.assign(std::size_t(std::max<std::int64_t>(seq_len, 0)), 0.0);
-      double m = -std::numeric_limits<double>::infinity();
-      for (std::int64_t t = 0; t < seq_len; ++t) {
-        scores[t] = scale * tq_key_dot(l, q_rot, q_jl, q_jl_sum, a.k_cache, slot0 + t, qjl_scale);
-        m = std::max(m, scores[t]);
-      }
-      float* out = static_cast<float*>(a.out.data) + core::offset(a.out, 0, j, h);
-      if (seq_len <= 0) {
-        for (std::int64_t d = 0; d < D; ++d) out[d] = 0.0f;
-        continue;
-      }
-      double sum = 0;
-      for (double& e : acc) e = 0;
-      for (std::int64_t t = 0; t < seq_len; ++t) {
-        const std::int64_t slot = slot0 + t;
-        const double p = std::exp(scores[t] - m);
-        sum += p;
-        const double vn = f16_value(a.v_cache[l.value_norm_offset() + slot]);
-        const std::uint32_t* codes = a.v_cache + slot * l.value_code_words();
-        for (std::int64_t d = 0; d < D; ++d) {
-          acc[d] += p * vn * vcb.centroids[core::get_code(codes, d, l.value_bits)];
+  for (std::int64_t b = 0; b < a.batch; ++b) {
+    const std::uint32_t* k_cache = a.k_cache + b * l.key_words();
+    const std::uint32_t* v_cache = a.v_cache + b * l.value_words();
+    const std::int64_t start = a.start_positions ? std::int64_t(a.start_positions[b]) : a.start_pos;
+    for (std::int64_t j = 0; j < a.n_queries; ++j) {
+      const std::int64_t row = b * a.n_queries + j;
+      // Clamped like the kernels, so a bad per-sequence start position never reads out of bounds.
+      const std::int64_t seq_len = std::max<std::int64_t>(0, std::min({start + j + 1, *a.max_seq, l.capacity}));
+      for (std::int64_t h = 0; h < H; ++h) {
+        const float* q_rot = a.scratch + (row * H + h) * D;
+        const float* q_jl = a.scratch + region + (row * H + h) * D;
+        const double q_jl_sum = a.scratch[2 * region + row * H + h];
+        const std::int64_t slot0 = (h / group) * l.capacity;
+        scores.assign(std::size_t(seq_len), 0.0);
+        double m = -std::numeric_limits<double>::infinity();
+        for (std::int64_t t = 0; t < seq_len; ++t) {
+          scores[std::size_t(t)] = scale * tq_key_dot(l, q_rot, q_jl, q_jl_sum, k_cache, slot0 + t, qjl_scale);
+          m = std::max(m, scores[std::size_t(t)]);
         }
+        float* out = static_cast<float*>(a.out.data) + core::offset(a.out, b, j, h);
+        if (seq_len == 0) {
+          for (std::int64_t d = 0; d < D; ++d) out[d] = 0.0f;
+          continue;
+        }
+        double sum = 0;
+        for (double& e : acc) e = 0;
+        for (std::int64_t t = 0; t < seq_len; ++t) {
+          const std::int64_t slot = slot0 + t;
+          const double p = std::exp(scores[std::size_t(t)] - m);
+          sum += p;
+          const double vn = f16_value(v_cache[l.value_norm_offset() + slot]);
+          const std::uint32_t* codes = v_cache + slot * l.value_code_words();
+          for (std::int64_t d = 0; d < D; ++d) {
+            acc[std::size_t(d)] += p * vn * vcb.centroids[core::get_code(codes, d, l.value_bits)];
+          }
+        }
+        for (double& e : acc) e /= sum;
+        core::inverse_rht(acc.data(), D, a.tables.polar_sign_bits);  // back from rotated space, once
+        for (std::int64_t d = 0; d < D; ++d) out[d] = float(acc[std::size_t(d)]);
       }
-      for (double& e : acc) e /= sum;
-      core::inverse_rht(acc.data(), D, a.tables.polar_sign_bits);  // back from rotated space, once
-      for (std::int64_t d = 0; d < D; ++d) out[d] = float(acc[d]);
     }
   }
 }

@@ -1,0 +1,55 @@
+// Parameters shared by the TurboQuant attention kernels (scalar split-K, tensor-core decode, merge).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flashtq/turboquant.hpp"
+
+namespace flashtq::cuda {
+
+constexpr int kSplitTokens = 256;      // tokens per block of the scalar kernel
+constexpr int kMmaSplitTokens = 512;   // tokens per block of the tensor-core decode kernel
+
+struct AttendParams {
+  TqLayout l;
+  const float* scratch;
+  std::int64_t q_cap, H, n_queries, start_pos, max_seq;
+  float scale, qjl_scale;
+  const std::uint32_t* k;
+  const std::uint32_t* v;
+  float* out;
+  std::int64_t out_batch_stride, out_row_stride, out_head_stride;
+  std::int64_t batch;
+  const std::int32_t* starts;  // per sequence, or null: start_pos for all
+  float* ws;
+  int n_splits, n_tiles;
+  float key_centroids[16], value_centroids[16];
+  std::uint32_t polar_signs[8];
+};
+
+__device__ __forceinline__ float f16_low(std::uint32_t w) { return __half2float(__ushort_as_half(std::uint16_t(w & 0xFFFFu))); }
+
+// Timesteps that row z = b * n_queries + j sees, clamped into [0, capacity].
+__device__ __forceinline__ std::int64_t seq_len_of(const AttendParams& a, std::int64_t z) {
+  const std::int64_t b = z / a.n_queries, j = z % a.n_queries;
+  const std::int64_t start = a.starts != nullptr ? std::int64_t(a.starts[b]) : a.start_pos;
+  return max(std::int64_t(0), min(min(start + j + 1, a.max_seq), a.l.capacity));
+}
+
+// Sequence b's caches.
+__device__ __forceinline__ const std::uint32_t* keys_of(const AttendParams& a, std::int64_t z) {
+  return a.k + (z / a.n_queries) * a.l.key_words();
+}
+__device__ __forceinline__ const std::uint32_t* values_of(const AttendParams& a, std::int64_t z) {
+  return a.v + (z / a.n_queries) * a.l.value_words();
+}
+
+// The tensor-core decode path: head_dim 128, keys 2+1 bits, values 2 bits, GQA groups of 4k heads.
+bool mma_decode_supported(const TqAttendArgs& c);
+bool mma_decode_supported(const AttendParams& a);
+void launch_mma_decode(const AttendParams& a, cudaStream_t stream);
+
+}  // namespace flashtq::cuda
