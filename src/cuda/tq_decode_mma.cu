@@ -32,9 +32,13 @@ __device__ __forceinline__ void mma16816(float (&d)[4], std::uint32_t a0, std::u
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Bits p and p + 16 of a word as an f16 pair of +-2^-14 (set bit: +), given the word inverted.
-__device__ __forceinline__ std::uint32_t bit_pair(std::uint32_t inverted, int p) {
-  return ((inverted << (15 - p)) & 0x80008000u) | 0x04000400u;  // p <= 15: one shift and one LOP3
+// Bits p and p + 16 of a word as an f16 pair of +-2^-14 (set bit: +), given the word inverted and
+// `magnitude` = 0x04000400 in a register: one shift and one LOP3 (with both constants immediate the
+// compiler needs two LOP3s, since LOP3 takes a single immediate).
+__device__ __forceinline__ std::uint32_t bit_pair(std::uint32_t inverted, int p, std::uint32_t magnitude) {
+  std::uint32_t r;
+  asm("lop3.b32 %0, %1, 0x80008000, %2, 0xEA;" : "=r"(r) : "r"(inverted << (15 - p)), "r"(magnitude));
+  return r;
 }
 
 // The f16 hi part (part 0) or lo remainder (part 1) of x.
@@ -65,6 +69,7 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
   __shared__ float w_tile[kWarps][16][4];
   __shared__ float part_m[kWarps][4], part_l[kWarps][4];
   __shared__ float part_acc[kWarps][4][kD];
+  __shared__ uint2 b_frag[24][32];
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int row = lane / 4, tig = lane % 4;  // mma fragment coordinates
@@ -111,9 +116,9 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
   }
   __syncthreads();
 
-  // B fragments of the scores: column n = lane / 4 is (head n / 2, part n % 2).
-  std::uint32_t b_polar[16][2], b_jl[8][2];
-  {
+  // B fragments of the scores, built once per block into shared memory (every warp uses the same):
+  // column n = lane / 4 is (head n / 2, part n % 2). Kept out of registers for occupancy.
+  if (warp == 0) {
     const int head = row >> 1, part = row & 1;
     const float qs = q_scale[head], js = jl_scale[head];
 #pragma unroll
@@ -121,16 +126,17 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
       const int d0 = 16 * (2 * tig + s / 8) + s % 8;  // lane's words 2 tig, 2 tig + 1; elements s%8, s%8 + 8
       const float x0 = q_rot[head][d0] * qs, x1 = q_rot[head][d0 + 8] * qs;
       const float lo = 0.5f * (kc1 - kc0), hi = 0.5f * (kc0 + kc1);
-      b_polar[s][0] = pack(split_part(x0 * lo, part), split_part(x1 * lo, part));  // low bits
-      b_polar[s][1] = pack(split_part(x0 * hi, part), split_part(x1 * hi, part));  // high bits
+      b_frag[s][lane] = make_uint2(pack(split_part(x0 * lo, part), split_part(x1 * lo, part)),   // low bits
+                                   pack(split_part(x0 * hi, part), split_part(x1 * hi, part)));  // high bits
     }
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
       const int d0 = 32 * tig + s;  // lane's jl word tig: bits s, s+16 and s+8, s+24
-      b_jl[s][0] = pack(split_part(q_jl[head][d0] * js, part), split_part(q_jl[head][d0 + 16] * js, part));
-      b_jl[s][1] = pack(split_part(q_jl[head][d0 + 8] * js, part), split_part(q_jl[head][d0 + 24] * js, part));
+      b_frag[16 + s][lane] = make_uint2(pack(split_part(q_jl[head][d0] * js, part), split_part(q_jl[head][d0 + 16] * js, part)),
+                                        pack(split_part(q_jl[head][d0 + 8] * js, part), split_part(q_jl[head][d0 + 24] * js, part)));
     }
   }
+  __syncthreads();
   const float unscale_polar = 16384.0f / q_scale[tig], unscale_jl = 16384.0f / jl_scale[tig];
 
   const TqLayout& l = a.l;
@@ -138,6 +144,9 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
   const std::int64_t w_begin = t_begin + warp * kWarpTokens;
   const std::int64_t w_end = min(w_begin + kWarpTokens, seq);
   float m = -INFINITY, lsum = 0.0f;
+  // 2^-14 as an f16 pair, kept in a register (the zero term is opaque to the compiler, so it cannot
+  // fold the constant back into an immediate).
+  const std::uint32_t mag = 0x04000400u | (std::uint32_t(a.l.key_bits) >> 8);
   float acc[8][4] = {};
   // The words one tile needs, loaded a tile ahead so that memory latency hides behind the math.
   struct TileWords {
@@ -146,23 +155,28 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
     std::uint32_t na, nb, vna, vnb;    // key and value norm words
     std::uint32_t va[2], vb[2];        // value word `row` of tokens 8 ks + tig, 8 ks + tig + 4 (inverted)
   };
-  auto load_tile = [&](std::int64_t t0) {
+  // Word indices fit in 32 bits (the validator caps a cache below 2^32 words).
+  const std::uint32_t jl_off = std::uint32_t(l.key_jl_offset()), k_norm_off = std::uint32_t(l.key_norm_offset());
+  const std::uint32_t v_norm_off = std::uint32_t(l.value_norm_offset());
+  const std::uint32_t slot_base = std::uint32_t(slot0), last = std::uint32_t(w_end - 1);
+  auto load_tile = [&](std::int64_t t0_64) {
+    const std::uint32_t t0 = std::uint32_t(t0_64);
     TileWords w;
-    const std::int64_t sa = slot0 + min(t0 + row, w_end - 1), sb = slot0 + min(t0 + row + 8, w_end - 1);
+    const std::uint32_t sa = slot_base + min(t0 + row, last), sb = slot_base + min(t0 + row + 8, last);
     w.pa0 = ~keys[sa * 8 + 2 * tig];
     w.pa1 = ~keys[sa * 8 + 2 * tig + 1];
     w.pb0 = ~keys[sb * 8 + 2 * tig];
     w.pb1 = ~keys[sb * 8 + 2 * tig + 1];
-    w.ja = ~keys[l.key_jl_offset() + sa * 4 + tig];
-    w.jb = ~keys[l.key_jl_offset() + sb * 4 + tig];
-    w.na = keys[l.key_norm_offset() + sa];
-    w.nb = keys[l.key_norm_offset() + sb];
-    w.vna = values[l.value_norm_offset() + sa];
-    w.vnb = values[l.value_norm_offset() + sb];
+    w.ja = ~keys[jl_off + sa * 4 + tig];
+    w.jb = ~keys[jl_off + sb * 4 + tig];
+    w.na = keys[k_norm_off + sa];
+    w.nb = keys[k_norm_off + sb];
+    w.vna = values[v_norm_off + sa];
+    w.vnb = values[v_norm_off + sb];
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
-      w.va[ks] = ~values[(slot0 + min(t0 + 8 * ks + tig, w_end - 1)) * 8 + row];
-      w.vb[ks] = ~values[(slot0 + min(t0 + 8 * ks + tig + 4, w_end - 1)) * 8 + row];
+      w.va[ks] = ~values[(slot_base + min(t0 + 8 * ks + tig, last)) * 8 + row];
+      w.vb[ks] = ~values[(slot_base + min(t0 + 8 * ks + tig + 4, last)) * 8 + row];
     }
     return w;
   };
@@ -177,13 +191,13 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
     for (int s = 0; s < 16; ++s) {
       const std::uint32_t wa = s < 8 ? cur.pa0 : cur.pa1, wb = s < 8 ? cur.pb0 : cur.pb1;
       const int e = 2 * (s % 8);
-      mma16816(P[s % 2], bit_pair(wa, e), bit_pair(wb, e), bit_pair(wa, e + 1), bit_pair(wb, e + 1), b_polar[s][0],
-               b_polar[s][1]);
+      const uint2 bf = b_frag[s][lane];
+      mma16816(P[s % 2], bit_pair(wa, e, mag), bit_pair(wb, e, mag), bit_pair(wa, e + 1, mag), bit_pair(wb, e + 1, mag), bf.x, bf.y);
     }
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      mma16816(J[s % 2], bit_pair(cur.ja, s), bit_pair(cur.jb, s), bit_pair(cur.ja, s + 8), bit_pair(cur.jb, s + 8),
-               b_jl[s][0], b_jl[s][1]);
+      const uint2 bf = b_frag[16 + s][lane];
+      mma16816(J[s % 2], bit_pair(cur.ja, s, mag), bit_pair(cur.jb, s, mag), bit_pair(cur.ja, s + 8, mag), bit_pair(cur.jb, s + 8, mag), bf.x, bf.y);
     }
     const float qjl = a.qjl_scale;
     const float polar_a = P[0][0] + P[0][1] + P[1][0] + P[1][1], polar_b = P[0][2] + P[0][3] + P[1][2] + P[1][3];
@@ -199,10 +213,12 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
     m = m_new;
     lsum = lsum * corr + p_a + p_b;
     const float w_a = p_a * f16_low(cur.vna), w_b = p_b * f16_low(cur.vnb);
+    if (corr != 1.0f) {  // the running maximum settles early: most tiles skip the rescale
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+      for (int i = 0; i < 8; ++i)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][c] *= corr;
+        for (int c = 0; c < 4; ++c) acc[i][c] *= corr;
+    }
     w_tile[warp][row][tig] = w_a;
     w_tile[warp][row + 8][tig] = w_b;
     __syncwarp();
@@ -220,7 +236,7 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
       for (int i = 0; i < 8; ++i) {
         const std::uint32_t src = i < 4 ? lo_half : hi_half;
         const int q = 4 * (i % 4);
-        mma16816(acc[i], bit_pair(src, q), bit_pair(src, q + 2), bit_pair(src, q + 1), bit_pair(src, q + 3), b0, b1);
+        mma16816(acc[i], bit_pair(src, q, mag), bit_pair(src, q + 2, mag), bit_pair(src, q + 1, mag), bit_pair(src, q + 3, mag), b0, b1);
       }
     }
     __syncwarp();
