@@ -8,7 +8,7 @@ if [ ! -x "$bin" ]; then
   cmake --preset release -DFLASHTQ_BUILD_TESTS=OFF >/dev/null
   cmake --build --preset release --target cuda_turboquant_bench -j "$(nproc)"
 fi
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 out=${1:-bench/results/cuda_turboquant-$commit.json}
 tmp=$(mktemp -d)
 "$bin" > "$tmp/flashtq.json"

@@ -1,0 +1,86 @@
+// bench/cuda_dense: dense attention on the `cuda` backend (forward bf16/f16/f32 and backward bf16),
+// D = 128, H = 16, B*S = 16k, timed with CUDA events (median). Prints JSON; bench/cuda_dense.sh
+// runs it beside PyTorch SDPA in one run.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "flashtq/flashtq.hpp"
+
+namespace {
+
+using flashtq::DType;
+using flashtq::Memory;
+using flashtq::TensorView;
+
+template <typename F>
+double median_ms(F&& f, int repeats) {
+  f();
+  cudaDeviceSynchronize();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  flashtq::Backend& cuda = flashtq::backend("cuda");
+  nlohmann::json report;
+  const std::int64_t H = 16, D = 128;
+  for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+    for (std::int64_t S : {1024, 4096}) {
+      const std::int64_t B = 16384 / S;
+      const std::size_t n = std::size_t(B * S * H * D), bytes = n * flashtq::dtype_size(dtype);
+      std::vector<std::uint8_t> host(bytes);
+      for (std::size_t i = 0; i < bytes; ++i) host[i] = std::uint8_t((i * 2654435761u) >> 24) & 0x3B;  // small finite values
+      void *q, *k, *v, *o, *dq, *dk, *dv, *dout;
+      float* lse;
+      for (void** p : {&q, &k, &v, &o, &dq, &dk, &dv, &dout}) {
+        cudaMalloc(p, bytes);
+        cudaMemcpy(*p, host.data(), bytes, cudaMemcpyHostToDevice);
+      }
+      cudaMalloc(&lse, std::size_t(B * H * S) * 4);
+      auto view = [&](void* p) { return TensorView::bshd(p, dtype, B, S, H, D, Memory::cuda); };
+      for (bool causal : {false, true}) {
+        flashtq::AttentionParams params;
+        params.causal = causal;
+        const double flops = 4.0 * double(B * H) * double(S) * double(S) * double(D) * (causal ? 0.5 : 1.0);
+        const double fwd = median_ms([&] { flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(o), lse}, params); }, 3);
+        nlohmann::json row = {{"dtype", flashtq::dtype_name(dtype)}, {"S", S}, {"B", B}, {"causal", causal},
+                              {"fwd_ms", fwd}, {"fwd_tflops", flops / (fwd * 1e-3) / 1e12}};
+        if (dtype == DType::bf16 && S == 1024) {
+          const double bwd = median_ms(
+              [&] {
+                flashtq::attention_backward(
+                    cuda, {view(q), view(k), view(v), view(o), view(dout), lse, view(dq), view(dk), view(dv)}, params);
+              },
+              3);
+          row["bwd_ms"] = bwd;
+          row["bwd_tflops"] = 2.5 * flops / (bwd * 1e-3) / 1e12;
+        }
+        std::fprintf(stderr, "%s\n", row.dump().c_str());
+        report["forward"].push_back(row);
+      }
+      for (void* p : {q, k, v, o, dq, dk, dv, dout}) cudaFree(p);
+      cudaFree(lse);
+    }
+  }
+  std::printf("%s\n", report.dump(2).c_str());
+  return cudaGetLastError() == cudaSuccess ? 0 : 1;
+}

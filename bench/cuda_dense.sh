@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine: flashtq's dense CUDA kernels and PyTorch SDPA, one run, one GPU, merged into
+# bench/results/cuda_dense-<commit>.json (or $1). COMMIT names the commit when .git is absent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=build/release/bench/cuda_dense_bench
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+out=${1:-bench/results/cuda_dense-$commit.json}
+tmp=$(mktemp -d)
+"$bin" > "$tmp/flashtq.json"
+python3 bench/torch_dense.py > "$tmp/torch.json"
+python3 - "$tmp/flashtq.json" "$tmp/torch.json" "$commit" > "$out" <<'PY'
+import json, subprocess, sys
+f, t = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+rows = []
+for ours, theirs in zip(f["forward"], t["forward"]):
+    row = dict(ours); row.update({k: v for k, v in theirs.items() if k not in row})
+    for name in ("flash", "cudnn", "efficient"):
+        if name + "_fwd_ms" in theirs:
+            row["ratio_vs_" + name] = theirs[name + "_fwd_ms"] / ours["fwd_ms"]
+    row["fraction_of_bf16_peak"] = ours["fwd_tflops"] / t["bf16_matmul_tflops"]
+    rows.append(row)
+print(json.dumps({"machine": {"gpu": gpu}, "commit": sys.argv[3], "torch": t["torch"],
+                  "bf16_matmul_tflops": t["bf16_matmul_tflops"], "forward": rows}, indent=2))
+PY
+python3 - "$out" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"{d['machine']['gpu']} commit {d['commit']} bf16 matmul {d['bf16_matmul_tflops']:.0f} TFLOP/s")
+for r in d["forward"]:
+    print(f"{r['dtype']:>4} S={r['S']:>5} causal={r['causal']!s:>5} flashtq {r['fwd_ms']:9.3f} ms {r['fwd_tflops']:7.2f} TF/s  "
+          f"flash {r.get('flash_fwd_ms', float('nan')):.3f}  cudnn {r.get('cudnn_fwd_ms', float('nan')):.3f}  "
+          f"eff {r.get('efficient_fwd_ms', float('nan')):.3f}  bwd {r.get('bwd_ms', float('nan')):.2f} vs flash {r.get('flash_bwd_ms', float('nan')):.3f}")
+PY

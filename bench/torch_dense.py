@@ -1,0 +1,62 @@
+"""PyTorch SDPA dense baselines for bench/cuda_dense (same shapes, same run): flash, cuDNN and efficient
+backends, forward (and bf16 backward at S = 1k), plus the GPU's bf16 matrix peak (8192^3 matmul)."""
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def median_ms(fn, repeats=10):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main():
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm_ms = median_ms(lambda: x @ x)
+    report = {"torch": torch.__version__, "bf16_matmul_tflops": 2 * 8192**3 / (mm_ms * 1e-3) / 1e12, "forward": []}
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    for dname, dt in dtypes.items():
+        for S in (1024, 4096):
+            B = 16384 // S
+            q = torch.randn(B, 16, S, 128, device="cuda", dtype=dt, requires_grad=True)
+            k = torch.randn_like(q, requires_grad=True)
+            v = torch.randn_like(q, requires_grad=True)
+            for causal in (False, True):
+                flops = 4 * B * 16 * S * S * 128 * (0.5 if causal else 1.0)
+                row = {"dtype": dname, "S": S, "B": B, "causal": causal}
+                for name, be in backends.items():
+                    try:
+                        with sdpa_kernel([be]):
+                            ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                            row[name + "_fwd_ms"] = ms
+                            row[name + "_fwd_tflops"] = flops / (ms * 1e-3) / 1e12
+                            if dname == "bf16" and S == 1024:
+                                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                                g = torch.randn_like(out)
+                                bms = median_ms(lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True))
+                                row[name + "_bwd_ms"] = bms
+                    except RuntimeError as e:
+                        row[name + "_error"] = str(e).splitlines()[0][:160]
+                report["forward"].append(row)
+                print(row, file=sys.stderr)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
