@@ -4,6 +4,7 @@
 
 #include "flashtq/backend.hpp"
 #include "flashtq/error.hpp"
+#include "cpu/backend.hpp"
 #include "reference/backend.hpp"
 #ifdef FLASHTQ_HAVE_CUDA
 #include "cuda/backend.hpp"
@@ -21,6 +22,7 @@ std::vector<std::unique_ptr<Backend>>& owned() {
   static std::vector<std::unique_ptr<Backend>> backends = [] {
     std::vector<std::unique_ptr<Backend>> list;
     list.push_back(reference::make_backend());
+    list.push_back(cpu::make_backend());
 #ifdef FLASHTQ_HAVE_CUDA
     list.push_back(cuda::make_backend());
 #endif

@@ -24,6 +24,9 @@ class Backend {
   // A reason when this backend cannot run the problem (head dim, dtype); empty when it can.
   virtual std::optional<std::string> unsupported(const DenseProblem&) const { return std::nullopt; }
   virtual std::optional<std::string> unsupported(const TqLayout&) const { return std::nullopt; }
+  // Threads a host backend uses (0 = all cores); device backends ignore it.
+  virtual void set_threads(int) {}
+  virtual int threads() const { return 1; }
 
   // Memory of this backend's kind, used by tools and the conformance suite.
   virtual void* allocate(std::size_t bytes) = 0;

@@ -68,8 +68,11 @@ struct HostTensor {
   }
 };
 
-// ||got - ref|| / ||ref||; infinity (with a reason) for a NaN, or where -inf entries disagree.
-inline double relative_error(const std::vector<double>& ref, const std::vector<double>& got, std::string& detail) {
+// ||got - ref|| / max(||ref||, floor_rms * sqrt(n)); infinity (with a reason) for a NaN, or where
+// -inf entries disagree. The floor keeps a reference that cancels to (nearly) zero from turning
+// f32 rounding into a huge relative error (a gradient of a softmax over one key, say).
+inline double relative_error(const std::vector<double>& ref, const std::vector<double>& got, std::string& detail,
+                             double floor_rms = 0.0) {
   double diff = 0, norm = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) {
     const bool ref_ninf = ref[i] == -std::numeric_limits<double>::infinity();
@@ -81,6 +84,7 @@ inline double relative_error(const std::vector<double>& ref, const std::vector<d
     diff += (got[i] - ref[i]) * (got[i] - ref[i]);
     norm += ref[i] * ref[i];
   }
+  norm = std::max(norm, floor_rms * floor_rms * double(ref.size()));
   if (norm == 0) return std::sqrt(diff);
   return std::sqrt(diff / norm);
 }

@@ -86,30 +86,30 @@ void encode(const TqEncodeArgs& a, bool keys) {
 void tq_encode_keys(const TqEncodeArgs& a) { encode(a, true); }
 void tq_encode_values(const TqEncodeArgs& a) { encode(a, false); }
 
-void tq_rotate_queries(const TqRotateArgs& a) {
+void tq_rotate_rows(const TqRotateArgs& a, std::int64_t first, std::int64_t end) {
   const std::int64_t D = a.tables.head_dim, nq = a.q.shape[1], H = a.q.shape[2];
   const std::int64_t region = a.q_cap * H * D;
-  std::vector<double> x(D);
-  for (std::int64_t b = 0; b < a.q.shape[0]; ++b) {
-    for (std::int64_t j = 0; j < nq; ++j) {
-      const std::int64_t row = b * nq + j;
-      for (std::int64_t h = 0; h < H; ++h) {
-        const std::int64_t base = core::offset(a.q, b, j, h);
-        for (std::int64_t d = 0; d < D; ++d) x[std::size_t(d)] = core::load(a.q.data, a.q.dtype, base + d);
-        core::rht(x.data(), D, a.tables.polar_sign_bits);
-        float* q_rot = a.scratch + (row * H + h) * D;
-        for (std::int64_t d = 0; d < D; ++d) q_rot[d] = float(x[std::size_t(d)]);
-        core::rht(x.data(), D, a.tables.jl_sign_bits);
-        double sum = 0;
-        for (std::int64_t d = 0; d < D; ++d) {
-          a.scratch[region + (row * H + h) * D + d] = float(x[std::size_t(d)]);
-          sum += x[std::size_t(d)];
-        }
-        a.scratch[2 * region + row * H + h] = float(sum);
+  std::vector<double> x(static_cast<std::size_t>(D));
+  for (std::int64_t row = first; row < end; ++row) {
+    const std::int64_t b = row / nq, j = row % nq;
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t base = core::offset(a.q, b, j, h);
+      for (std::int64_t d = 0; d < D; ++d) x[std::size_t(d)] = core::load(a.q.data, a.q.dtype, base + d);
+      core::rht(x.data(), D, a.tables.polar_sign_bits);
+      float* q_rot = a.scratch + (row * H + h) * D;
+      for (std::int64_t d = 0; d < D; ++d) q_rot[d] = float(x[std::size_t(d)]);
+      core::rht(x.data(), D, a.tables.jl_sign_bits);
+      double sum = 0;
+      for (std::int64_t d = 0; d < D; ++d) {
+        a.scratch[region + (row * H + h) * D + d] = float(x[std::size_t(d)]);
+        sum += x[std::size_t(d)];
       }
+      a.scratch[2 * region + row * H + h] = float(sum);
     }
   }
 }
+
+void tq_rotate_queries(const TqRotateArgs& a) { tq_rotate_rows(a, 0, a.q.shape[0] * a.q.shape[1]); }
 
 double tq_key_dot(const TqLayout& l, const float* q_rot, const float* q_jl, double q_jl_sum,
                   const std::uint32_t* k_cache, std::int64_t slot, double qjl_scale) {
@@ -126,55 +126,50 @@ double tq_key_dot(const TqLayout& l, const float* q_rot, const float* q_jl, doub
   return n * (polar + gamma * qjl_scale * (2.0 * positive - q_jl_sum));
 }
 
-void tq_attend(const TqAttendArgs& a) {
+void tq_attend_row_head(const TqAttendArgs& a, std::int64_t row, std::int64_t h) {
   const TqLayout& l = a.layout;
   const std::int64_t D = l.head_dim, H = a.n_heads, group = H / l.n_kv_heads;
   const std::int64_t region = a.q_cap * H * D;
   const core::Codebook& vcb = core::codebook(D, l.value_bits);
   const double scale = double(*a.scale), qjl_scale = double(*a.qjl_scale);
-  std::vector<double> scores, acc(D);
-  for (std::int64_t b = 0; b < a.batch; ++b) {
-    const std::uint32_t* k_cache = a.k_cache + b * l.key_words();
-    const std::uint32_t* v_cache = a.v_cache + b * l.value_words();
-    const std::int64_t start = a.start_positions ? std::int64_t(a.start_positions[b]) : a.start_pos;
-    for (std::int64_t j = 0; j < a.n_queries; ++j) {
-      const std::int64_t row = b * a.n_queries + j;
-      // Clamped like the kernels, so a bad per-sequence start position never reads out of bounds.
-      const std::int64_t seq_len = std::max<std::int64_t>(0, std::min({start + j + 1, *a.max_seq, l.capacity}));
-      for (std::int64_t h = 0; h < H; ++h) {
-        const float* q_rot = a.scratch + (row * H + h) * D;
-        const float* q_jl = a.scratch + region + (row * H + h) * D;
-        const double q_jl_sum = a.scratch[2 * region + row * H + h];
-        const std::int64_t slot0 = (h / group) * l.capacity;
-        scores.assign(std::size_t(seq_len), 0.0);
-        double m = -std::numeric_limits<double>::infinity();
-        for (std::int64_t t = 0; t < seq_len; ++t) {
-          scores[std::size_t(t)] = scale * tq_key_dot(l, q_rot, q_jl, q_jl_sum, k_cache, slot0 + t, qjl_scale);
-          m = std::max(m, scores[std::size_t(t)]);
-        }
-        float* out = static_cast<float*>(a.out.data) + core::offset(a.out, b, j, h);
-        if (seq_len == 0) {
-          for (std::int64_t d = 0; d < D; ++d) out[d] = 0.0f;
-          continue;
-        }
-        double sum = 0;
-        for (double& e : acc) e = 0;
-        for (std::int64_t t = 0; t < seq_len; ++t) {
-          const std::int64_t slot = slot0 + t;
-          const double p = std::exp(scores[std::size_t(t)] - m);
-          sum += p;
-          const double vn = f16_value(v_cache[l.value_norm_offset() + slot]);
-          const std::uint32_t* codes = v_cache + slot * l.value_code_words();
-          for (std::int64_t d = 0; d < D; ++d) {
-            acc[std::size_t(d)] += p * vn * vcb.centroids[core::get_code(codes, d, l.value_bits)];
-          }
-        }
-        for (double& e : acc) e /= sum;
-        core::inverse_rht(acc.data(), D, a.tables.polar_sign_bits);  // back from rotated space, once
-        for (std::int64_t d = 0; d < D; ++d) out[d] = float(acc[std::size_t(d)]);
-      }
-    }
+  const std::int64_t b = row / a.n_queries, j = row % a.n_queries;
+  const std::uint32_t* k_cache = a.k_cache + b * l.key_words();
+  const std::uint32_t* v_cache = a.v_cache + b * l.value_words();
+  const std::int64_t start = a.start_positions ? std::int64_t(a.start_positions[b]) : a.start_pos;
+  // Clamped like the kernels, so a bad per-sequence start position never reads out of bounds.
+  const std::int64_t seq_len = std::max<std::int64_t>(0, std::min({start + j + 1, *a.max_seq, l.capacity}));
+  const float* q_rot = a.scratch + (row * H + h) * D;
+  const float* q_jl = a.scratch + region + (row * H + h) * D;
+  const double q_jl_sum = a.scratch[2 * region + row * H + h];
+  const std::int64_t slot0 = (h / group) * l.capacity;
+  std::vector<double> scores(static_cast<std::size_t>(seq_len)), acc(static_cast<std::size_t>(D), 0.0);
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::int64_t t = 0; t < seq_len; ++t) {
+    scores[std::size_t(t)] = scale * tq_key_dot(l, q_rot, q_jl, q_jl_sum, k_cache, slot0 + t, qjl_scale);
+    m = std::max(m, scores[std::size_t(t)]);
   }
+  float* out = static_cast<float*>(a.out.data) + core::offset(a.out, b, j, h);
+  if (seq_len == 0) {
+    for (std::int64_t d = 0; d < D; ++d) out[d] = 0.0f;
+    return;
+  }
+  double sum = 0;
+  for (std::int64_t t = 0; t < seq_len; ++t) {
+    const std::int64_t slot = slot0 + t;
+    const double p = std::exp(scores[std::size_t(t)] - m);
+    sum += p;
+    const double vn = f16_value(v_cache[l.value_norm_offset() + slot]);
+    const std::uint32_t* codes = v_cache + slot * l.value_code_words();
+    for (std::int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += p * vn * vcb.centroids[core::get_code(codes, d, l.value_bits)];
+  }
+  for (double& e : acc) e /= sum;
+  core::inverse_rht(acc.data(), D, a.tables.polar_sign_bits);  // back from rotated space, once
+  for (std::int64_t d = 0; d < D; ++d) out[d] = float(acc[std::size_t(d)]);
+}
+
+void tq_attend(const TqAttendArgs& a) {
+  for (std::int64_t row = 0; row < a.batch * a.n_queries; ++row)
+    for (std::int64_t h = 0; h < a.n_heads; ++h) tq_attend_row_head(a, row, h);
 }
 
 }  // namespace flashtq::reference

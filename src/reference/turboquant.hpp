@@ -11,6 +11,11 @@ void tq_encode_values(const TqEncodeArgs& a);
 void tq_rotate_queries(const TqRotateArgs& a);
 void tq_attend(const TqAttendArgs& a);
 
+// Pieces of the above that other host backends run in parallel: scratch rows [first, end) of a
+// rotation (row = b * n_queries + j), and one (row, head) of an attention.
+void tq_rotate_rows(const TqRotateArgs& a, std::int64_t first, std::int64_t end);
+void tq_attend_row_head(const TqAttendArgs& a, std::int64_t row, std::int64_t head);
+
 // The estimate of <q, k_t> (no softmax scale) for one rotated query row against key slot `slot`:
 // n_t * (sum_d q_rot[d] c[idx_d] + gamma_t * qjl_scale * (2 sum_{bit=1} q_jl[d] - q_jl_sum)).
 double tq_key_dot(const TqLayout& layout, const float* q_rot, const float* q_jl, double q_jl_sum,

@@ -1,0 +1,37 @@
+// The `cpu` backend: Highway SIMD kernels dispatched at run time, OpenMP threads (all cores unless
+// the caller sets a count with set_threads).
+#include "cpu/backend.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "core/host_backend.hpp"
+#include "cpu/dense.hpp"
+#include "cpu/turboquant.hpp"
+
+namespace flashtq::cpu {
+namespace {
+
+class CpuBackend final : public core::HostBackend {
+ public:
+  std::string name() const override { return "cpu"; }
+  void set_threads(int n) override { threads_ = n > 0 ? n : omp_get_num_procs(); }
+  int threads() const override { return threads_; }
+
+  void forward(const ForwardCall& c) override { dense_forward(c, threads_); }
+  void backward(const BackwardCall& c) override { dense_backward(c, threads_); }
+  void tq_encode_keys(const TqEncodeArgs& c) override { tq_encode(c, true, threads_); }
+  void tq_encode_values(const TqEncodeArgs& c) override { tq_encode(c, false, threads_); }
+  void tq_rotate_queries(const TqRotateArgs& c) override { tq_rotate(c, threads_); }
+  void tq_attend(const TqAttendArgs& c) override { cpu::tq_attend(c, threads_); }
+
+ private:
+  int threads_ = std::max(1, omp_get_num_procs());
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace flashtq::cpu

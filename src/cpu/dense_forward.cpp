@@ -1,0 +1,187 @@
+// Dense forward on the CPU: tiles of 48 query rows x 64 keys with an online softmax, so each loaded
+// K/V tile serves 48 rows; the two products run through the SIMD GEMM kernel. Tiles that no row of
+// a block can see are skipped. When there are too few (batch, head, row-block) tasks to keep every
+// thread busy (decode), the keys are split across tasks too and the partials merged by their LSEs.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/elements.hpp"
+#include "core/hash3.hpp"
+#include "core/visibility.hpp"
+#include "cpu/dense.hpp"
+#include "cpu/kernels.hpp"
+
+namespace flashtq::cpu {
+namespace {
+
+constexpr std::int64_t kBq = 48, kBk = 64;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+// Whether every key of [j0, j1) is visible to every row of [i0, i1) (the corners decide).
+bool tile_fully_visible(const DenseProblem& p, std::int64_t i0, std::int64_t i1, std::int64_t j0, std::int64_t j1) {
+  for (std::int64_t i : {i0, i1 - 1})
+    for (std::int64_t j : {j0, j1 - 1})
+      if (!core::key_visible(p, i, j)) return false;
+  return true;
+}
+
+struct Buffers {
+  std::vector<float> q, kt, v, s, o, m, l;
+  void size(std::int64_t Dp) {
+    q.assign(std::size_t(kBq * Dp), 0.0f);
+    kt.assign(std::size_t(Dp * kBk), 0.0f);
+    v.assign(std::size_t(kBk * Dp), 0.0f);
+    s.assign(std::size_t(kBq * kBk), 0.0f);
+    o.assign(std::size_t(kBq * Dp), 0.0f);
+    m.assign(std::size_t(kBq), kNegInf);
+    l.assign(std::size_t(kBq), 0.0f);
+  }
+};
+
+// One task: rows [i0, i1) of (b, h) against keys [k0, k1); leaves m, l and unnormalised O in bufs.
+void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t i1,
+                  std::int64_t k0, std::int64_t k1, Buffers& t) {
+  const DenseProblem& p = c.p;
+  const std::int64_t D = p.D, Dp = round_up(D, 16), rows = i1 - i0, hk = h / p.group();
+  const int dtype = int(p.dtype);
+  const std::size_t esize = dtype_size(p.dtype);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const char* src = static_cast<const char*>(c.q.data) + core::offset(c.q, b, i0 + r, h) * std::int64_t(esize);
+    load_row(src, dtype, t.q.data() + r * Dp, std::size_t(D), p.scale);
+  }
+  const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+  std::vector<float> krow(static_cast<std::size_t>(D));
+  for (std::int64_t j0 = k0; j0 < k1; j0 += kBk) {
+    const std::int64_t n = std::min(kBk, k1 - j0);
+    // K transposed into kt [D x kBk] and V into v [kBk x Dp], both f32; missing columns stay 0.
+    for (std::int64_t j = 0; j < kBk; ++j) {
+      if (j < n) {
+        const char* ks = static_cast<const char*>(c.k.data) + core::offset(c.k, b, j0 + j, hk) * std::int64_t(esize);
+        load_row(ks, dtype, krow.data(), std::size_t(D), 1.0f);
+        for (std::int64_t d = 0; d < D; ++d) t.kt[std::size_t(d * kBk + j)] = krow[std::size_t(d)];
+        const char* vs = static_cast<const char*>(c.v.data) + core::offset(c.v, b, j0 + j, hk) * std::int64_t(esize);
+        load_row(vs, dtype, t.v.data() + j * Dp, std::size_t(D), 1.0f);
+      } else {
+        for (std::int64_t d = 0; d < D; ++d) t.kt[std::size_t(d * kBk + j)] = 0.0f;
+        for (std::int64_t d = 0; d < D; ++d) t.v[std::size_t(j * Dp + d)] = 0.0f;
+      }
+    }
+    gemm(t.q.data(), std::size_t(Dp), t.kt.data(), kBk, t.s.data(), kBk, std::size_t(rows), kBk, std::size_t(D), false);
+    const bool all_visible = n == kBk && tile_fully_visible(p, i0, i1, j0, j0 + n);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float* s = t.s.data() + r * kBk;
+      const std::int64_t i = i0 + r;
+      for (std::int64_t j = 0; j < kBk; ++j) {
+        if (j >= n || (!all_visible && !core::key_visible(p, i, j0 + j))) {
+          s[j] = kNegInf;
+          continue;
+        }
+        if (p.mask != nullptr) {
+          s[j] += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + (j0 + j) * p.mask_strides[3]];
+          if (s[j] <= -1e30f) s[j] = kNegInf;
+        }
+      }
+      const float tile_max = *std::max_element(s, s + kBk);
+      if (tile_max == kNegInf) {  // this row sees nothing in this tile
+        std::fill(s, s + kBk, 0.0f);
+        continue;
+      }
+      const float m_new = std::max(t.m[std::size_t(r)], tile_max);
+      const float corr = std::exp(t.m[std::size_t(r)] - m_new);
+      const float sum = exp_shift_sum(s, kBk, m_new);
+      t.l[std::size_t(r)] = t.l[std::size_t(r)] * corr + sum;
+      if (corr != 1.0f) scale(t.o.data() + r * Dp, std::size_t(D), corr);
+      t.m[std::size_t(r)] = m_new;
+      if (p.dropout_p > 0.0f) {  // the denominator above does not see dropout; the values do
+        const std::uint32_t bh = std::uint32_t(b * p.H + h);
+        for (std::int64_t j = 0; j < n; ++j) {
+          s[j] *= core::dropout_keep(p.dropout_p, p.seed, bh, std::uint32_t(i), std::uint32_t(j0 + j)) ? keep_scale : 0.0f;
+        }
+      }
+    }
+    gemm(t.s.data(), kBk, t.v.data(), std::size_t(Dp), t.o.data(), std::size_t(Dp), std::size_t(rows), std::size_t(D),
+         std::size_t(n), true);
+  }
+}
+
+}  // namespace
+
+void dense_forward(const ForwardCall& c, int threads) {
+  const DenseProblem& p = c.p;
+  const std::int64_t D = p.D, Dp = round_up(D, 16);
+  const std::int64_t q_blocks = (p.Sq + kBq - 1) / kBq;
+  const std::int64_t row_tasks = p.B * p.H * q_blocks;
+  // Flash-decoding: with fewer row tasks than threads, split each task's keys as well.
+  const std::int64_t max_splits = std::max<std::int64_t>(1, p.Sk / (4 * kBk));
+  const std::int64_t splits = std::clamp<std::int64_t>((2 * threads + row_tasks - 1) / row_tasks, 1, max_splits);
+  const std::int64_t stride = kBq * (Dp + 2);  // one partial: O rows then m, l
+  std::vector<float> partials(splits > 1 ? std::size_t(row_tasks * splits * stride) : 0);
+  const int dtype = int(p.dtype);
+
+#pragma omp parallel num_threads(threads)
+  {
+    Buffers t;
+#pragma omp for schedule(dynamic)
+    for (std::int64_t task = 0; task < row_tasks * splits; ++task) {
+      const std::int64_t split = task % splits, rt = task / splits;
+      const std::int64_t qb = rt % q_blocks, bh = rt / q_blocks, h = bh % p.H, b = bh / p.H;
+      const std::int64_t i0 = qb * kBq, i1 = std::min(p.Sq, i0 + kBq), rows = i1 - i0;
+      const core::KeyRange range = core::key_range(p, i0, i1);
+      const std::int64_t tiles = (range.end - range.begin + kBk - 1) / kBk;
+      const std::int64_t per_split = (tiles + splits - 1) / splits;
+      const std::int64_t k0 = std::min(range.end, range.begin + split * per_split * kBk);
+      const std::int64_t k1 = std::min(range.end, k0 + per_split * kBk);
+      t.size(Dp);
+      attend_block(c, b, h, i0, i1, k0, k1, t);
+      if (splits > 1) {
+        float* out = partials.data() + task * stride;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          std::copy(t.o.begin() + r * Dp, t.o.begin() + r * Dp + D, out + r * (Dp + 2));
+          out[r * (Dp + 2) + Dp] = t.m[std::size_t(r)];
+          out[r * (Dp + 2) + Dp + 1] = t.l[std::size_t(r)];
+        }
+        continue;
+      }
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float l = t.l[std::size_t(r)], inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const std::int64_t at = core::offset(c.out, b, i0 + r, h);
+        for (std::int64_t d = 0; d < D; ++d) core::store(c.out.data, p.dtype, at + d, t.o[std::size_t(r * Dp + d)] * inv);
+        if (c.lse) c.lse[(b * p.H + h) * p.Sq + i0 + r] = l > 0.0f ? t.m[std::size_t(r)] + std::log(l) : kNegInf;
+      }
+    }
+    // Merge the splits of each row by their LSEs.
+    if (splits > 1) {
+#pragma omp for schedule(static)
+      for (std::int64_t rt = 0; rt < row_tasks; ++rt) {
+        const std::int64_t qb = rt % q_blocks, bh = rt / q_blocks, h = bh % p.H, b = bh / p.H;
+        const std::int64_t i0 = qb * kBq, rows = std::min(p.Sq, i0 + kBq) - i0;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          float M = kNegInf;
+          for (std::int64_t s = 0; s < splits; ++s) M = std::max(M, partials[std::size_t((rt * splits + s) * stride + r * (Dp + 2) + Dp)]);
+          float L = 0.0f;
+          std::vector<float> acc(std::size_t(D), 0.0f);
+          for (std::int64_t s = 0; s < splits && M != kNegInf; ++s) {
+            const float* w = partials.data() + (rt * splits + s) * stride + r * (Dp + 2);
+            if (w[Dp + 1] == 0.0f) continue;
+            const float f = std::exp(w[Dp] - M);
+            L += w[Dp + 1] * f;
+            for (std::int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += w[d] * f;
+          }
+          const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+          const std::int64_t at = core::offset(c.out, b, i0 + r, h);
+          for (std::int64_t d = 0; d < D; ++d) core::store(c.out.data, p.dtype, at + d, acc[std::size_t(d)] * inv);
+          if (c.lse) c.lse[(b * p.H + h) * p.Sq + i0 + r] = L > 0.0f ? M + std::log(L) : kNegInf;
+        }
+      }
+    }
+  }
+  (void)dtype;
+}
+
+}  // namespace flashtq::cpu

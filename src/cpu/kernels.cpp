@@ -1,0 +1,147 @@
+// Highway kernels, compiled once per SIMD target and dispatched at run time.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/kernels.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+
+#include "core/half.hpp"
+#include "cpu/kernels.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace flashtq::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// R rows of C, two vectors wide: the register tile (R x 2N accumulators) of the GEMM.
+template <size_t R>
+HWY_INLINE void tile_2v(const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc, size_t K,
+                        bool accumulate) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  hn::Vec<decltype(d)> acc0[R], acc1[R];
+  for (size_t r = 0; r < R; ++r) {
+    acc0[r] = accumulate ? hn::LoadU(d, C + r * ldc) : hn::Zero(d);
+    acc1[r] = accumulate ? hn::LoadU(d, C + r * ldc + N) : hn::Zero(d);
+  }
+  for (size_t k = 0; k < K; ++k) {
+    const auto b0 = hn::LoadU(d, B + k * ldb), b1 = hn::LoadU(d, B + k * ldb + N);
+    for (size_t r = 0; r < R; ++r) {
+      const auto a = hn::Set(d, A[r * lda + k]);
+      acc0[r] = hn::MulAdd(a, b0, acc0[r]);
+      acc1[r] = hn::MulAdd(a, b1, acc1[r]);
+    }
+  }
+  for (size_t r = 0; r < R; ++r) {
+    hn::StoreU(acc0[r], d, C + r * ldc);
+    hn::StoreU(acc1[r], d, C + r * ldc + N);
+  }
+}
+
+template <size_t R>
+HWY_INLINE void rows(const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc, size_t N_cols,
+                     size_t K, bool accumulate) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  size_t c = 0;
+  for (; c + 2 * N <= N_cols; c += 2 * N) tile_2v<R>(A, lda, B + c, ldb, C + c, ldc, K, accumulate);
+  for (; c < N_cols; ++c) {  // columns past the last full tile
+    for (size_t r = 0; r < R; ++r) {
+      float s = accumulate ? C[r * ldc + c] : 0.0f;
+      for (size_t k = 0; k < K; ++k) s += A[r * lda + k] * B[k * ldb + c];
+      C[r * ldc + c] = s;
+    }
+  }
+}
+
+void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc, size_t M, size_t N_cols,
+          size_t K, bool accumulate) {
+  size_t m = 0;
+  for (; m + 6 <= M; m += 6) rows<6>(A + m * lda, lda, B, ldb, C + m * ldc, ldc, N_cols, K, accumulate);
+  switch (M - m) {
+    case 5: rows<5>(A + m * lda, lda, B, ldb, C + m * ldc, ldc, N_cols, K, accumulate); break;
+    case 4: rows<4>(A + m * lda, lda, B, ldb, C + m * ldc, ldc, N_cols, K, accumulate); break;
+    case 3: rows<3>(A + m * lda, lda, B, ldb, C + m * ldc, ldc, N_cols, K, accumulate); break;
+    case 2: rows<2>(A + m * lda, lda, B, ldb, C + m * ldc, ldc, N_cols, K, accumulate); break;
+    case 1: rows<1>(A + m * lda, lda, B, ldb, C + m * ldc, ldc, N_cols, K, accumulate); break;
+    default: break;
+  }
+}
+
+float ExpShiftSum(float* x, size_t n, float shift) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto s = hn::Set(d, shift);
+  auto sum = hn::Zero(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), s));
+    hn::StoreU(e, d, x + i);
+    sum = hn::Add(sum, e);
+  }
+  float total = hn::GetLane(hn::SumOfLanes(d, sum));
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    total += x[i];
+  }
+  return total;
+}
+
+void Scale(float* x, size_t n, float factor) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto f = hn::Set(d, factor);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), f), d, x + i);
+  for (; i < n; ++i) x[i] *= factor;
+}
+
+// dtype: 0 f32, 1 f16, 2 bf16 (flashtq::DType's order).
+void LoadRow(const void* src, int dtype, float* dst, size_t n, float factor) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto f = hn::Set(d, factor);
+  size_t i = 0;
+  if (dtype == 0) {
+    const float* s = static_cast<const float*>(src);
+    for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, s + i), f), d, dst + i);
+    for (; i < n; ++i) dst[i] = s[i] * factor;
+  } else if (dtype == 1) {
+    const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+    const hwy::float16_t* s = static_cast<const hwy::float16_t*>(src);
+    for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::PromoteTo(d, hn::LoadU(dh, s + i)), f), d, dst + i);
+    for (; i < n; ++i) dst[i] = core::f16_to_f32(static_cast<const uint16_t*>(src)[i]) * factor;
+  } else {
+    const hn::Rebind<hwy::bfloat16_t, decltype(d)> db;
+    const hwy::bfloat16_t* s = static_cast<const hwy::bfloat16_t*>(src);
+    for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::PromoteTo(d, hn::LoadU(db, s + i)), f), d, dst + i);
+    for (; i < n; ++i) dst[i] = core::bf16_to_f32(static_cast<const uint16_t*>(src)[i]) * factor;
+  }
+}
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace flashtq::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace flashtq::cpu {
+
+HWY_EXPORT(Gemm);
+HWY_EXPORT(ExpShiftSum);
+HWY_EXPORT(Scale);
+HWY_EXPORT(TargetName);
+HWY_EXPORT(LoadRow);
+
+void gemm(const float* A, std::size_t lda, const float* B, std::size_t ldb, float* C, std::size_t ldc, std::size_t M,
+          std::size_t N, std::size_t K, bool accumulate) {
+  HWY_DYNAMIC_DISPATCH(Gemm)(A, lda, B, ldb, C, ldc, M, N, K, accumulate);
+}
+float exp_shift_sum(float* x, std::size_t n, float shift) { return HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, shift); }
+void scale(float* x, std::size_t n, float factor) { HWY_DYNAMIC_DISPATCH(Scale)(x, n, factor); }
+void load_row(const void* src, int dtype, float* dst, std::size_t n, float factor) {
+  HWY_DYNAMIC_DISPATCH(LoadRow)(src, dtype, dst, n, factor);
+}
+const char* simd_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+}  // namespace flashtq::cpu
+#endif

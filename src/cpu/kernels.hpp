@@ -1,0 +1,25 @@
+// SIMD building blocks of the cpu backend (Highway, dispatched at run time to the best target:
+// AVX2 here, AVX-512 or NEON where the machine has them).
+#pragma once
+
+#include <cstddef>
+
+namespace flashtq::cpu {
+
+// C[M x N] (+)= A[M x K] . B[K x N]; row-major with the given leading dimensions.
+void gemm(const float* A, std::size_t lda, const float* B, std::size_t ldb, float* C, std::size_t ldc, std::size_t M,
+          std::size_t N, std::size_t K, bool accumulate);
+
+// x[i] = exp(x[i] - shift) for i < n; returns the sum of the results. exp of -inf is 0.
+float exp_shift_sum(float* x, std::size_t n, float shift);
+
+// x[i] *= factor.
+void scale(float* x, std::size_t n, float factor);
+
+// dst[i] = float(src[i]) * factor for a row of `dtype` elements (f16/bf16 widened exactly).
+void load_row(const void* src, int dtype, float* dst, std::size_t n, float factor);
+
+// Name of the SIMD target chosen at run time (for reports).
+const char* simd_target();
+
+}  // namespace flashtq::cpu
