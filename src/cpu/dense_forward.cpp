@@ -1,7 +1,8 @@
-// Dense forward on the CPU: tiles of 48 query rows x 64 keys with an online softmax, so each loaded
-// K/V tile serves 48 rows; the two products run through the SIMD GEMM kernel. Tiles that no row of
-// a block can see are skipped. When there are too few (batch, head, row-block) tasks to keep every
-// thread busy (decode), the keys are split across tasks too and the partials merged by their LSEs.
+// Dense forward on the CPU: tiles of up to 48 query rows x 64 keys with an online softmax. The rows
+// of a tile are the query positions of a block times every query head of one GQA group, so each K/V
+// tile is converted once and serves them all (decode: the group's heads form the rows). Both
+// products run through the SIMD GEMM kernel; tiles that no row can see are skipped. With fewer
+// tasks than threads (decode), the keys are split across tasks too and merged by their LSEs.
 #include <omp.h>
 
 #include <algorithm>
@@ -33,26 +34,31 @@ bool tile_fully_visible(const DenseProblem& p, std::int64_t i0, std::int64_t i1,
 
 struct Buffers {
   std::vector<float> q, kt, v, s, o, m, l;
-  void size(std::int64_t Dp) {
-    q.assign(std::size_t(kBq * Dp), 0.0f);
+  void size(std::int64_t rows, std::int64_t Dp) {
+    q.assign(std::size_t(rows * Dp), 0.0f);
     kt.assign(std::size_t(Dp * kBk), 0.0f);
     v.assign(std::size_t(kBk * Dp), 0.0f);
-    s.assign(std::size_t(kBq * kBk), 0.0f);
-    o.assign(std::size_t(kBq * Dp), 0.0f);
-    m.assign(std::size_t(kBq), kNegInf);
-    l.assign(std::size_t(kBq), 0.0f);
+    s.assign(std::size_t(rows * kBk), 0.0f);
+    o.assign(std::size_t(rows * Dp), 0.0f);
+    m.assign(std::size_t(rows), kNegInf);
+    l.assign(std::size_t(rows), 0.0f);
   }
 };
 
-// One task: rows [i0, i1) of (b, h) against keys [k0, k1); leaves m, l and unnormalised O in bufs.
-void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t i1,
+// Positions per block: rows = positions x group heads stay within kBq (at least one position).
+std::int64_t positions_per_block(const DenseProblem& p) { return std::max<std::int64_t>(1, kBq / p.group()); }
+
+// One task: positions [i0, i1) of every query head of kv head hk (row r = g * (i1 - i0) + i - i0)
+// against keys [k0, k1); leaves m, l and the unnormalised O in t.
+void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::int64_t i0, std::int64_t i1,
                   std::int64_t k0, std::int64_t k1, Buffers& t) {
   const DenseProblem& p = c.p;
-  const std::int64_t D = p.D, Dp = round_up(D, 16), rows = i1 - i0, hk = h / p.group();
+  const std::int64_t D = p.D, Dp = round_up(D, 16), P = i1 - i0, G = p.group(), rows = G * P;
   const int dtype = int(p.dtype);
   const std::size_t esize = dtype_size(p.dtype);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const char* src = static_cast<const char*>(c.q.data) + core::offset(c.q, b, i0 + r, h) * std::int64_t(esize);
+    const std::int64_t h = hk * G + r / P, i = i0 + r % P;
+    const char* src = static_cast<const char*>(c.q.data) + core::offset(c.q, b, i, h) * std::int64_t(esize);
     load_row(src, dtype, t.q.data() + r * Dp, std::size_t(D), p.scale);
   }
   const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
@@ -76,7 +82,7 @@ void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t h, std::int
     const bool all_visible = n == kBk && tile_fully_visible(p, i0, i1, j0, j0 + n);
     for (std::int64_t r = 0; r < rows; ++r) {
       float* s = t.s.data() + r * kBk;
-      const std::int64_t i = i0 + r;
+      const std::int64_t h = hk * G + r / P, i = i0 + r % P;
       for (std::int64_t j = 0; j < kBk; ++j) {
         if (j >= n || (!all_visible && !core::key_visible(p, i, j0 + j))) {
           s[j] = kNegInf;
@@ -114,15 +120,25 @@ void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t h, std::int
 
 void dense_forward(const ForwardCall& c, int threads) {
   const DenseProblem& p = c.p;
-  const std::int64_t D = p.D, Dp = round_up(D, 16);
-  const std::int64_t q_blocks = (p.Sq + kBq - 1) / kBq;
-  const std::int64_t row_tasks = p.B * p.H * q_blocks;
+  const std::int64_t D = p.D, Dp = round_up(D, 16), G = p.group();
+  const std::int64_t P = positions_per_block(p), rows_max = G * P;
+  const std::int64_t q_blocks = (p.Sq + P - 1) / P;
+  const std::int64_t row_tasks = p.B * p.Hkv * q_blocks;
   // Flash-decoding: with fewer row tasks than threads, split each task's keys as well.
   const std::int64_t max_splits = std::max<std::int64_t>(1, p.Sk / (4 * kBk));
   const std::int64_t splits = std::clamp<std::int64_t>((2 * threads + row_tasks - 1) / row_tasks, 1, max_splits);
-  const std::int64_t stride = kBq * (Dp + 2);  // one partial: O rows then m, l
+  const std::int64_t stride = rows_max * (Dp + 2);  // one partial: O rows, each followed by m, l
   std::vector<float> partials(splits > 1 ? std::size_t(row_tasks * splits * stride) : 0);
-  const int dtype = int(p.dtype);
+
+  // Writes row r of a finished block of `n_pos` positions (normalised output and LSE).
+  auto finish_row = [&](std::int64_t b, std::int64_t hk, std::int64_t i0, std::int64_t n_pos, std::int64_t r, const float* o,
+                        float m, float l) {
+    const std::int64_t h = hk * G + r / n_pos, i = i0 + r % n_pos;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const std::int64_t at = core::offset(c.out, b, i, h);
+    for (std::int64_t d = 0; d < D; ++d) core::store(c.out.data, p.dtype, at + d, o[d] * inv);
+    if (c.lse) c.lse[(b * p.H + h) * p.Sq + i] = l > 0.0f ? m + std::log(l) : kNegInf;
+  };
 
 #pragma omp parallel num_threads(threads)
   {
@@ -130,42 +146,38 @@ void dense_forward(const ForwardCall& c, int threads) {
 #pragma omp for schedule(dynamic)
     for (std::int64_t task = 0; task < row_tasks * splits; ++task) {
       const std::int64_t split = task % splits, rt = task / splits;
-      const std::int64_t qb = rt % q_blocks, bh = rt / q_blocks, h = bh % p.H, b = bh / p.H;
-      const std::int64_t i0 = qb * kBq, i1 = std::min(p.Sq, i0 + kBq), rows = i1 - i0;
+      const std::int64_t qb = rt % q_blocks, bhk = rt / q_blocks, hk = bhk % p.Hkv, b = bhk / p.Hkv;
+      const std::int64_t i0 = qb * P, i1 = std::min(p.Sq, i0 + P), rows = G * (i1 - i0);
       const core::KeyRange range = core::key_range(p, i0, i1);
       const std::int64_t tiles = (range.end - range.begin + kBk - 1) / kBk;
       const std::int64_t per_split = (tiles + splits - 1) / splits;
       const std::int64_t k0 = std::min(range.end, range.begin + split * per_split * kBk);
       const std::int64_t k1 = std::min(range.end, k0 + per_split * kBk);
-      t.size(Dp);
-      attend_block(c, b, h, i0, i1, k0, k1, t);
-      if (splits > 1) {
-        float* out = partials.data() + task * stride;
-        for (std::int64_t r = 0; r < rows; ++r) {
-          std::copy(t.o.begin() + r * Dp, t.o.begin() + r * Dp + D, out + r * (Dp + 2));
-          out[r * (Dp + 2) + Dp] = t.m[std::size_t(r)];
-          out[r * (Dp + 2) + Dp + 1] = t.l[std::size_t(r)];
-        }
-        continue;
-      }
+      t.size(rows, Dp);
+      attend_block(c, b, hk, i0, i1, k0, k1, t);
       for (std::int64_t r = 0; r < rows; ++r) {
-        const float l = t.l[std::size_t(r)], inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const std::int64_t at = core::offset(c.out, b, i0 + r, h);
-        for (std::int64_t d = 0; d < D; ++d) core::store(c.out.data, p.dtype, at + d, t.o[std::size_t(r * Dp + d)] * inv);
-        if (c.lse) c.lse[(b * p.H + h) * p.Sq + i0 + r] = l > 0.0f ? t.m[std::size_t(r)] + std::log(l) : kNegInf;
+        if (splits == 1) {
+          finish_row(b, hk, i0, i1 - i0, r, t.o.data() + r * Dp, t.m[std::size_t(r)], t.l[std::size_t(r)]);
+          continue;
+        }
+        float* out = partials.data() + task * stride + r * (Dp + 2);
+        std::copy(t.o.begin() + r * Dp, t.o.begin() + r * Dp + D, out);
+        out[Dp] = t.m[std::size_t(r)];
+        out[Dp + 1] = t.l[std::size_t(r)];
       }
     }
     // Merge the splits of each row by their LSEs.
     if (splits > 1) {
+      std::vector<float> acc(static_cast<std::size_t>(D));
 #pragma omp for schedule(static)
       for (std::int64_t rt = 0; rt < row_tasks; ++rt) {
-        const std::int64_t qb = rt % q_blocks, bh = rt / q_blocks, h = bh % p.H, b = bh / p.H;
-        const std::int64_t i0 = qb * kBq, rows = std::min(p.Sq, i0 + kBq) - i0;
+        const std::int64_t qb = rt % q_blocks, bhk = rt / q_blocks, hk = bhk % p.Hkv, b = bhk / p.Hkv;
+        const std::int64_t i0 = qb * P, n_pos = std::min(p.Sq, i0 + P) - i0, rows = G * n_pos;
         for (std::int64_t r = 0; r < rows; ++r) {
           float M = kNegInf;
           for (std::int64_t s = 0; s < splits; ++s) M = std::max(M, partials[std::size_t((rt * splits + s) * stride + r * (Dp + 2) + Dp)]);
           float L = 0.0f;
-          std::vector<float> acc(std::size_t(D), 0.0f);
+          std::fill(acc.begin(), acc.end(), 0.0f);
           for (std::int64_t s = 0; s < splits && M != kNegInf; ++s) {
             const float* w = partials.data() + (rt * splits + s) * stride + r * (Dp + 2);
             if (w[Dp + 1] == 0.0f) continue;
@@ -173,15 +185,11 @@ void dense_forward(const ForwardCall& c, int threads) {
             L += w[Dp + 1] * f;
             for (std::int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += w[d] * f;
           }
-          const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-          const std::int64_t at = core::offset(c.out, b, i0 + r, h);
-          for (std::int64_t d = 0; d < D; ++d) core::store(c.out.data, p.dtype, at + d, acc[std::size_t(d)] * inv);
-          if (c.lse) c.lse[(b * p.H + h) * p.Sq + i0 + r] = L > 0.0f ? M + std::log(L) : kNegInf;
+          finish_row(b, hk, i0, n_pos, r, acc.data(), M, L);
         }
       }
     }
   }
-  (void)dtype;
 }
 
 }  // namespace flashtq::cpu

@@ -118,6 +118,22 @@ void LoadRow(const void* src, int dtype, float* dst, size_t n, float factor) {
   }
 }
 
+double FmaBurst(size_t iterations, float* checksum) {
+  const hn::ScalableTag<float> d;
+  const auto a = hn::Set(d, 0.999f), b = hn::Set(d, 0.001f);
+  auto v0 = hn::Set(d, 1.0f), v1 = v0, v2 = v0, v3 = v0, v4 = v0, v5 = v0, v6 = v0, v7 = v0, v8 = v0, v9 = v0,
+       v10 = v0, v11 = v0;
+  for (size_t i = 0; i < iterations; ++i) {
+    v0 = hn::MulAdd(v0, a, b), v1 = hn::MulAdd(v1, a, b), v2 = hn::MulAdd(v2, a, b), v3 = hn::MulAdd(v3, a, b);
+    v4 = hn::MulAdd(v4, a, b), v5 = hn::MulAdd(v5, a, b), v6 = hn::MulAdd(v6, a, b), v7 = hn::MulAdd(v7, a, b);
+    v8 = hn::MulAdd(v8, a, b), v9 = hn::MulAdd(v9, a, b), v10 = hn::MulAdd(v10, a, b), v11 = hn::MulAdd(v11, a, b);
+  }
+  const auto sum = hn::Add(hn::Add(hn::Add(v0, v1), hn::Add(v2, v3)),
+                           hn::Add(hn::Add(hn::Add(v4, v5), hn::Add(v6, v7)), hn::Add(hn::Add(v8, v9), hn::Add(v10, v11))));
+  *checksum = hn::GetLane(hn::SumOfLanes(d, sum));
+  return 2.0 * 12.0 * double(hn::Lanes(d)) * double(iterations);
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace flashtq::cpu::HWY_NAMESPACE
@@ -131,6 +147,7 @@ HWY_EXPORT(ExpShiftSum);
 HWY_EXPORT(Scale);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(LoadRow);
+HWY_EXPORT(FmaBurst);
 
 void gemm(const float* A, std::size_t lda, const float* B, std::size_t ldb, float* C, std::size_t ldc, std::size_t M,
           std::size_t N, std::size_t K, bool accumulate) {
@@ -141,6 +158,7 @@ void scale(float* x, std::size_t n, float factor) { HWY_DYNAMIC_DISPATCH(Scale)(
 void load_row(const void* src, int dtype, float* dst, std::size_t n, float factor) {
   HWY_DYNAMIC_DISPATCH(LoadRow)(src, dtype, dst, n, factor);
 }
+double fma_burst(std::size_t iterations, float* checksum) { return HWY_DYNAMIC_DISPATCH(FmaBurst)(iterations, checksum); }
 const char* simd_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
 }  // namespace flashtq::cpu

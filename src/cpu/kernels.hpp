@@ -19,6 +19,10 @@ void scale(float* x, std::size_t n, float factor);
 // dst[i] = float(src[i]) * factor for a row of `dtype` elements (f16/bf16 widened exactly).
 void load_row(const void* src, int dtype, float* dst, std::size_t n, float factor);
 
+// Calibration: `iterations` rounds of 12 independent vector FMAs; returns the flops done (the
+// caller times it) and writes a checksum so the work is not optimised away.
+double fma_burst(std::size_t iterations, float* checksum);
+
 // Name of the SIMD target chosen at run time (for reports).
 const char* simd_target();
 

@@ -14,5 +14,6 @@ struct Command {
 Command add_demo(CLI::App& app);
 Command add_check(CLI::App& app);
 Command add_eval(CLI::App& app);
+Command add_bench(CLI::App& app);
 
 }  // namespace flashtq::cli

@@ -1,4 +1,4 @@
-// flashtq: the command-line program (demo, check, eval).
+// flashtq: the command-line program (demo, check, eval, bench).
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
@@ -11,7 +11,7 @@ int main(int argc, char** argv) {
   CLI::App app{"flashtq: exact FlashAttention and TurboQuant-compressed KV-cache attention"};
   app.require_subcommand(1);
   const std::vector<flashtq::cli::Command> commands = {flashtq::cli::add_demo(app), flashtq::cli::add_check(app),
-                                                       flashtq::cli::add_eval(app)};
+                                                       flashtq::cli::add_eval(app), flashtq::cli::add_bench(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
