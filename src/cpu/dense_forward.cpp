@@ -48,10 +48,37 @@ struct Buffers {
 // Positions per block: rows = positions x group heads stay within kBq (at least one position).
 std::int64_t positions_per_block(const DenseProblem& p) { return std::max<std::int64_t>(1, kBq / p.group()); }
 
+// K and V of one (batch, kv head) converted to f32 once, K transposed tile by tile
+// ([tile][D][kBk]), V row-major ([Sk][Dp]): shared by every row block when there are many.
+struct ConvertedKv {
+  std::vector<float> kt, v;
+  bool ready = false;
+};
+
+void convert_tile(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t n, float* kt,
+                  float* v, std::vector<float>& krow) {
+  const DenseProblem& p = c.p;
+  const std::int64_t D = p.D, Dp = (D + 15) / 16 * 16;
+  const std::size_t esize = dtype_size(p.dtype);
+  for (std::int64_t j = 0; j < kBk; ++j) {
+    if (j < n) {
+      const char* ks = static_cast<const char*>(c.k.data) + core::offset(c.k, b, j0 + j, hk) * std::int64_t(esize);
+      load_row(ks, int(p.dtype), krow.data(), std::size_t(D), 1.0f);
+      for (std::int64_t d = 0; d < D; ++d) kt[d * kBk + j] = krow[std::size_t(d)];
+      const char* vs = static_cast<const char*>(c.v.data) + core::offset(c.v, b, j0 + j, hk) * std::int64_t(esize);
+      load_row(vs, int(p.dtype), v + j * Dp, std::size_t(D), 1.0f);
+    } else {
+      for (std::int64_t d = 0; d < D; ++d) kt[d * kBk + j] = 0.0f;
+      for (std::int64_t d = 0; d < D; ++d) v[j * Dp + d] = 0.0f;
+    }
+  }
+}
+
 // One task: positions [i0, i1) of every query head of kv head hk (row r = g * (i1 - i0) + i - i0)
-// against keys [k0, k1); leaves m, l and the unnormalised O in t.
+// against keys [k0, k1); leaves m, l and the unnormalised O in t. `pre` holds the converted K/V
+// when the caller made them, else each tile is converted here.
 void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::int64_t i0, std::int64_t i1,
-                  std::int64_t k0, std::int64_t k1, Buffers& t) {
+                  std::int64_t k0, std::int64_t k1, Buffers& t, const ConvertedKv& pre) {
   const DenseProblem& p = c.p;
   const std::int64_t D = p.D, Dp = round_up(D, 16), P = i1 - i0, G = p.group(), rows = G * P;
   const int dtype = int(p.dtype);
@@ -63,27 +90,25 @@ void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::in
   }
   const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
   std::vector<float> krow(static_cast<std::size_t>(D));
-  for (std::int64_t j0 = k0; j0 < k1; j0 += kBk) {
+  // Shared tiles start at multiples of kBk; keys of the first tile before k0 are invisible to every
+  // row (k0 comes from the visibility rules), so the per-element checks drop them.
+  const std::int64_t j_start = pre.ready ? k0 / kBk * kBk : k0;
+  for (std::int64_t j0 = j_start; j0 < k1; j0 += kBk) {
     const std::int64_t n = std::min(kBk, k1 - j0);
-    // K transposed into kt [D x kBk] and V into v [kBk x Dp], both f32; missing columns stay 0.
-    for (std::int64_t j = 0; j < kBk; ++j) {
-      if (j < n) {
-        const char* ks = static_cast<const char*>(c.k.data) + core::offset(c.k, b, j0 + j, hk) * std::int64_t(esize);
-        load_row(ks, dtype, krow.data(), std::size_t(D), 1.0f);
-        for (std::int64_t d = 0; d < D; ++d) t.kt[std::size_t(d * kBk + j)] = krow[std::size_t(d)];
-        const char* vs = static_cast<const char*>(c.v.data) + core::offset(c.v, b, j0 + j, hk) * std::int64_t(esize);
-        load_row(vs, dtype, t.v.data() + j * Dp, std::size_t(D), 1.0f);
-      } else {
-        for (std::int64_t d = 0; d < D; ++d) t.kt[std::size_t(d * kBk + j)] = 0.0f;
-        for (std::int64_t d = 0; d < D; ++d) t.v[std::size_t(j * Dp + d)] = 0.0f;
-      }
+    const float* kt = t.kt.data();
+    const float* v = t.v.data();
+    if (pre.ready) {  // tiles start at multiples of kBk (ranges are tile-aligned below)
+      kt = pre.kt.data() + (j0 / kBk) * Dp * kBk;
+      v = pre.v.data() + j0 * Dp;
+    } else {
+      convert_tile(c, b, hk, j0, n, t.kt.data(), t.v.data(), krow);
     }
-    gemm(t.q.data(), std::size_t(Dp), t.kt.data(), kBk, t.s.data(), kBk, std::size_t(rows), kBk, std::size_t(D), false);
+    gemm(t.q.data(), std::size_t(Dp), kt, kBk, t.s.data(), kBk, std::size_t(rows), kBk, std::size_t(D), false);
     const bool all_visible = n == kBk && tile_fully_visible(p, i0, i1, j0, j0 + n);
     for (std::int64_t r = 0; r < rows; ++r) {
       float* s = t.s.data() + r * kBk;
       const std::int64_t h = hk * G + r / P, i = i0 + r % P;
-      for (std::int64_t j = 0; j < kBk; ++j) {
+      for (std::int64_t j = 0; (!all_visible || p.mask != nullptr) && j < kBk; ++j) {  // interior tiles skip this
         if (j >= n || (!all_visible && !core::key_visible(p, i, j0 + j))) {
           s[j] = kNegInf;
           continue;
@@ -93,7 +118,7 @@ void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::in
           if (s[j] <= -1e30f) s[j] = kNegInf;
         }
       }
-      const float tile_max = *std::max_element(s, s + kBk);
+      const float tile_max = max_of(s, kBk);
       if (tile_max == kNegInf) {  // this row sees nothing in this tile
         std::fill(s, s + kBk, 0.0f);
         continue;
@@ -111,7 +136,7 @@ void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::in
         }
       }
     }
-    gemm(t.s.data(), kBk, t.v.data(), std::size_t(Dp), t.o.data(), std::size_t(Dp), std::size_t(rows), std::size_t(D),
+    gemm(t.s.data(), kBk, v, std::size_t(Dp), t.o.data(), std::size_t(Dp), std::size_t(rows), std::size_t(D),
          std::size_t(n), true);
   }
 }
@@ -126,7 +151,9 @@ void dense_forward(const ForwardCall& c, int threads) {
   const std::int64_t row_tasks = p.B * p.Hkv * q_blocks;
   // Flash-decoding: with fewer row tasks than threads, split each task's keys as well.
   const std::int64_t max_splits = std::max<std::int64_t>(1, p.Sk / (4 * kBk));
-  const std::int64_t splits = std::clamp<std::int64_t>((2 * threads + row_tasks - 1) / row_tasks, 1, max_splits);
+  const bool share_kv = q_blocks >= 4;  // see below
+  const std::int64_t splits =
+      share_kv ? 1 : std::clamp<std::int64_t>((2 * threads + row_tasks - 1) / row_tasks, 1, max_splits);
   const std::int64_t stride = rows_max * (Dp + 2);  // one partial: O rows, each followed by m, l
   std::vector<float> partials(splits > 1 ? std::size_t(row_tasks * splits * stride) : 0);
 
@@ -140,31 +167,65 @@ void dense_forward(const ForwardCall& c, int threads) {
     if (c.lse) c.lse[(b * p.H + h) * p.Sq + i] = l > 0.0f ? m + std::log(l) : kNegInf;
   };
 
+  // Many row blocks per (batch, kv head): convert its K/V once and share them (prefill). Few (decode):
+  // each task converts the tiles it reads, and the keys are split across threads instead.
+  auto run_task = [&](std::int64_t task, Buffers& t, const ConvertedKv& pre) {
+    const std::int64_t split = task % splits, rt = task / splits;
+    const std::int64_t qb = rt % q_blocks, bhk = rt / q_blocks, hk = bhk % p.Hkv, b = bhk / p.Hkv;
+    const std::int64_t i0 = qb * P, i1 = std::min(p.Sq, i0 + P), rows = G * (i1 - i0);
+    const core::KeyRange range = core::key_range(p, i0, i1);
+    // Tile-aligned key ranges, so shared K/V tiles line up.
+    const std::int64_t first_tile = range.begin / kBk, tiles = (range.end + kBk - 1) / kBk - first_tile;
+    const std::int64_t per_split = (std::max<std::int64_t>(tiles, 0) + splits - 1) / splits;
+    const std::int64_t k0 = std::max(range.begin, (first_tile + split * per_split) * kBk);
+    const std::int64_t k1 = std::min(range.end, (first_tile + (split + 1) * per_split) * kBk);
+    t.size(rows, Dp);
+    if (k0 < k1) attend_block(c, b, hk, i0, i1, k0, k1, t, pre);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      if (splits == 1) {
+        finish_row(b, hk, i0, i1 - i0, r, t.o.data() + r * Dp, t.m[std::size_t(r)], t.l[std::size_t(r)]);
+        continue;
+      }
+      float* out = partials.data() + task * stride + r * (Dp + 2);
+      std::copy(t.o.begin() + r * Dp, t.o.begin() + r * Dp + D, out);
+      out[Dp] = t.m[std::size_t(r)];
+      out[Dp + 1] = t.l[std::size_t(r)];
+    }
+  };
+  if (share_kv) {
+    const std::int64_t n_tiles = (p.Sk + kBk - 1) / kBk;
+    ConvertedKv kv;
+    kv.kt.resize(std::size_t(n_tiles * Dp * kBk));
+    kv.v.resize(std::size_t(n_tiles * kBk * Dp));
+    for (std::int64_t bhk = 0; bhk < p.B * p.Hkv; ++bhk) {
+      const std::int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv;
+      kv.ready = false;
+#pragma omp parallel num_threads(threads)
+      {
+        std::vector<float> krow(static_cast<std::size_t>(D));
+#pragma omp for schedule(static)
+        for (std::int64_t tile = 0; tile < n_tiles; ++tile) {
+          convert_tile(c, b, hk, tile * kBk, std::min(kBk, p.Sk - tile * kBk), kv.kt.data() + tile * Dp * kBk,
+                       kv.v.data() + tile * kBk * Dp, krow);
+        }
+      }
+      kv.ready = true;
+#pragma omp parallel num_threads(threads)
+      {
+        Buffers t;
+#pragma omp for schedule(dynamic)
+        for (std::int64_t qb = 0; qb < q_blocks; ++qb) run_task((bhk * q_blocks + qb) * splits, t, kv);
+      }
+    }
+  }
+
 #pragma omp parallel num_threads(threads)
   {
     Buffers t;
+    const ConvertedKv none;
+    if (!share_kv) {
 #pragma omp for schedule(dynamic)
-    for (std::int64_t task = 0; task < row_tasks * splits; ++task) {
-      const std::int64_t split = task % splits, rt = task / splits;
-      const std::int64_t qb = rt % q_blocks, bhk = rt / q_blocks, hk = bhk % p.Hkv, b = bhk / p.Hkv;
-      const std::int64_t i0 = qb * P, i1 = std::min(p.Sq, i0 + P), rows = G * (i1 - i0);
-      const core::KeyRange range = core::key_range(p, i0, i1);
-      const std::int64_t tiles = (range.end - range.begin + kBk - 1) / kBk;
-      const std::int64_t per_split = (tiles + splits - 1) / splits;
-      const std::int64_t k0 = std::min(range.end, range.begin + split * per_split * kBk);
-      const std::int64_t k1 = std::min(range.end, k0 + per_split * kBk);
-      t.size(rows, Dp);
-      attend_block(c, b, hk, i0, i1, k0, k1, t);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        if (splits == 1) {
-          finish_row(b, hk, i0, i1 - i0, r, t.o.data() + r * Dp, t.m[std::size_t(r)], t.l[std::size_t(r)]);
-          continue;
-        }
-        float* out = partials.data() + task * stride + r * (Dp + 2);
-        std::copy(t.o.begin() + r * Dp, t.o.begin() + r * Dp + D, out);
-        out[Dp] = t.m[std::size_t(r)];
-        out[Dp + 1] = t.l[std::size_t(r)];
-      }
+      for (std::int64_t task = 0; task < row_tasks * splits; ++task) run_task(task, t, none);
     }
     // Merge the splits of each row by their LSEs.
     if (splits > 1) {

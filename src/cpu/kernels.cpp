@@ -8,6 +8,9 @@
 #include "core/half.hpp"
 #include "cpu/kernels.hpp"
 
+#include <algorithm>
+#include <limits>
+
 HWY_BEFORE_NAMESPACE();
 namespace flashtq::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -86,6 +89,17 @@ float ExpShiftSum(float* x, size_t n, float shift) {
   return total;
 }
 
+float MaxOf(const float* x, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  auto m = hn::Set(d, -std::numeric_limits<float>::infinity());
+  size_t i = 0;
+  for (; i + N <= n; i += N) m = hn::Max(m, hn::LoadU(d, x + i));
+  float result = hn::GetLane(hn::MaxOfLanes(d, m));
+  for (; i < n; ++i) result = std::max(result, x[i]);
+  return result;
+}
+
 void Scale(float* x, size_t n, float factor) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
@@ -121,8 +135,10 @@ void LoadRow(const void* src, int dtype, float* dst, size_t n, float factor) {
 double FmaBurst(size_t iterations, float* checksum) {
   const hn::ScalableTag<float> d;
   const auto a = hn::Set(d, 0.999f), b = hn::Set(d, 0.001f);
-  auto v0 = hn::Set(d, 1.0f), v1 = v0, v2 = v0, v3 = v0, v4 = v0, v5 = v0, v6 = v0, v7 = v0, v8 = v0, v9 = v0,
-       v10 = v0, v11 = v0;
+  // Distinct starting values: identical chains would be merged by the compiler into one.
+  auto v0 = hn::Set(d, 1.00f), v1 = hn::Set(d, 1.01f), v2 = hn::Set(d, 1.02f), v3 = hn::Set(d, 1.03f);
+  auto v4 = hn::Set(d, 1.04f), v5 = hn::Set(d, 1.05f), v6 = hn::Set(d, 1.06f), v7 = hn::Set(d, 1.07f);
+  auto v8 = hn::Set(d, 1.08f), v9 = hn::Set(d, 1.09f), v10 = hn::Set(d, 1.10f), v11 = hn::Set(d, 1.11f);
   for (size_t i = 0; i < iterations; ++i) {
     v0 = hn::MulAdd(v0, a, b), v1 = hn::MulAdd(v1, a, b), v2 = hn::MulAdd(v2, a, b), v3 = hn::MulAdd(v3, a, b);
     v4 = hn::MulAdd(v4, a, b), v5 = hn::MulAdd(v5, a, b), v6 = hn::MulAdd(v6, a, b), v7 = hn::MulAdd(v7, a, b);
@@ -145,6 +161,7 @@ namespace flashtq::cpu {
 HWY_EXPORT(Gemm);
 HWY_EXPORT(ExpShiftSum);
 HWY_EXPORT(Scale);
+HWY_EXPORT(MaxOf);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(LoadRow);
 HWY_EXPORT(FmaBurst);
@@ -155,6 +172,7 @@ void gemm(const float* A, std::size_t lda, const float* B, std::size_t ldb, floa
 }
 float exp_shift_sum(float* x, std::size_t n, float shift) { return HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, shift); }
 void scale(float* x, std::size_t n, float factor) { HWY_DYNAMIC_DISPATCH(Scale)(x, n, factor); }
+float max_of(const float* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(MaxOf)(x, n); }
 void load_row(const void* src, int dtype, float* dst, std::size_t n, float factor) {
   HWY_DYNAMIC_DISPATCH(LoadRow)(src, dtype, dst, n, factor);
 }

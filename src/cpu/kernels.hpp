@@ -13,6 +13,9 @@ void gemm(const float* A, std::size_t lda, const float* B, std::size_t ldb, floa
 // x[i] = exp(x[i] - shift) for i < n; returns the sum of the results. exp of -inf is 0.
 float exp_shift_sum(float* x, std::size_t n, float shift);
 
+// max_i x[i] (-inf for n = 0).
+float max_of(const float* x, std::size_t n);
+
 // x[i] *= factor.
 void scale(float* x, std::size_t n, float factor);
 
