@@ -180,6 +180,15 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
     }
     return w;
   };
+  // The weights w = p * |v| feed the tensor cores as f16 hi + lo parts: scale them by a power of two
+  // so that the largest is near 2^14 and the lo parts stay normal (tiny value norms would otherwise
+  // leave them subnormal, with too few bits).
+  float v_max = 0.0f;
+  for (std::int64_t t = w_begin + lane; t < w_end; t += 32) v_max = fmaxf(v_max, fabsf(f16_low(values[v_norm_off + slot_base + std::uint32_t(t)])));
+  v_max = warp_max(v_max) * (vc0 + vc1);
+  int w_exp;
+  frexpf(v_max, &w_exp);
+  const float w_scale = v_max > 0.0f ? ldexpf(1.0f, 14 - w_exp) : 1.0f;
   TileWords next = load_tile(w_begin < w_end ? w_begin : 0);
   for (std::int64_t t0 = w_begin; t0 < w_end; t0 += 16) {
     const TileWords cur = next;
@@ -228,7 +237,7 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
       const std::uint32_t va = cur.va[ks], vb = cur.vb[ks];
       const std::uint32_t lo_half = (va & 0xFFFFu) | (vb << 16), hi_half = (va >> 16) | (vb & 0xFFFF0000u);
       const int head = row >> 1, part = row & 1;
-      const float x0 = w_tile[warp][8 * ks + tig][head], x1 = w_tile[warp][8 * ks + tig + 4][head];
+      const float x0 = w_tile[warp][8 * ks + tig][head] * w_scale, x1 = w_tile[warp][8 * ks + tig + 4][head] * w_scale;
       const float lo = 0.5f * (vc1 - vc0), hi = 0.5f * (vc0 + vc1);
       const std::uint32_t b0 = pack(split_part(x0 * lo, part), split_part(x1 * lo, part));
       const std::uint32_t b1 = pack(split_part(x0 * hi, part), split_part(x1 * hi, part));
@@ -248,8 +257,8 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    part_acc[warp][tig][16 * row + 2 * i] = 16384.0f * (acc[i][0] + acc[i][1]);
-    part_acc[warp][tig][16 * row + 2 * i + 1] = 16384.0f * (acc[i][2] + acc[i][3]);
+    part_acc[warp][tig][16 * row + 2 * i] = 16384.0f / w_scale * (acc[i][0] + acc[i][1]);
+    part_acc[warp][tig][16 * row + 2 * i + 1] = 16384.0f / w_scale * (acc[i][2] + acc[i][3]);
   }
   __syncthreads();
   // Combine the 4 warps: thread tid owns dim tid of every head.
