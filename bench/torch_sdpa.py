@@ -11,21 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
-def median_ms(fn, repeats=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+from torch_timing import median_ms
 
 
 def run(backend, q, k, v):
@@ -48,31 +34,27 @@ def main():
     torch.manual_seed(0)
     report = {"torch": torch.__version__, "decode": [], "prefill": []}
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-    for batch, ctx in [(1, 32768), (1, 131072), (8, 32768), (32, 8192)]:
-        q = torch.randn(batch, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(batch, 8, ctx, 128, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        row = {"batch": batch, "ctx": ctx, "bf16_bytes": 2 * k.numel() * 2}
+
+    def measure(row, q, k, v):
         for name, b in backends.items():
             try:
                 row[name + "_ms"], row[name + "_eager_ms"] = run(b, q, k, v)
             except RuntimeError as e:
                 row[name + "_error"] = str(e).splitlines()[0][:200]
-        report["decode"].append(row)
         print(row, file=sys.stderr)
+        return row
+
+    for batch, ctx in [(1, 32768), (1, 131072), (8, 32768), (32, 8192)]:
+        q = torch.randn(batch, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(batch, 8, ctx, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        report["decode"].append(measure({"batch": batch, "ctx": ctx, "bf16_bytes": 2 * k.numel() * 2}, q, k, v))
         del q, k, v
     k = torch.randn(1, 8, 32768, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     for chunk in (512, 2048):
         q = torch.randn(1, 32, chunk, 128, device="cuda", dtype=torch.bfloat16)
-        row = {"ctx": 32768, "chunk": chunk}
-        for name, b in backends.items():
-            try:
-                row[name + "_ms"], row[name + "_eager_ms"] = run(b, q, k, v)
-            except RuntimeError as e:
-                row[name + "_error"] = str(e).splitlines()[0][:200]
-        report["prefill"].append(row)
-        print(row, file=sys.stderr)
+        report["prefill"].append(measure({"ctx": 32768, "chunk": chunk}, q, k, v))
     print(json.dumps(report, indent=2))
 
 

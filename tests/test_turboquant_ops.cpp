@@ -147,6 +147,46 @@ TEST(TqOps, GqaReadsTheRightKvHead) {
   EXPECT_TRUE(differs);
 }
 
+TEST(TqOps, BatchedCallEqualsOneCallPerSequence) {
+  // Two sequences with their own caches and start positions in one call, against two calls.
+  Fixture a(64, 2, 20), b(64, 2, 20);
+  b.t = a.t;
+  a.encode();
+  b.encode();
+  std::vector<std::uint32_t> keys = a.keys, values = a.values;
+  keys.insert(keys.end(), b.keys.begin(), b.keys.end());
+  values.insert(values.end(), b.values.begin(), b.values.end());
+  const std::int64_t H = 4, D = 64, n = 2;
+  HostTensor q({2, n, H, D}, DType::f32, false);
+  std::mt19937_64 rng(std::random_device{}());
+  q.fill_normal(rng);
+  std::vector<float> scratch(std::size_t(tq_scratch_floats(2 * n, H, D)));
+  tq_rotate_queries(backend("reference"), {a.t, q.view, 2 * n, scratch.data(), nullptr});
+  const std::vector<std::int32_t> starts = {17, 5};
+  HostTensor out({2, n, H, D}, DType::f32, false);
+  out.poison();
+  TqAttendArgs args;
+  args.layout = a.l;
+  args.tables = a.t;
+  args.scratch = scratch.data();
+  args.n_heads = H;
+  args.n_queries = n;
+  args.batch = 2;
+  args.start_positions = starts.data();
+  args.k_cache = keys.data();
+  args.v_cache = values.data();
+  args.out = out.view;
+  tq_attend(backend("reference"), args);
+  const auto batched = out.values();
+  std::vector<double> qv = q.values();
+  for (int s = 0; s < 2; ++s) {
+    HostTensor qs({1, n, H, D}, DType::f32, false);
+    qs.fill(std::vector<double>(qv.begin() + s * n * H * D, qv.begin() + (s + 1) * n * H * D));
+    const auto single = (s == 0 ? a : b).attend(qs, starts[std::size_t(s)]);
+    for (std::int64_t e = 0; e < n * H * D; ++e) ASSERT_EQ(single[std::size_t(e)], batched[std::size_t(s * n * H * D + e)]) << s;
+  }
+}
+
 struct BadTq {
   const char* name;
   const char* argument;

@@ -89,4 +89,9 @@ inline double relative_error(const std::vector<double>& ref, const std::vector<d
   return std::sqrt(diff / norm);
 }
 
+inline double relative_error(const std::vector<double>& ref, const std::vector<double>& got) {
+  std::string detail;
+  return relative_error(ref, got, detail);
+}
+
 }  // namespace flashtq::conformance

@@ -35,6 +35,15 @@ __device__ __forceinline__ void load_row(float (&x)[kMaxPerLane], const T* base,
 }
 
 template <typename T>
+__device__ __forceinline__ void store_row(T* base, const float (&x)[kMaxPerLane], float factor, int D, int lane) {
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e) {
+    const int d = lane + 32 * e;
+    if (d < D) base[d] = from_float<T>(x[e] * factor);
+  }
+}
+
+template <typename T>
 __device__ __forceinline__ float dot_row(const float (&x)[kMaxPerLane], const T* base, int D, int lane) {
   float acc = 0.0f;
 #pragma unroll
@@ -92,12 +101,7 @@ __global__ void __launch_bounds__(32 * kWarps) forward_kernel(DenseProblem p, Te
     m = m_new;
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  T* orow = static_cast<T*>(ov.data) + row_offset(ov, b, i, h);
-#pragma unroll
-  for (int x = 0; x < kMaxPerLane; ++x) {
-    const int d = lane + 32 * x;
-    if (d < D) orow[d] = from_float<T>(acc[x] * inv);
-  }
+  store_row(static_cast<T*>(ov.data) + row_offset(ov, b, i, h), acc, inv, D, lane);
   if (lse != nullptr && lane == 0) lse[(b * p.H + h) * p.Sq + i] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
@@ -132,12 +136,7 @@ __global__ void __launch_bounds__(32 * kWarps) dq_kernel(BackwardCall c) {
       if (d < D) dq[x] = fmaf(ds, to_float(krow[d]), dq[x]);
     }
   }
-  T* out = static_cast<T*>(c.dq.data) + row_offset(c.dq, b, i, h);
-#pragma unroll
-  for (int x = 0; x < kMaxPerLane; ++x) {
-    const int d = lane + 32 * x;
-    if (d < D) out[d] = from_float<T>(dq[x]);
-  }
+  store_row(static_cast<T*>(c.dq.data) + row_offset(c.dq, b, i, h), dq, 1.0f, D, lane);
 }
 
 // dk, dv for one key row, summing over every query head of its group and every row that sees it.
@@ -188,16 +187,8 @@ __global__ void __launch_bounds__(32 * kWarps) dkdv_kernel(BackwardCall c) {
       }
     }
   }
-  T* dk_out = static_cast<T*>(c.dk.data) + row_offset(c.dk, b, j, hk);
-  T* dv_out = static_cast<T*>(c.dv.data) + row_offset(c.dv, b, j, hk);
-#pragma unroll
-  for (int x = 0; x < kMaxPerLane; ++x) {
-    const int d = lane + 32 * x;
-    if (d < D) {
-      dk_out[d] = from_float<T>(dk[x]);
-      dv_out[d] = from_float<T>(dv[x]);
-    }
-  }
+  store_row(static_cast<T*>(c.dk.data) + row_offset(c.dk, b, j, hk), dk, 1.0f, D, lane);
+  store_row(static_cast<T*>(c.dv.data) + row_offset(c.dv, b, j, hk), dv, 1.0f, D, lane);
 }
 
 template <typename F>

@@ -8,6 +8,7 @@
 
 #include "commands.hpp"
 #include "conformance/conformance.hpp"
+#include "conformance/host_tensor.hpp"
 #include "flashtq/flashtq.hpp"
 #include "reference/dense.hpp"
 
@@ -33,15 +34,6 @@ conformance::DenseCase default_workload() {
   c.seed = 1234;
   c.data_seed = 42;
   return c;
-}
-
-double relative_error(const std::vector<float>& got, const std::vector<double>& ref) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    diff += (got[i] - ref[i]) * (got[i] - ref[i]);
-    norm += ref[i] * ref[i];
-  }
-  return std::sqrt(diff / norm);
 }
 
 void dense_part() {
@@ -107,7 +99,7 @@ void turboquant_part() {
         exact(std::size_t(rows * H * D));
     reference::dense_forward(p, qd.data(), kd.data(), vd.data(), exact.data(), nullptr);
     fmt::print("{:<24} {:>14.3e} {:>11.2f}\n", rows == 1 ? "decode (1 row)" : fmt::format("chunked prefill ({} rows)", rows),
-               relative_error(out, exact), ms);
+               conformance::relative_error(exact, std::vector<double>(out.begin(), out.end())), ms);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "commands.hpp"
+#include "conformance/host_tensor.hpp"
 #include "flashtq/flashtq.hpp"
 #include "reference/dense.hpp"
 #include "reference/quality.hpp"
@@ -60,15 +61,6 @@ Workload make_workload(bool llm, std::int64_t T, std::int64_t Hkv, std::int64_t 
   return w;
 }
 
-double rel_error(const std::vector<float>& got, const std::vector<double>& ref) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    diff += (got[i] - ref[i]) * (got[i] - ref[i]);
-    norm += ref[i] * ref[i];
-  }
-  return std::sqrt(diff / norm);
-}
-
 nlohmann::json attention_rows(std::mt19937_64& rng, const std::vector<std::int64_t>& contexts) {
   const std::int64_t Hkv = 1, H = 4, D = 128, T = contexts.back();
   nlohmann::json rows = nlohmann::json::array();
@@ -95,7 +87,7 @@ nlohmann::json attention_rows(std::mt19937_64& rng, const std::vector<std::int64
         std::vector<double> exact(std::size_t(H * D));
         reference::dense_forward(p, qd.data(), kd.data(), vd.data(), exact.data(), nullptr);
         rows.push_back({{"data", llm ? "llm_like" : "gaussian"}, {"ctx", ctx}, {"key_bits", kb}, {"value_bits", vb},
-                        {"rel_err", rel_error(out, exact)}});
+                        {"rel_err", conformance::relative_error(exact, std::vector<double>(out.begin(), out.end()))}});
       }
     }
   }
