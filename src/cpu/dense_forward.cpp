@@ -20,6 +20,7 @@ namespace flashtq::cpu {
 namespace {
 
 constexpr std::int64_t kBq = 48, kBk = 64;
+constexpr std::int64_t kDirectRows = 8;  // up to this many rows, scores are dot products on key rows
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
@@ -100,10 +101,29 @@ void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::in
     if (pre.ready) {  // tiles start at multiples of kBk (ranges are tile-aligned below)
       kt = pre.kt.data() + (j0 / kBk) * Dp * kBk;
       v = pre.v.data() + j0 * Dp;
+      gemm(t.q.data(), std::size_t(Dp), kt, kBk, t.s.data(), kBk, std::size_t(rows), kBk, std::size_t(D), false);
+    } else if (rows <= kDirectRows) {
+      // Few rows (decode): score key rows straight from the caller's memory, no transpose.
+      const char* k_first = static_cast<const char*>(c.k.data) + core::offset(c.k, b, j0, hk) * std::int64_t(esize);
+      score_rows(t.q.data(), std::size_t(Dp), std::size_t(rows), k_first, std::size_t(c.k.strides[1]) * esize, dtype,
+                 std::size_t(n), std::size_t(D), t.s.data(), kBk);
+      for (std::int64_t j = 0; j < kBk; ++j) {
+        if (j < n) {
+          const char* vs = static_cast<const char*>(c.v.data) + core::offset(c.v, b, j0 + j, hk) * std::int64_t(esize);
+          if (j + 8 < n) {  // as in score_rows: rows of one head are a token apart
+            const char* ahead = vs + 8 * c.v.strides[1] * std::int64_t(esize);
+            for (std::int64_t off = 0; off < D * std::int64_t(esize); off += 64) __builtin_prefetch(ahead + off);
+          }
+          load_row(vs, dtype, t.v.data() + j * Dp, std::size_t(D), 1.0f);
+        } else {
+          for (std::int64_t r = 0; r < rows; ++r) t.s[std::size_t(r * kBk + j)] = 0.0f;
+          std::fill(t.v.begin() + j * Dp, t.v.begin() + j * Dp + D, 0.0f);
+        }
+      }
     } else {
       convert_tile(c, b, hk, j0, n, t.kt.data(), t.v.data(), krow);
+      gemm(t.q.data(), std::size_t(Dp), kt, kBk, t.s.data(), kBk, std::size_t(rows), kBk, std::size_t(D), false);
     }
-    gemm(t.q.data(), std::size_t(Dp), kt, kBk, t.s.data(), kBk, std::size_t(rows), kBk, std::size_t(D), false);
     const bool all_visible = n == kBk && tile_fully_visible(p, i0, i1, j0, j0 + n);
     for (std::int64_t r = 0; r < rows; ++r) {
       float* s = t.s.data() + r * kBk;
@@ -152,8 +172,11 @@ void dense_forward(const ForwardCall& c, int threads) {
   // Flash-decoding: with fewer row tasks than threads, split each task's keys as well.
   const std::int64_t max_splits = std::max<std::int64_t>(1, p.Sk / (4 * kBk));
   const bool share_kv = q_blocks >= 4;  // see below
+  // Decode-like shapes split the keys so every thread gets work; the kv heads of one key range are
+  // consecutive tasks (a thread's static share), so a thread streams whole tokens, all heads at once,
+  // rather than one head's rows at a stride of every other head.
   const std::int64_t splits =
-      share_kv ? 1 : std::clamp<std::int64_t>((2 * threads + row_tasks - 1) / row_tasks, 1, max_splits);
+      share_kv ? 1 : std::clamp<std::int64_t>((2 * threads + p.B * q_blocks - 1) / (p.B * q_blocks), 1, max_splits);
   const std::int64_t stride = rows_max * (Dp + 2);  // one partial: O rows, each followed by m, l
   std::vector<float> partials(splits > 1 ? std::size_t(row_tasks * splits * stride) : 0);
 
@@ -169,9 +192,11 @@ void dense_forward(const ForwardCall& c, int threads) {
 
   // Many row blocks per (batch, kv head): convert its K/V once and share them (prefill). Few (decode):
   // each task converts the tiles it reads, and the keys are split across threads instead.
+  // Task order: kv head fastest, then split, then row block and batch (see `splits`).
   auto run_task = [&](std::int64_t task, Buffers& t, const ConvertedKv& pre) {
-    const std::int64_t split = task % splits, rt = task / splits;
-    const std::int64_t qb = rt % q_blocks, bhk = rt / q_blocks, hk = bhk % p.Hkv, b = bhk / p.Hkv;
+    const std::int64_t hk = task % p.Hkv, rest = task / p.Hkv, split = rest % splits, bq = rest / splits;
+    const std::int64_t qb = bq % q_blocks, b = bq / q_blocks;
+    const std::int64_t rt = (b * p.Hkv + hk) * q_blocks + qb;
     const std::int64_t i0 = qb * P, i1 = std::min(p.Sq, i0 + P), rows = G * (i1 - i0);
     const core::KeyRange range = core::key_range(p, i0, i1);
     // Tile-aligned key ranges, so shared K/V tiles line up.
@@ -186,7 +211,7 @@ void dense_forward(const ForwardCall& c, int threads) {
         finish_row(b, hk, i0, i1 - i0, r, t.o.data() + r * Dp, t.m[std::size_t(r)], t.l[std::size_t(r)]);
         continue;
       }
-      float* out = partials.data() + task * stride + r * (Dp + 2);
+      float* out = partials.data() + (rt * splits + split) * stride + r * (Dp + 2);
       std::copy(t.o.begin() + r * Dp, t.o.begin() + r * Dp + D, out);
       out[Dp] = t.m[std::size_t(r)];
       out[Dp + 1] = t.l[std::size_t(r)];
@@ -214,7 +239,7 @@ void dense_forward(const ForwardCall& c, int threads) {
       {
         Buffers t;
 #pragma omp for schedule(dynamic)
-        for (std::int64_t qb = 0; qb < q_blocks; ++qb) run_task((bhk * q_blocks + qb) * splits, t, kv);
+        for (std::int64_t qb = 0; qb < q_blocks; ++qb) run_task((b * q_blocks + qb) * p.Hkv + hk, t, kv);
       }
     }
   }
@@ -224,7 +249,7 @@ void dense_forward(const ForwardCall& c, int threads) {
     Buffers t;
     const ConvertedKv none;
     if (!share_kv) {
-#pragma omp for schedule(dynamic)
+#pragma omp for schedule(static)
       for (std::int64_t task = 0; task < row_tasks * splits; ++task) run_task(task, t, none);
     }
     // Merge the splits of each row by their LSEs.

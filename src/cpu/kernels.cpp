@@ -3,6 +3,7 @@
 #define HWY_TARGET_INCLUDE "cpu/kernels.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 
 #include "core/half.hpp"
@@ -67,6 +68,54 @@ void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size
     case 2: rows<2>(A + m * lda, lda, B, ldb, C + m * ldc, ldc, N_cols, K, accumulate); break;
     case 1: rows<1>(A + m * lda, lda, B, ldb, C + m * ldc, ldc, N_cols, K, accumulate); break;
     default: break;
+  }
+}
+
+template <class D>
+HWY_INLINE hn::Vec<D> load_as_f32(D d, const void* base, size_t i, int dtype) {
+  if (dtype == 0) return hn::LoadU(d, static_cast<const float*>(base) + i);
+  if (dtype == 1) {
+    const hn::Rebind<hwy::float16_t, D> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::float16_t*>(base) + i));
+  }
+  const hn::Rebind<hwy::bfloat16_t, D> db;
+  return hn::PromoteTo(d, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(base) + i));
+}
+
+void ScoreRows(const float* Q, size_t ldq, size_t rows, const void* keys, size_t key_stride, int dtype, size_t n,
+               size_t dim, float* S, size_t lds) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  constexpr size_t kMaxRows = 8;
+  const size_t vec_end = dim / N * N;
+  const size_t row_bytes = dim * (dtype == 0 ? 4 : 2);
+  for (size_t j = 0; j < n; ++j) {
+    const void* k = static_cast<const char*>(keys) + j * key_stride;
+    // Key rows of one head sit a whole token apart (every head's row in between): prefetch ahead,
+    // since the hardware's stride prefetcher does not keep up with one row per few hundred cycles.
+    if (j + 8 < n) {
+      const char* ahead = static_cast<const char*>(keys) + (j + 8) * key_stride;
+      for (size_t off = 0; off < row_bytes; off += 64) hwy::Prefetch(ahead + off);
+    }
+    hn::Vec<decltype(d)> acc[kMaxRows];
+    for (size_t r = 0; r < kMaxRows; ++r) acc[r] = hn::Zero(d);
+    for (size_t i = 0; i < vec_end; i += N) {
+      const auto kv = load_as_f32(d, k, i, dtype);
+      for (size_t r = 0; r < kMaxRows; ++r) {
+        if (r < rows) acc[r] = hn::MulAdd(hn::LoadU(d, Q + r * ldq + i), kv, acc[r]);
+      }
+    }
+    for (size_t r = 0; r < rows; ++r) {
+      float s = hn::GetLane(hn::SumOfLanes(d, acc[r]));
+      for (size_t i = vec_end; i < dim; ++i) {  // a head_dim that is not a multiple of the lanes
+        float kf;
+        if (dtype == 0) kf = static_cast<const float*>(k)[i];
+        else if (dtype == 1) kf = core::f16_to_f32(static_cast<const uint16_t*>(k)[i]);
+        else kf = core::bf16_to_f32(static_cast<const uint16_t*>(k)[i]);
+        s += Q[r * ldq + i] * kf;
+      }
+      S[r * lds + j] = s;
+    }
   }
 }
 
@@ -161,6 +210,7 @@ namespace flashtq::cpu {
 HWY_EXPORT(Gemm);
 HWY_EXPORT(ExpShiftSum);
 HWY_EXPORT(Scale);
+HWY_EXPORT(ScoreRows);
 HWY_EXPORT(MaxOf);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(LoadRow);
@@ -169,6 +219,10 @@ HWY_EXPORT(FmaBurst);
 void gemm(const float* A, std::size_t lda, const float* B, std::size_t ldb, float* C, std::size_t ldc, std::size_t M,
           std::size_t N, std::size_t K, bool accumulate) {
   HWY_DYNAMIC_DISPATCH(Gemm)(A, lda, B, ldb, C, ldc, M, N, K, accumulate);
+}
+void score_rows(const float* Q, std::size_t ldq, std::size_t rows, const void* keys, std::size_t key_stride, int dtype,
+                std::size_t n, std::size_t dim, float* S, std::size_t lds) {
+  HWY_DYNAMIC_DISPATCH(ScoreRows)(Q, ldq, rows, keys, key_stride, dtype, n, dim, S, lds);
 }
 float exp_shift_sum(float* x, std::size_t n, float shift) { return HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, shift); }
 void scale(float* x, std::size_t n, float factor) { HWY_DYNAMIC_DISPATCH(Scale)(x, n, factor); }

@@ -10,6 +10,12 @@ namespace flashtq::cpu {
 void gemm(const float* A, std::size_t lda, const float* B, std::size_t ldb, float* C, std::size_t ldc, std::size_t M,
           std::size_t N, std::size_t K, bool accumulate);
 
+// Scores of a few query rows against n key rows of `dtype` (row r of Q, key j at keys + j * key_stride
+// bytes): S[r * lds + j] = <Q[r], k_j>, converting each key once while it is in registers; the
+// converted keys are not kept.
+void score_rows(const float* Q, std::size_t ldq, std::size_t rows, const void* keys, std::size_t key_stride, int dtype,
+                std::size_t n, std::size_t dim, float* S, std::size_t lds);
+
 // x[i] = exp(x[i] - shift) for i < n; returns the sum of the results. exp of -inf is 0.
 float exp_shift_sum(float* x, std::size_t n, float shift);
 

@@ -1,5 +1,6 @@
-// TurboQuant on the CPU: the oracle's per-row operations (double precision, so the packed words
-// match it exactly) run in parallel over tokens, query rows and (row, head) pairs.
+// TurboQuant on the CPU: encode and rotation run the oracle's per-row code (double precision, so the
+// packed words match it exactly) in parallel; attention takes the SIMD path for 2-bit codebooks and
+// the oracle's per-(row, head) code otherwise.
 #include <omp.h>
 
 #include <algorithm>
@@ -33,6 +34,7 @@ void tq_rotate(const TqRotateArgs& a, int threads) {
 }
 
 void tq_attend(const TqAttendArgs& a, int threads) {
+  if (tq_attend_simd(a, threads)) return;
   const std::int64_t units = a.batch * a.n_queries * a.n_heads;
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
   for (std::int64_t u = 0; u < units; ++u) reference::tq_attend_row_head(a, u / a.n_heads, u % a.n_heads);

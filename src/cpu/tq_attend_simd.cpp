@@ -1,0 +1,185 @@
+// SIMD TurboQuant attention for the cpu backend, for 2-bit codebooks (keys 2+1 bits, values 2 bits):
+// scores straight from the packed words (codes decoded 16 at a time into centroid vectors by a lane
+// permutation, QJL bits loaded as a lane mask), values accumulated in rotated space chunk by chunk
+// over a block of tokens, one inverse rotation at the end.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/tq_attend_simd.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/elements.hpp"
+#include "core/half.hpp"
+#include "core/rht.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/turboquant.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace flashtq::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+constexpr std::int64_t kBlock = 64;  // tokens per softmax step
+
+inline float f16_low(std::uint32_t w) { return core::f16_to_f32(std::uint16_t(w & 0xFFFFu)); }
+
+// Centroids of the 2-bit codes of dims [c, c + N) of a slot's code words.
+template <class D, class V>
+HWY_INLINE V decode(D d, const std::uint32_t* codes, std::int64_t c, V centroids) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::RebindToSigned<D> di;
+  const auto shifts = hn::Add(hn::Set(du, std::uint32_t(2 * (c % 16))), hn::ShiftLeft<1>(hn::Iota(du, 0)));
+  const auto idx = hn::And(hn::Shr(hn::Set(du, codes[c / 16]), shifts), hn::Set(du, 3u));
+  return hn::TableLookupLanes(centroids, hn::IndicesFromVec(d, hn::BitCast(di, idx)));
+}
+
+// Heads [g0, g0 + GT) of one (row, kv head) over timesteps [t0, t1): fills their m, l and
+// rotated-space accumulators (acc: GT x D). GT is a compile-time count so the per-head vectors
+// stay in registers and each code word is decoded once for all of them.
+template <int GT>
+void attend_heads(const TqAttendArgs& a, std::int64_t row, std::int64_t kvh, std::int64_t g0, std::int64_t t0,
+                  std::int64_t t1, float* m, float* l, float* acc) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const std::int64_t N = std::int64_t(hn::Lanes(d));
+  const TqLayout& lay = a.layout;
+  const std::int64_t D = lay.head_dim, H = a.n_heads, G = H / lay.n_kv_heads, b = row / a.n_queries;
+  const std::int64_t region = a.q_cap * H * D;
+  const std::uint32_t* keys = a.k_cache + b * lay.key_words();
+  const std::uint32_t* values = a.v_cache + b * lay.value_words();
+  alignas(64) float kc[16] = {}, vc[16] = {};
+  for (int i = 0; i < 4; ++i) kc[i] = a.tables.key_centroids[std::size_t(i)], vc[i] = a.tables.value_centroids[std::size_t(i)];
+  const V key_c = hn::LoadU(d, kc), value_c = hn::LoadU(d, vc);
+  const float scale = *a.scale, qjl = *a.qjl_scale;
+  const float* q_rot[GT];
+  float sums[GT];
+  for (int g = 0; g < GT; ++g) {
+    q_rot[g] = a.scratch + (row * H + kvh * G + g0 + g) * D;
+    sums[g] = a.scratch[2 * region + row * H + kvh * G + g0 + g];
+    m[g] = -std::numeric_limits<float>::infinity();
+    l[g] = 0.0f;
+  }
+  std::fill(acc, acc + GT * D, 0.0f);
+  alignas(64) float w[GT][kBlock];
+  for (std::int64_t tb = t0; tb < t1; tb += kBlock) {
+    const std::int64_t n = std::min(kBlock, t1 - tb);
+    for (std::int64_t t = 0; t < n; ++t) {  // scores of the block's tokens
+      const std::int64_t slot = kvh * lay.capacity + tb + t;
+      const std::uint32_t* codes = keys + slot * lay.key_code_words();
+      const std::uint8_t* jl = reinterpret_cast<const std::uint8_t*>(keys + lay.key_jl_offset() + slot * lay.jl_words());
+      const std::uint32_t nw = keys[lay.key_norm_offset() + slot];
+      const float norm = f16_low(nw), jl_weight = f16_low(nw >> 16) * qjl;
+      V polar[GT], positive[GT];
+      for (int g = 0; g < GT; ++g) polar[g] = positive[g] = hn::Zero(d);
+      for (std::int64_t c = 0; c < D; c += N) {
+        const V cent = decode(d, codes, c, key_c);
+        const auto mask = hn::LoadMaskBits(d, jl + c / 8);
+        for (int g = 0; g < GT; ++g) {
+          polar[g] = hn::MulAdd(cent, hn::LoadU(d, q_rot[g] + c), polar[g]);
+          positive[g] = hn::Add(positive[g], hn::IfThenElseZero(mask, hn::LoadU(d, q_rot[g] + region + c)));
+        }
+      }
+      for (int g = 0; g < GT; ++g) {  // one horizontal sum per head: polar + 2 gamma qjl positive
+        const float total = hn::GetLane(hn::SumOfLanes(d, hn::MulAdd(hn::Set(d, 2.0f * jl_weight), positive[g], polar[g])));
+        w[g][t] = scale * norm * (total - jl_weight * sums[g]);
+      }
+    }
+    for (int g = 0; g < GT; ++g) {  // online softmax per head; w becomes p * |v_t|
+      float* s = w[g];
+      const float m_new = std::max(m[g], max_of(s, std::size_t(n)));
+      const float corr = std::exp(m[g] - m_new);
+      l[g] = l[g] * corr + exp_shift_sum(s, std::size_t(n), m_new);
+      if (corr != 1.0f) ::flashtq::cpu::scale(acc + g * D, std::size_t(D), corr);
+      m[g] = m_new;
+      for (std::int64_t t = 0; t < n; ++t) s[t] *= f16_low(values[lay.value_norm_offset() + kvh * lay.capacity + tb + t]);
+    }
+    // Values, chunk by chunk: the heads' accumulators of a chunk stay in registers over the block.
+    for (std::int64_t c = 0; c < D; c += N) {
+      V sum[GT];
+      for (int g = 0; g < GT; ++g) sum[g] = hn::LoadU(d, acc + g * D + c);
+      for (std::int64_t t = 0; t < n; ++t) {
+        const V cent = decode(d, values + (kvh * lay.capacity + tb + t) * lay.value_code_words(), c, value_c);
+        for (int g = 0; g < GT; ++g) sum[g] = hn::MulAdd(hn::Set(d, w[g][t]), cent, sum[g]);
+      }
+      for (int g = 0; g < GT; ++g) hn::StoreU(sum[g], d, acc + g * D + c);
+    }
+  }
+}
+
+// One (row, kv head): every head of its group, in tiles of 4, 2 or 1 heads.
+void AttendRange(const TqAttendArgs& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1, float* m,
+                 float* l, float* acc) {
+  const std::int64_t G = a.n_heads / a.layout.n_kv_heads, D = a.layout.head_dim;
+  std::int64_t g = 0;
+  for (; g + 4 <= G; g += 4) attend_heads<4>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
+  for (; g + 2 <= G; g += 2) attend_heads<2>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
+  for (; g < G; ++g) attend_heads<1>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
+}
+
+bool Supported() {
+  const hn::ScalableTag<float> d;
+  return hn::Lanes(d) >= 4 && hn::Lanes(d) <= 16;
+}
+
+}  // namespace flashtq::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace flashtq::cpu {
+
+HWY_EXPORT(AttendRange);
+HWY_EXPORT(Supported);
+
+bool tq_attend_simd(const TqAttendArgs& a, int threads) {
+  const TqLayout& l = a.layout;
+  if (l.key_bits != 2 || l.value_bits != 2 || !HWY_DYNAMIC_DISPATCH(Supported)()) return false;
+  const std::int64_t D = l.head_dim, H = a.n_heads, G = H / l.n_kv_heads, rows = a.batch * a.n_queries;
+  // Units of (row, kv head, split); splits keep every thread busy in decode.
+  const std::int64_t base_units = rows * l.n_kv_heads;
+  const std::int64_t splits = std::clamp<std::int64_t>((4 * threads + base_units - 1) / base_units, 1, 64);
+  std::vector<float> part(std::size_t(base_units * splits * G * (D + 2)));
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+  for (std::int64_t u = 0; u < base_units * splits; ++u) {
+    const std::int64_t split = u % splits, row = (u / splits) / l.n_kv_heads, kvh = (u / splits) % l.n_kv_heads;
+    const std::int64_t b = row / a.n_queries, j = row % a.n_queries;
+    const std::int64_t start = a.start_positions ? std::int64_t(a.start_positions[b]) : a.start_pos;
+    const std::int64_t seq = std::max<std::int64_t>(0, std::min({start + j + 1, *a.max_seq, l.capacity}));
+    const std::int64_t per = (seq + splits - 1) / splits;
+    const std::int64_t t0 = std::min(seq, split * per), t1 = std::min(seq, t0 + per);
+    float* out = part.data() + u * G * (D + 2);
+    HWY_DYNAMIC_DISPATCH(AttendRange)(a, row, kvh, t0, t1, out, out + G, out + 2 * G);
+  }
+  // Merge the splits by LSE, normalise, rotate back once.
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (std::int64_t r = 0; r < base_units; ++r) {
+    const std::int64_t row = r / l.n_kv_heads, kvh = r % l.n_kv_heads;
+    const std::int64_t b = row / a.n_queries, j = row % a.n_queries;
+    std::vector<float> x(static_cast<std::size_t>(D));
+    for (std::int64_t g = 0; g < G; ++g) {
+      float M = -std::numeric_limits<float>::infinity();
+      for (std::int64_t s = 0; s < splits; ++s) M = std::max(M, part[std::size_t((r * splits + s) * G * (D + 2) + g)]);
+      float L = 0.0f;
+      std::fill(x.begin(), x.end(), 0.0f);
+      for (std::int64_t s = 0; s < splits && M != -std::numeric_limits<float>::infinity(); ++s) {
+        const float* u = part.data() + (r * splits + s) * G * (D + 2);
+        if (u[G + g] == 0.0f) continue;
+        const float f = std::exp(u[g] - M);
+        L += u[G + g] * f;
+        for (std::int64_t d = 0; d < D; ++d) x[std::size_t(d)] += u[2 * G + g * D + d] * f;
+      }
+      for (float& e : x) e = L > 0.0f ? e / L : 0.0f;  // a row that sees nothing writes zeros
+      core::inverse_rht(x.data(), D, a.tables.polar_sign_bits);
+      float* out = static_cast<float*>(a.out.data) + core::offset(a.out, b, j, kvh * G + g);
+      std::copy(x.begin(), x.end(), out);
+    }
+  }
+  return true;
+}
+
+}  // namespace flashtq::cpu
+#endif
