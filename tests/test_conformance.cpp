@@ -2,6 +2,7 @@
 // operation compared with the oracle at SPEC §3 tolerances. A backend plugs in by registering.
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <random>
 
 #include "conformance/conformance.hpp"
@@ -16,6 +17,9 @@ struct SuiteCase {
   std::string backend;
   int index;
 };
+
+// Readable test names and values in reports ("cuda #3" rather than the struct's bytes).
+void PrintTo(const SuiteCase& c, std::ostream* os) { *os << c.backend << " #" << c.index; }
 
 std::vector<SuiteCase> suite_cases() {
   std::vector<SuiteCase> cases;
