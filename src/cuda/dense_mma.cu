@@ -1,0 +1,221 @@
+// Dense forward on tensor cores (f16/bf16, head_dim 32/64/96/128), FlashAttention-2 style: a block of
+// 4 warps owns 64 query rows (16 per warp, Q held as mma fragments); K and V tiles of 64 keys go
+// through shared memory; S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators, P
+// staying in registers between the two (its C fragments are the next product's A fragments).
+// Every feature of SPEC §1 (strides, GQA, causal offset, window, mask, dropout, LSE); tiles no row
+// of the block can see are skipped, and per-element checks run only on boundary tiles. V's B fragments
+// come from its row-major tile through ldmatrix .trans.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/hash3.hpp"
+#include "core/visibility.hpp"
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.hpp"
+
+namespace flashtq::cuda {
+namespace {
+
+constexpr int kRows = 64, kKeys = 64, kThreads = 128;
+
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);
+template <>
+__device__ __forceinline__ void mma<__half>(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                                   std::uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <typename T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ std::uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+__device__ __forceinline__ std::uint32_t load_pair(const void* p) { return *static_cast<const std::uint32_t*>(p); }
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv,
+                                                               TensorView ov, float* lse) {
+  __shared__ __align__(16) T k_tile[kKeys][D + 8];  // +8: rows 16 bytes apart in banks
+  __shared__ __align__(16) T v_tile[kKeys][D + 8];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tig = lane % 4;
+  const std::int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group();
+  const std::int64_t i0 = std::int64_t(blockIdx.x) * kRows;
+  const std::int64_t r0 = i0 + warp * 16 + g, r1 = r0 + 8;  // this lane's two rows
+  constexpr int KS = D / 16;                               // k-steps of S = Q K^T
+  // Q fragments (rows beyond Sq are zero).
+  std::uint32_t qa[KS][4];
+  {
+    const T* q0 = static_cast<const T*>(qv.data) + row_offset(qv, b, r0 < p.Sq ? r0 : 0, h);
+    const T* q1 = static_cast<const T*>(qv.data) + row_offset(qv, b, r1 < p.Sq ? r1 : 0, h);
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      const int d0 = 16 * ks + 2 * tig;
+      qa[ks][0] = r0 < p.Sq ? load_pair(q0 + d0) : 0u;
+      qa[ks][1] = r1 < p.Sq ? load_pair(q1 + d0) : 0u;
+      qa[ks][2] = r0 < p.Sq ? load_pair(q0 + d0 + 8) : 0u;
+      qa[ks][3] = r1 < p.Sq ? load_pair(q1 + d0 + 8) : 0u;
+    }
+  }
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
+  const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+  for (std::int64_t j0 = range.begin / kKeys * kKeys; j0 < range.end; j0 += kKeys) {
+    __syncthreads();  // the previous tile is consumed
+    // K rows and V^T into shared memory, 8 elements (16 bytes) per load.
+    for (int e = tid; e < kKeys * D / 8; e += kThreads) {
+      const int key = e / (D / 8), d0 = (e % (D / 8)) * 8;
+      uint4 kk = make_uint4(0, 0, 0, 0), vvv = make_uint4(0, 0, 0, 0);
+      if (j0 + key < p.Sk) {
+        kk = *reinterpret_cast<const uint4*>(static_cast<const T*>(kv.data) + row_offset(kv, b, j0 + key, hk) + d0);
+        vvv = *reinterpret_cast<const uint4*>(static_cast<const T*>(vv.data) + row_offset(vv, b, j0 + key, hk) + d0);
+      }
+      *reinterpret_cast<uint4*>(&k_tile[key][d0]) = kk;
+      *reinterpret_cast<uint4*>(&v_tile[key][d0]) = vvv;
+    }
+    __syncthreads();
+    // S = Q K^T for this warp's 16 rows x 64 keys (8 n-tiles).
+    float s[8][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        const T* krow = &k_tile[nt * 8 + g][16 * ks + 2 * tig];
+        mma<T>(s[nt], qa[ks], load_pair(krow), load_pair(krow + 8));
+      }
+    }
+    // Scale, visibility, mask; then the online softmax of rows r0 (c0, c1) and r1 (c2, c3).
+    const bool interior = j0 >= range.begin && j0 + kKeys <= p.Sk && core::key_visible(p, i0, j0) &&
+                          core::key_visible(p, i0, j0 + kKeys - 1) && core::key_visible(p, min(i0 + kRows, p.Sq) - 1, j0) &&
+                          core::key_visible(p, min(i0 + kRows, p.Sq) - 1, j0 + kKeys - 1);
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const std::int64_t i = e < 2 ? r0 : r1, j = j0 + nt * 8 + 2 * tig + (e & 1);
+        float v = s[nt][e] * p.scale;
+        if (!interior && (i >= p.Sq || !core::key_visible(p, i, j))) v = -INFINITY;
+        if (p.mask != nullptr && v != -INFINITY) {
+          v += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
+          if (v <= -1e30f) v = -INFINITY;
+        }
+        s[nt][e] = v;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], v);
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 2));
+      const float m_new = fmaxf(m[r], tile_max[r]);
+      corr[r] = m_new == -INFINITY ? 1.0f : expf(m[r] - m_new);
+      m[r] = m_new;
+      l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      o[nt][0] *= corr[0], o[nt][1] *= corr[0], o[nt][2] *= corr[1], o[nt][3] *= corr[1];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float mr = m[e / 2];
+        const float pr = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - mr);
+        l[e / 2] += pr;
+        float w = pr;
+        if (p.dropout_p > 0.0f && pr != 0.0f) {
+          const std::int64_t i = e < 2 ? r0 : r1, j = j0 + nt * 8 + 2 * tig + (e & 1);
+          w = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j)) ? pr * keep_scale : 0.0f;
+        }
+        s[nt][e] = w;
+      }
+    }
+    // O += P V: P's C fragments become A fragments (keys 16 kk .. 16 kk + 15).
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const std::uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                   pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int nt = 0; nt < D / 8; ++nt) {
+        // B fragments of V straight from its row-major tile: ldmatrix .trans hands lane (g, tig) the keys
+        // 2 tig, 2 tig + 1 (and + 8) of dim g; lanes 0-15 give the 16 key rows' addresses.
+        std::uint32_t b0, b1;
+        const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(&v_tile[16 * kk + (lane % 16)][nt * 8]));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
+        mma<T>(o[nt], pa, b0, b1);
+      }
+    }
+  }
+  // Normalise and store rows r0, r1; LSE.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xFFFFFFFFu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xFFFFFFFFu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const std::int64_t i = r == 0 ? r0 : r1;
+    if (i >= p.Sq) continue;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    T* out = static_cast<T*>(ov.data) + row_offset(ov, b, i, h);
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      const int d0 = nt * 8 + 2 * tig;
+      out[d0] = from_float<T>(o[nt][2 * r] * inv);
+      out[d0 + 1] = from_float<T>(o[nt][2 * r + 1] * inv);
+    }
+    if (lse != nullptr && tig == 0) lse[(b * p.H + h) * p.Sq + i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+  }
+}
+
+bool aligned16(const TensorView& t) {
+  return reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 && t.strides[0] % 8 == 0 && t.strides[1] % 8 == 0 &&
+         t.strides[2] % 8 == 0;
+}
+
+template <typename T>
+bool launch_for(const ForwardCall& c) {
+  const dim3 grid(unsigned((c.p.Sq + kRows - 1) / kRows), unsigned(c.p.B * c.p.H));
+  auto stream = static_cast<cudaStream_t>(c.stream);
+  switch (c.p.D) {
+    case 32: forward_mma_kernel<T, 32><<<grid, kThreads, 0, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse); break;
+    case 64: forward_mma_kernel<T, 64><<<grid, kThreads, 0, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse); break;
+    case 96: forward_mma_kernel<T, 96><<<grid, kThreads, 0, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse); break;
+    case 128: forward_mma_kernel<T, 128><<<grid, kThreads, 0, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse); break;
+    default: return false;
+  }
+  FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (tensor cores)");
+  return true;
+}
+
+}  // namespace
+
+bool launch_dense_forward_mma(const ForwardCall& c) {
+  if (!aligned16(c.q) || !aligned16(c.k) || !aligned16(c.v)) return false;
+  if (c.p.dtype == DType::f16) return launch_for<__half>(c);
+  if (c.p.dtype == DType::bf16) return launch_for<__nv_bfloat16>(c);
+  return false;
+}
+
+}  // namespace flashtq::cuda
