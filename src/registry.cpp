@@ -18,27 +18,34 @@ std::mutex& registry_mutex() {
   return m;
 }
 
-std::vector<std::unique_ptr<Backend>>& owned() {
-  static std::vector<std::unique_ptr<Backend>> backends = [] {
-    std::vector<std::unique_ptr<Backend>> list;
-    list.push_back(reference::make_backend());
-    list.push_back(cpu::make_backend());
+// Every backend, owned, with a stable list of pointers handed out by all_backends().
+struct Registry {
+  std::vector<std::unique_ptr<Backend>> owned;
+  std::vector<Backend*> view;
+  void add(std::unique_ptr<Backend> b) {
+    view.push_back(b.get());
+    owned.push_back(std::move(b));
+  }
+};
+
+Registry& registry() {
+  static Registry r = [] {
+    Registry list;
+    list.add(reference::make_backend());
+    list.add(cpu::make_backend());
 #ifdef FLASHTQ_HAVE_CUDA
-    list.push_back(cuda::make_backend());
+    list.add(cuda::make_backend());
 #endif
     return list;
   }();
-  return backends;
+  return r;
 }
 
 }  // namespace
 
 const std::vector<Backend*>& all_backends() {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  static std::vector<Backend*> view;
-  view.clear();
-  for (auto& b : owned()) view.push_back(b.get());
-  return view;
+  return registry().view;
 }
 
 std::vector<Backend*> available_backends() {
@@ -71,11 +78,11 @@ Backend& default_backend() {
 void register_backend(std::unique_ptr<Backend> b) {
   if (!b) throw Error("backend", "must not be null");
   const std::string name = b->name();
-  for (Backend* existing : all_backends()) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (Backend* existing : registry().view) {
     if (existing->name() == name) throw Error("backend", "name '" + name + "' is already registered");
   }
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  owned().push_back(std::move(b));
+  registry().add(std::move(b));
 }
 
 }  // namespace flashtq
