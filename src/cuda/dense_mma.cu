@@ -1,6 +1,6 @@
 // Dense forward on tensor cores (f16/bf16, head_dim 32/64/96/128), FlashAttention-2 style: a block of
 // 4 warps owns 64 query rows (16 per warp, Q held as mma fragments); K and V tiles of 64 keys go
-// through shared memory; S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators, P
+// through shared memory, double-buffered with cp.async so the next tile loads during this one's math; S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators, P
 // staying in registers between the two (its C fragments are the next product's A fragments).
 // Every feature of SPEC §1 (strides, GQA, causal offset, window, mask, dropout, LSE); tiles no row
 // of the block can see are skipped, and per-element checks run only on boundary tiles. V's B fragments
@@ -53,8 +53,12 @@ __device__ __forceinline__ std::uint32_t load_pair(const void* p) { return *stat
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv,
                                                                TensorView ov, float* lse) {
-  __shared__ __align__(16) T k_tile[kKeys][D + 8];  // +8: rows 16 bytes apart in banks
-  __shared__ __align__(16) T v_tile[kKeys][D + 8];
+  // Two stages of K and V tiles (rows padded by 8 elements so rows fall 16 bytes apart in the banks):
+  // the copy engine fills one stage (cp.async) while the warps compute on the other.
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  using Tile = T[kKeys][D + 8];
+  Tile* k_stage = reinterpret_cast<Tile*>(smem_raw);
+  Tile* v_stage = k_stage + 2;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tig = lane % 4;
   const std::int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group();
   const std::int64_t i0 = std::int64_t(blockIdx.x) * kRows;
@@ -78,20 +82,35 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, T
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
   const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
-  for (std::int64_t j0 = range.begin / kKeys * kKeys; j0 < range.end; j0 += kKeys) {
-    __syncthreads();  // the previous tile is consumed
-    // K rows and V^T into shared memory, 8 elements (16 bytes) per load.
+  // Issues the asynchronous copy of the tile at j0 into `stage` (rows past Sk are zero-filled).
+  auto issue = [&](std::int64_t j0, int stage) {
     for (int e = tid; e < kKeys * D / 8; e += kThreads) {
       const int key = e / (D / 8), d0 = (e % (D / 8)) * 8;
-      uint4 kk = make_uint4(0, 0, 0, 0), vvv = make_uint4(0, 0, 0, 0);
-      if (j0 + key < p.Sk) {
-        kk = *reinterpret_cast<const uint4*>(static_cast<const T*>(kv.data) + row_offset(kv, b, j0 + key, hk) + d0);
-        vvv = *reinterpret_cast<const uint4*>(static_cast<const T*>(vv.data) + row_offset(vv, b, j0 + key, hk) + d0);
-      }
-      *reinterpret_cast<uint4*>(&k_tile[key][d0]) = kk;
-      *reinterpret_cast<uint4*>(&v_tile[key][d0]) = vvv;
+      const bool inside = j0 + key < p.Sk;
+      const std::int64_t row = inside ? j0 + key : 0;
+      const T* ksrc = static_cast<const T*>(kv.data) + row_offset(kv, b, row, hk) + d0;
+      const T* vsrc = static_cast<const T*>(vv.data) + row_offset(vv, b, row, hk) + d0;
+      const unsigned kdst = static_cast<unsigned>(__cvta_generic_to_shared(&k_stage[stage][key][d0]));
+      const unsigned vdst = static_cast<unsigned>(__cvta_generic_to_shared(&v_stage[stage][key][d0]));
+      const int bytes = inside ? 16 : 0;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kdst), "l"(ksrc), "r"(bytes));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vdst), "l"(vsrc), "r"(bytes));
     }
-    __syncthreads();
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+  const std::int64_t first = range.begin / kKeys * kKeys;
+  if (first < range.end) issue(first, 0);
+  int stage = 0;
+  for (std::int64_t j0 = first; j0 < range.end; j0 += kKeys, stage ^= 1) {
+    if (j0 + kKeys < range.end) {
+      issue(j0 + kKeys, stage ^ 1);
+      asm volatile("cp.async.wait_group 1;\n" ::);
+    } else {
+      asm volatile("cp.async.wait_group 0;\n" ::);
+    }
+    __syncthreads();  // this stage's tile is visible to every warp
+    const Tile& k_tile = k_stage[stage];
+    const Tile& v_tile = v_stage[stage];
     // S = Q K^T for this warp's 16 rows x 64 keys (8 n-tiles).
     float s[8][4] = {};
 #pragma unroll
@@ -166,6 +185,7 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, T
         mma<T>(o[nt], pa, b0, b1);
       }
     }
+    __syncthreads();  // every warp is done with this stage before it is refilled
   }
   // Normalise and store rows r0, r1; LSE.
 #pragma unroll
@@ -194,15 +214,26 @@ bool aligned16(const TensorView& t) {
          t.strides[2] % 8 == 0;
 }
 
+template <typename T, int D>
+void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
+  constexpr int smem = 4 * kKeys * (D + 8) * int(sizeof(T));  // K and V, two stages each
+  static const bool configured = [] {
+    FLASHTQ_CUDA_CHECK(cudaFuncSetAttribute(forward_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)configured;
+  forward_mma_kernel<T, D><<<grid, kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
+}
+
 template <typename T>
 bool launch_for(const ForwardCall& c) {
   const dim3 grid(unsigned((c.p.Sq + kRows - 1) / kRows), unsigned(c.p.B * c.p.H));
   auto stream = static_cast<cudaStream_t>(c.stream);
   switch (c.p.D) {
-    case 32: forward_mma_kernel<T, 32><<<grid, kThreads, 0, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse); break;
-    case 64: forward_mma_kernel<T, 64><<<grid, kThreads, 0, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse); break;
-    case 96: forward_mma_kernel<T, 96><<<grid, kThreads, 0, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse); break;
-    case 128: forward_mma_kernel<T, 128><<<grid, kThreads, 0, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse); break;
+    case 32: launch_dim<T, 32>(c, grid, stream); break;
+    case 64: launch_dim<T, 64>(c, grid, stream); break;
+    case 96: launch_dim<T, 96>(c, grid, stream); break;
+    case 128: launch_dim<T, 128>(c, grid, stream); break;
     default: return false;
   }
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (tensor cores)");
