@@ -1,10 +1,11 @@
 // Dense forward on tensor cores (f16/bf16, head_dim 32/64/96/128), FlashAttention-2 style: a block of
-// 4 warps owns 64 query rows (16 per warp, Q held as mma fragments); K and V tiles of 64 keys go
-// through shared memory, double-buffered with cp.async so the next tile loads during this one's math; S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators, P
-// staying in registers between the two (its C fragments are the next product's A fragments).
+// 8 warps owns 128 query rows (16 per warp, Q held as mma fragments); K and V tiles of 64 keys go
+// through shared memory, double-buffered with cp.async so the next tile loads during this one's math.
+// S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators, P staying in registers
+// between the two (its C fragments are the next product's A fragments); the softmax runs on exp2.
 // Every feature of SPEC §1 (strides, GQA, causal offset, window, mask, dropout, LSE); tiles no row
-// of the block can see are skipped, and per-element checks run only on boundary tiles. V's B fragments
-// come from its row-major tile through ldmatrix .trans.
+// of the block can see are skipped, and per-element checks run only on boundary tiles. V's B
+// fragments come from its row-major tile through ldmatrix .trans.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -17,7 +18,7 @@
 namespace flashtq::cuda {
 namespace {
 
-constexpr int kRows = 64, kKeys = 64, kThreads = 128;
+constexpr int kRows = 128, kKeys = 64, kThreads = 256;  // 8 warps x 16 rows share each K/V tile
 
 template <typename T>
 __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);
@@ -137,6 +138,7 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, T
           v += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
           if (v <= -1e30f) v = -INFINITY;
         }
+        v *= 1.4426950408889634f;  // log2(e): the softmax below runs on exp2
         s[nt][e] = v;
         tile_max[e / 2] = fmaxf(tile_max[e / 2], v);
       }
@@ -147,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, T
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 1));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 2));
       const float m_new = fmaxf(m[r], tile_max[r]);
-      corr[r] = m_new == -INFINITY ? 1.0f : expf(m[r] - m_new);
+      corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
       m[r] = m_new;
       l[r] *= corr[r];
     }
@@ -160,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, T
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float mr = m[e / 2];
-        const float pr = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - mr);
+        const float pr = s[nt][e] == -INFINITY ? 0.0f : exp2f(s[nt][e] - mr);
         l[e / 2] += pr;
         float w = pr;
         if (p.dropout_p > 0.0f && pr != 0.0f) {
@@ -205,7 +207,9 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, T
       out[d0] = from_float<T>(o[nt][2 * r] * inv);
       out[d0 + 1] = from_float<T>(o[nt][2 * r + 1] * inv);
     }
-    if (lse != nullptr && tig == 0) lse[(b * p.H + h) * p.Sq + i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+    if (lse != nullptr && tig == 0) {  // m is in log2 units
+      lse[(b * p.H + h) * p.Sq + i] = l[r] > 0.0f ? m[r] * 0.6931471805599453f + logf(l[r]) : -INFINITY;
+    }
   }
 }
 
