@@ -75,5 +75,43 @@ TEST_P(Conformance, TurboQuantDecodeShapes) {
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(suite_cases()),
                          [](const auto& info) { return info.param.backend + "_" + std::to_string(info.param.index); });
 
+
+// Shapes whose launch grids pass a GPU's per-dimension limits (65535 blocks in y and z): more query
+// rows than fit in one TurboQuant launch, more (batch, head) pairs than one dense launch takes.
+class LargeGrids : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LargeGrids, TurboQuantRowsAndDenseHeads) {
+  Backend* b = nullptr;
+  for (Backend* x : all_backends())
+    if (x->name() == GetParam()) b = x;
+  if (!b->available()) GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
+  std::mt19937_64 rng{std::random_device{}()};
+  auto expect_pass = [](const conformance::CheckResult& r) {
+    EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " " << r.detail;
+  };
+  conformance::TqCase tq;
+  tq.D = 32;
+  tq.tokens = tq.capacity = 70004;
+  tq.n_queries = 70000;
+  tq.max_seq = 4;
+  tq.seed = rng();
+  tq.data_seed = rng();
+  expect_pass(conformance::check_tq_attend(*b, tq));
+  conformance::DenseCase dense;
+  dense.B = 256;
+  dense.H = dense.Hkv = 257;
+  dense.D = 32;
+  dense.dtype = DType::bf16;
+  dense.data_seed = rng();
+  expect_pass(conformance::check_forward(*b, dense));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, LargeGrids, ::testing::ValuesIn([] {
+                           std::vector<std::string> names;
+                           for (const Backend* b : all_backends()) names.push_back(b->name());
+                           return names;
+                         }()),
+                         [](const auto& info) { return info.param; });
+
 }  // namespace
 }  // namespace flashtq

@@ -248,6 +248,7 @@ bool launch_for(const ForwardCall& c) {
 
 bool launch_dense_forward_mma(const ForwardCall& c) {
   if (!aligned16(c.q) || !aligned16(c.k) || !aligned16(c.v)) return false;
+  if (c.p.B * c.p.H > 65535) return false;  // grid y; the warp-per-row kernel takes these
   if (c.p.dtype == DType::f16) return launch_for<__half>(c);
   if (c.p.dtype == DType::bf16) return launch_for<__nv_bfloat16>(c);
   return false;

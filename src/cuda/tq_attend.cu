@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   __shared__ float kc[16], vc[16], row_max[HT], row_sum[HT];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int split = blockIdx.x;
-  const std::int64_t kvh = blockIdx.y / a.n_tiles, j = blockIdx.z;  // j: row b * n_queries + j of the batch
+  const std::int64_t kvh = blockIdx.y / a.n_tiles, j = a.first_row + blockIdx.z;  // row b * n_queries + j of the batch
   const std::uint32_t* keys = keys_of(a, j);
   const std::uint32_t* values = values_of(a, j);
   const std::int64_t G = a.H / a.l.n_kv_heads, h0 = kvh * G + (blockIdx.y % a.n_tiles) * HT;
@@ -197,16 +197,22 @@ int n_splits_of(const TqAttendArgs& c) {
 int head_tile(std::int64_t group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1; }
 
 template <int D>
-void launch_for_dim(const AttendParams& a, int ht, std::int64_t n_kv, cudaStream_t stream) {
-  const dim3 grid(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), unsigned(a.batch * a.n_queries));
-  if (mma_decode_supported(a)) {
-    launch_mma_decode(a, stream);
-  } else switch (ht) {
-    case 4: attend_partial<D, 4><<<grid, kThreads, 0, stream>>>(a); break;
-    case 2: attend_partial<D, 2><<<grid, kThreads, 0, stream>>>(a); break;
-    default: attend_partial<D, 1><<<grid, kThreads, 0, stream>>>(a); break;
+void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, cudaStream_t stream) {
+  const std::int64_t rows = all_rows.batch * all_rows.n_queries;
+  for (std::int64_t first = 0; first < rows; first += kMaxGridZ) {  // grid z holds at most 65535 rows
+    AttendParams a = all_rows;
+    a.first_row = first;
+    const dim3 grid(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), unsigned(std::min(kMaxGridZ, rows - first)));
+    if (mma_decode_supported(a)) {
+      launch_mma_decode(a, grid, stream);
+    } else switch (ht) {
+      case 4: attend_partial<D, 4><<<grid, kThreads, 0, stream>>>(a); break;
+      case 2: attend_partial<D, 2><<<grid, kThreads, 0, stream>>>(a); break;
+      default: attend_partial<D, 1><<<grid, kThreads, 0, stream>>>(a); break;
+    }
+    FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant attend kernel");
   }
-  FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant attend kernel");
+  const AttendParams& a = all_rows;
   attend_merge<D><<<unsigned(a.batch * a.n_queries * a.H), kMergeGroups * D, 0, stream>>>(a);
   FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant merge kernel");
 }

@@ -24,6 +24,7 @@ struct AttendParams {
   std::int64_t out_batch_stride, out_row_stride, out_head_stride;
   std::int64_t batch;
   const std::int32_t* starts;  // per sequence, or null: start_pos for all
+  std::int64_t first_row;      // first batch row of this launch (grids hold at most 65535 rows in z)
   float* ws;
   int n_splits, n_tiles;
   float key_centroids[16], value_centroids[16];
@@ -47,9 +48,11 @@ __device__ __forceinline__ const std::uint32_t* values_of(const AttendParams& a,
   return a.v + (z / a.n_queries) * a.l.value_words();
 }
 
+constexpr std::int64_t kMaxGridZ = 65535;
+
 // The tensor-core decode path: head_dim 128, keys 2+1 bits, values 2 bits, GQA groups of 4k heads.
 bool mma_decode_supported(const TqAttendArgs& c);
 bool mma_decode_supported(const AttendParams& a);
-void launch_mma_decode(const AttendParams& a, cudaStream_t stream);
+void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream);
 
 }  // namespace flashtq::cuda

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int row = lane / 4, tig = lane % 4;  // mma fragment coordinates
   const int split = blockIdx.x;
-  const std::int64_t kvh = blockIdx.y / a.n_tiles, j = blockIdx.z;  // j: row b * n_queries + j of the batch
+  const std::int64_t kvh = blockIdx.y / a.n_tiles, j = a.first_row + blockIdx.z;  // row b * n_queries + j of the batch
   const std::uint32_t* keys = keys_of(a, j);
   const std::uint32_t* values = values_of(a, j);
   const std::int64_t h0 = kvh * (a.H / a.l.n_kv_heads) + (blockIdx.y % a.n_tiles) * 4;
@@ -292,8 +292,7 @@ bool mma_decode_supported(const AttendParams& a) {
   return a.l.head_dim == kD && a.l.key_bits == 2 && a.l.value_bits == 2 && (a.H / a.l.n_kv_heads) % 4 == 0;
 }
 
-void launch_mma_decode(const AttendParams& a, cudaStream_t stream) {
-  const dim3 grid(unsigned(a.n_splits), unsigned(a.l.n_kv_heads * a.n_tiles), unsigned(a.batch * a.n_queries));
+void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream) {
   mma_decode_kernel<<<grid, 32 * kWarps, 0, stream>>>(a);
 }
 
