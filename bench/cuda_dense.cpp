@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "cuda_timing.hpp"
 #include "flashtq/flashtq.hpp"
 
 namespace {
@@ -16,25 +17,10 @@ using flashtq::DType;
 using flashtq::Memory;
 using flashtq::TensorView;
 
+// One warm-up call: the slow paths take a quarter of a second per call.
 template <typename F>
 double median_ms(F&& f, int repeats) {
-  f();
-  cudaDeviceSynchronize();
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<double> t;
-  for (int i = 0; i < repeats; ++i) {
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return flashtq::bench::time_ms(f, nullptr, repeats, 1);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda_timing.hpp"
 #include "flashtq/flashtq.hpp"
 
 namespace {
@@ -17,34 +18,8 @@ using flashtq::DType;
 using flashtq::Memory;
 using flashtq::TensorView;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-// Median milliseconds of `repeats` timed calls after warm-up.
-template <typename F>
-double time_ms(F&& f, cudaStream_t stream = nullptr, int repeats = 20) {
-  for (int i = 0; i < 3; ++i) f();
-  check(cudaDeviceSynchronize(), "warm-up");
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<double> t;
-  for (int i = 0; i < repeats; ++i) {
-    cudaEventRecord(a, stream);
-    f();
-    cudaEventRecord(b, stream);
-    check(cudaEventSynchronize(b), "timing");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using flashtq::bench::check;
+using flashtq::bench::time_ms;
 
 double copy_bandwidth_gbs() {
   const std::size_t bytes = std::size_t(2) << 30;

@@ -37,10 +37,6 @@ std::string DenseCase::describe() const {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
 
 // Everything one case needs on the host: inputs, the mask, and the params.

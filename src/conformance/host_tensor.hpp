@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -13,6 +14,10 @@
 #include "flashtq/tensor.hpp"
 
 namespace flashtq::conformance {
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 struct HostTensor {
   std::vector<std::uint8_t> bytes;

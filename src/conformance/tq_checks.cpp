@@ -28,10 +28,6 @@ namespace {
 
 constexpr std::uint32_t kPoisonWord = 0xA5A5A5A5u;
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 TqLayout layout_of(const TqCase& c) {
   TqLayout l;
   l.head_dim = c.D;

@@ -35,4 +35,12 @@ FLASHTQ_HD KeyRange key_range(const DenseProblem& p, std::int64_t i0, std::int64
   return {begin, end > begin ? end : begin};
 }
 
+// Whether every key of [j0, j1) is visible to every row of [i0, i1): the visible set is convex
+// (half-planes and a band), so the four corners decide. Used to skip per-element checks on interior tiles.
+FLASHTQ_HD bool tile_fully_visible(const DenseProblem& p, std::int64_t i0, std::int64_t i1, std::int64_t j0,
+                                   std::int64_t j1) {
+  return key_visible(p, i0, j0) && key_visible(p, i0, j1 - 1) && key_visible(p, i1 - 1, j0) &&
+         key_visible(p, i1 - 1, j1 - 1);
+}
+
 }  // namespace flashtq::core

@@ -15,6 +15,7 @@
 #include "core/visibility.hpp"
 #include "cpu/dense.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/merge.hpp"
 
 namespace flashtq::cpu {
 namespace {
@@ -24,14 +25,6 @@ constexpr std::int64_t kDirectRows = 8;  // up to this many rows, scores are dot
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
-
-// Whether every key of [j0, j1) is visible to every row of [i0, i1) (the corners decide).
-bool tile_fully_visible(const DenseProblem& p, std::int64_t i0, std::int64_t i1, std::int64_t j0, std::int64_t j1) {
-  for (std::int64_t i : {i0, i1 - 1})
-    for (std::int64_t j : {j0, j1 - 1})
-      if (!core::key_visible(p, i, j)) return false;
-  return true;
-}
 
 struct Buffers {
   std::vector<float> q, kt, v, s, o, m, l;
@@ -124,7 +117,7 @@ void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::in
       convert_tile(c, b, hk, j0, n, t.kt.data(), t.v.data(), krow);
       gemm(t.q.data(), std::size_t(Dp), kt, kBk, t.s.data(), kBk, std::size_t(rows), kBk, std::size_t(D), false);
     }
-    const bool all_visible = n == kBk && tile_fully_visible(p, i0, i1, j0, j0 + n);
+    const bool all_visible = n == kBk && core::tile_fully_visible(p, i0, i1, j0, j0 + n);
     for (std::int64_t r = 0; r < rows; ++r) {
       float* s = t.s.data() + r * kBk;
       const std::int64_t h = hk * G + r / P, i = i0 + r % P;
@@ -260,17 +253,10 @@ void dense_forward(const ForwardCall& c, int threads) {
         const std::int64_t qb = rt % q_blocks, bhk = rt / q_blocks, hk = bhk % p.Hkv, b = bhk / p.Hkv;
         const std::int64_t i0 = qb * P, n_pos = std::min(p.Sq, i0 + P) - i0, rows = G * n_pos;
         for (std::int64_t r = 0; r < rows; ++r) {
-          float M = kNegInf;
-          for (std::int64_t s = 0; s < splits; ++s) M = std::max(M, partials[std::size_t((rt * splits + s) * stride + r * (Dp + 2) + Dp)]);
-          float L = 0.0f;
-          std::fill(acc.begin(), acc.end(), 0.0f);
-          for (std::int64_t s = 0; s < splits && M != kNegInf; ++s) {
+          const auto [M, L] = merge_partials(splits, D, [&](std::int64_t s) {
             const float* w = partials.data() + (rt * splits + s) * stride + r * (Dp + 2);
-            if (w[Dp + 1] == 0.0f) continue;
-            const float f = std::exp(w[Dp] - M);
-            L += w[Dp + 1] * f;
-            for (std::int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += w[d] * f;
-          }
+            return Partial{w[Dp], w[Dp + 1], w};
+          }, acc.data());
           finish_row(b, hk, i0, n_pos, r, acc.data(), M, L);
         }
       }

@@ -18,6 +18,7 @@
 #include "core/half.hpp"
 #include "core/rht.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/merge.hpp"
 #include "cpu/turboquant.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -161,17 +162,10 @@ bool tq_attend_simd(const TqAttendArgs& a, int threads) {
     const std::int64_t b = row / a.n_queries, j = row % a.n_queries;
     std::vector<float> x(static_cast<std::size_t>(D));
     for (std::int64_t g = 0; g < G; ++g) {
-      float M = -std::numeric_limits<float>::infinity();
-      for (std::int64_t s = 0; s < splits; ++s) M = std::max(M, part[std::size_t((r * splits + s) * G * (D + 2) + g)]);
-      float L = 0.0f;
-      std::fill(x.begin(), x.end(), 0.0f);
-      for (std::int64_t s = 0; s < splits && M != -std::numeric_limits<float>::infinity(); ++s) {
+      const float L = merge_partials(splits, D, [&](std::int64_t s) {
         const float* u = part.data() + (r * splits + s) * G * (D + 2);
-        if (u[G + g] == 0.0f) continue;
-        const float f = std::exp(u[g] - M);
-        L += u[G + g] * f;
-        for (std::int64_t d = 0; d < D; ++d) x[std::size_t(d)] += u[2 * G + g * D + d] * f;
-      }
+        return Partial{u[g], u[G + g], u + 2 * G + g * D};
+      }, x.data()).second;
       for (float& e : x) e = L > 0.0f ? e / L : 0.0f;  // a row that sees nothing writes zeros
       core::inverse_rht(x.data(), D, a.tables.polar_sign_bits);
       float* out = static_cast<float*>(a.out.data) + core::offset(a.out, b, j, kvh * G + g);

@@ -123,9 +123,8 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, T
       }
     }
     // Scale, visibility, mask; then the online softmax of rows r0 (c0, c1) and r1 (c2, c3).
-    const bool interior = j0 >= range.begin && j0 + kKeys <= p.Sk && core::key_visible(p, i0, j0) &&
-                          core::key_visible(p, i0, j0 + kKeys - 1) && core::key_visible(p, min(i0 + kRows, p.Sq) - 1, j0) &&
-                          core::key_visible(p, min(i0 + kRows, p.Sq) - 1, j0 + kKeys - 1);
+    const bool interior = j0 >= range.begin && j0 + kKeys <= p.Sk &&
+                          core::tile_fully_visible(p, i0, min(i0 + kRows, p.Sq), j0, j0 + kKeys);
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {

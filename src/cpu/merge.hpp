@@ -1,0 +1,35 @@
+// Merging split-K partials by their LSEs (flash-decoding), shared by the cpu backend's dense and
+// TurboQuant attention.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace flashtq::cpu {
+
+struct Partial {
+  float m;           // running maximum of the split's scores (-inf: saw nothing)
+  float l;           // sum of exp(score - m)
+  const float* acc;  // unnormalised output rows, D values
+};
+
+// acc_out = sum_s acc_s exp(m_s - M) (unnormalised) and returns {M, L}; partial(s) gives split s.
+template <typename PartialOf>
+std::pair<float, float> merge_partials(std::int64_t splits, std::int64_t D, PartialOf partial, float* acc_out) {
+  float M = -std::numeric_limits<float>::infinity();
+  for (std::int64_t s = 0; s < splits; ++s) M = std::max(M, partial(s).m);
+  float L = 0.0f;
+  std::fill(acc_out, acc_out + D, 0.0f);
+  for (std::int64_t s = 0; s < splits && M != -std::numeric_limits<float>::infinity(); ++s) {
+    const Partial w = partial(s);
+    if (w.l == 0.0f) continue;
+    const float f = std::exp(w.m - M);
+    L += w.l * f;
+    for (std::int64_t d = 0; d < D; ++d) acc_out[d] += w.acc[d] * f;
+  }
+  return {M, L};
+}
+
+}  // namespace flashtq::cpu
