@@ -6,6 +6,7 @@
 #define HWY_TARGET_INCLUDE "cpu/tq_attend_simd.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/aligned_allocator.h"
 
 #include <omp.h>
 
@@ -39,59 +40,123 @@ HWY_INLINE V decode(D d, const std::uint32_t* codes, std::int64_t c, V centroids
   return hn::TableLookupLanes(centroids, hn::IndicesFromVec(d, hn::BitCast(di, idx)));
 }
 
-// Heads [g0, g0 + GT) of one (row, kv head) over timesteps [t0, t1): fills their m, l and
-// rotated-space accumulators (acc: GT x D). GT is a compile-time count so the per-head vectors
-// stay in registers and each code word is decoded once for all of them.
+#if HWY_TARGET != HWY_SCALAR  // the tables need 128-bit vectors (one lane per head of a quad)
+// Per-query lookup tables for key scores, four heads per entry (one 128-bit vector): for byte j of a
+// key's code words (dims 4j..4j+3) and each of its 256 values, the heads' partial dot products with
+// the centroids it selects; for byte j of the QJL bits (dims 8j..8j+7), the partial signed sums
+// sum_i (+-1) q_jl[i]. A key's score is then 3D/8 table reads and vector adds for all four heads,
+// with no horizontal sums. Heads past the group's end read as zero.
+struct KeyTables {
+  hwy::AlignedFreeUniquePtr<float[]> storage;  // codes [D/4][256][4], then signs [D/8][256][4]
+  std::size_t size = 0;
+  float* codes = nullptr;
+  float* signs = nullptr;
+  void reserve(std::int64_t D) {
+    const std::size_t need = std::size_t(D / 4 * 256 * 4 + D / 8 * 256 * 4);
+    if (need > size) storage = hwy::AllocateAligned<float>(need), size = need;
+    codes = storage.get();
+    signs = codes + D / 4 * 256 * 4;
+  }
+};
+
+// Entries are built digit by digit (entry[x + radix^i * m] = entry[x] + q[i] * value(m)), about one
+// vector add per entry.
+void build_key_tables(const float* const* q_rot, const float* const* q_jl, int heads, std::int64_t D,
+                      const float* centroids, KeyTables& t) {
+  const hn::Full128<float> d4;
+  t.reserve(D);
+  auto across_heads = [&](const float* const* rows, std::int64_t dim) {
+    alignas(16) float x[4] = {};
+    for (int h = 0; h < heads; ++h) x[h] = rows[h][dim];
+    return hn::Load(d4, x);
+  };
+  for (std::int64_t j = 0; j < D / 4; ++j) {  // 4 dims of 2-bit codes per byte
+    float* e = t.codes + j * 256 * 4;
+    hn::Store(hn::Zero(d4), d4, e);
+    for (int i = 0, filled = 1; i < 4; ++i, filled *= 4) {
+      const auto q = across_heads(q_rot, 4 * j + i);
+      for (int code = 3; code >= 0; --code) {  // code 0 last: it overwrites the entries it reads
+        const auto part = hn::Mul(q, hn::Set(d4, centroids[code]));
+        for (int x = 0; x < filled; ++x) hn::Store(hn::Add(hn::Load(d4, e + x * 4), part), d4, e + (x + filled * code) * 4);
+      }
+    }
+  }
+  for (std::int64_t j = 0; j < D / 8; ++j) {  // 8 dims of sign bits per byte
+    float* e = t.signs + j * 256 * 4;
+    hn::Store(hn::Zero(d4), d4, e);
+    for (int i = 0, filled = 1; i < 8; ++i, filled *= 2) {
+      const auto q = across_heads(q_jl, 8 * j + i);
+      for (int x = 0; x < filled; ++x) {
+        const auto v = hn::Load(d4, e + x * 4);
+        hn::Store(hn::Add(v, q), d4, e + (x + filled) * 4);
+        hn::Store(hn::Sub(v, q), d4, e + x * 4);
+      }
+    }
+  }
+}
+
+// Heads [g0, g0 + GT) (GT <= 4) of one (row, kv head) over timesteps [t0, t1): fills their m, l and
+// rotated-space accumulators (acc: GT x D). Each code word is read once for all the heads.
 template <int GT>
 void attend_heads(const TqAttendArgs& a, std::int64_t row, std::int64_t kvh, std::int64_t g0, std::int64_t t0,
                   std::int64_t t1, float* m, float* l, float* acc) {
   const hn::ScalableTag<float> d;
+  const hn::Full128<float> d4;  // one lane per head of the quad
   using V = hn::Vec<decltype(d)>;
+  using V4 = hn::Vec<decltype(d4)>;
   const std::int64_t N = std::int64_t(hn::Lanes(d));
   const TqLayout& lay = a.layout;
   const std::int64_t D = lay.head_dim, H = a.n_heads, G = H / lay.n_kv_heads, b = row / a.n_queries;
   const std::int64_t region = a.q_cap * H * D;
   const std::uint32_t* keys = a.k_cache + b * lay.key_words();
   const std::uint32_t* values = a.v_cache + b * lay.value_words();
-  alignas(64) float kc[16] = {}, vc[16] = {};
-  for (int i = 0; i < 4; ++i) kc[i] = a.tables.key_centroids[std::size_t(i)], vc[i] = a.tables.value_centroids[std::size_t(i)];
-  const V key_c = hn::LoadU(d, kc), value_c = hn::LoadU(d, vc);
+  alignas(64) float vc[16] = {};
+  for (int i = 0; i < 4; ++i) vc[i] = a.tables.value_centroids[std::size_t(i)];
+  const V value_c = hn::LoadU(d, vc);
   const float scale = *a.scale, qjl = *a.qjl_scale;
   const float* q_rot[GT];
-  float sums[GT];
+  const float* q_jl[GT];
   for (int g = 0; g < GT; ++g) {
     q_rot[g] = a.scratch + (row * H + kvh * G + g0 + g) * D;
-    sums[g] = a.scratch[2 * region + row * H + kvh * G + g0 + g];
+    q_jl[g] = q_rot[g] + region;
     m[g] = -std::numeric_limits<float>::infinity();
     l[g] = 0.0f;
   }
   std::fill(acc, acc + GT * D, 0.0f);
+  if (t0 >= t1) return;
+  thread_local KeyTables tables;
+  build_key_tables(q_rot, q_jl, GT, D, a.tables.key_centroids.data(), tables);
+  const float* code_table = tables.codes;
+  const float* sign_table = tables.signs;
   alignas(64) float w[GT][kBlock];
+  alignas(16) float scores[kBlock][4];
   for (std::int64_t tb = t0; tb < t1; tb += kBlock) {
     const std::int64_t n = std::min(kBlock, t1 - tb);
-    for (std::int64_t t = 0; t < n; ++t) {  // scores of the block's tokens
+    for (std::int64_t t = 0; t < n; ++t) {  // scores of the block's tokens, four heads at once
       const std::int64_t slot = kvh * lay.capacity + tb + t;
-      const std::uint32_t* codes = keys + slot * lay.key_code_words();
-      const std::uint8_t* jl = reinterpret_cast<const std::uint8_t*>(keys + lay.key_jl_offset() + slot * lay.jl_words());
+      const auto* codes = reinterpret_cast<const std::uint8_t*>(keys + slot * lay.key_code_words());
+      const auto* jl = reinterpret_cast<const std::uint8_t*>(keys + lay.key_jl_offset() + slot * lay.jl_words());
       const std::uint32_t nw = keys[lay.key_norm_offset() + slot];
+      // Four partial sums each: a single chain of adds would be latency-bound.
+      V4 c0 = hn::Zero(d4), c1 = c0, c2 = c0, c3 = c0, s0 = c0, s1 = c0;
+      for (std::int64_t j = 0; j < D / 4; j += 4) {
+        c0 = hn::Add(c0, hn::Load(d4, code_table + ((j + 0) * 256 + codes[j + 0]) * 4));
+        c1 = hn::Add(c1, hn::Load(d4, code_table + ((j + 1) * 256 + codes[j + 1]) * 4));
+        c2 = hn::Add(c2, hn::Load(d4, code_table + ((j + 2) * 256 + codes[j + 2]) * 4));
+        c3 = hn::Add(c3, hn::Load(d4, code_table + ((j + 3) * 256 + codes[j + 3]) * 4));
+      }
+      for (std::int64_t j = 0; j < D / 8; j += 2) {
+        s0 = hn::Add(s0, hn::Load(d4, sign_table + ((j + 0) * 256 + jl[j + 0]) * 4));
+        s1 = hn::Add(s1, hn::Load(d4, sign_table + ((j + 1) * 256 + jl[j + 1]) * 4));
+      }
+      const V4 polar = hn::Add(hn::Add(c0, c1), hn::Add(c2, c3)), signs = hn::Add(s0, s1);
       const float norm = f16_low(nw), jl_weight = f16_low(nw >> 16) * qjl;
-      V polar[GT], positive[GT];
-      for (int g = 0; g < GT; ++g) polar[g] = positive[g] = hn::Zero(d);
-      for (std::int64_t c = 0; c < D; c += N) {
-        const V cent = decode(d, codes, c, key_c);
-        const auto mask = hn::LoadMaskBits(d, jl + c / 8);
-        for (int g = 0; g < GT; ++g) {
-          polar[g] = hn::MulAdd(cent, hn::LoadU(d, q_rot[g] + c), polar[g]);
-          positive[g] = hn::Add(positive[g], hn::IfThenElseZero(mask, hn::LoadU(d, q_rot[g] + region + c)));
-        }
-      }
-      for (int g = 0; g < GT; ++g) {  // one horizontal sum per head: polar + 2 gamma qjl positive
-        const float total = hn::GetLane(hn::SumOfLanes(d, hn::MulAdd(hn::Set(d, 2.0f * jl_weight), positive[g], polar[g])));
-        w[g][t] = scale * norm * (total - jl_weight * sums[g]);
-      }
+      // score = scale |k| (<q, centroids> + gamma qjl <q_jl, signs>)
+      hn::Store(hn::Mul(hn::Set(d4, scale * norm), hn::MulAdd(hn::Set(d4, jl_weight), signs, polar)), d4, scores[t]);
     }
     for (int g = 0; g < GT; ++g) {  // online softmax per head; w becomes p * |v_t|
       float* s = w[g];
+      for (std::int64_t t = 0; t < n; ++t) s[t] = scores[t][g];
       const float m_new = std::max(m[g], max_of(s, std::size_t(n)));
       const float corr = std::exp(m[g] - m_new);
       l[g] = l[g] * corr + exp_shift_sum(s, std::size_t(n), m_new);
@@ -112,20 +177,25 @@ void attend_heads(const TqAttendArgs& a, std::int64_t row, std::int64_t kvh, std
   }
 }
 
-// One (row, kv head): every head of its group, in tiles of 4, 2 or 1 heads.
+// One (row, kv head): every head of its group, in quads (the last one 3, 2 or 1 heads).
 void AttendRange(const TqAttendArgs& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1, float* m,
                  float* l, float* acc) {
   const std::int64_t G = a.n_heads / a.layout.n_kv_heads, D = a.layout.head_dim;
   std::int64_t g = 0;
   for (; g + 4 <= G; g += 4) attend_heads<4>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
-  for (; g + 2 <= G; g += 2) attend_heads<2>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
-  for (; g < G; ++g) attend_heads<1>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
+  if (G - g == 3) attend_heads<3>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
+  if (G - g == 2) attend_heads<2>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
+  if (G - g == 1) attend_heads<1>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
 }
 
 bool Supported() {
   const hn::ScalableTag<float> d;
   return hn::Lanes(d) >= 4 && hn::Lanes(d) <= 16;
 }
+#else
+void AttendRange(const TqAttendArgs&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*, float*, float*) {}
+bool Supported() { return false; }
+#endif
 
 }  // namespace flashtq::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();

@@ -86,7 +86,7 @@ std::vector<T> random_bytes(std::size_t n, DType dtype, std::mt19937_64& rng) {
 
 Command add_bench(CLI::App& app) {
   struct Options {
-    bool json = false, quick = false;
+    bool json = false, quick = false, decode_only = false;
     int threads = 0;
     std::string output, torch_json;
   };
@@ -94,6 +94,7 @@ Command add_bench(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("bench", "Benchmark the cpu backend against the machine's limits and PyTorch");
   sub->add_flag("--json", opts->json, "Print the results as JSON");
   sub->add_flag("--quick", opts->quick, "Fewer shapes and repeats");
+  sub->add_flag("--decode-only", opts->decode_only, "Only the decode comparison (dense f16 cache against TurboQuant)");
   sub->add_option("--threads", opts->threads, "Threads (default: all cores)");
   sub->add_option("--output", opts->output, "Also write the JSON to this file");
   sub->add_option("--torch-json", opts->torch_json, "PyTorch results (bench/torch_cpu_sdpa.py) to merge");
@@ -112,7 +113,7 @@ Command add_bench(CLI::App& app) {
                        r["simd_target"].get<std::string>(), peak, bw);
             const int reps = opts->quick ? 1 : 3;
             // Dense forward and backward: B = 1, H = 8, S x S.
-            for (DType dtype : {DType::f32, DType::bf16}) {
+            for (DType dtype : opts->decode_only ? std::vector<DType>{} : std::vector<DType>{DType::f32, DType::bf16}) {
               for (std::int64_t D : {64, 128}) {
                 for (std::int64_t S : opts->quick ? std::vector<std::int64_t>{1024} : std::vector<std::int64_t>{1024, 4096}) {
                   const std::int64_t B = 1, H = 8, n = B * S * H * D;
