@@ -76,4 +76,18 @@ __device__ __forceinline__ void warp_rht(double (&x)[E], const std::uint32_t* si
   for (int e = 0; e < E; ++e) x[e] *= inv;
 }
 
+// Asynchronous global -> shared copies (sm_80+): 16 bytes (both addresses 16-byte aligned) or 4.
+__device__ __forceinline__ void cp_async16(void* smem, const void* global) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* global) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(global));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `pending` of this thread's committed groups are still in flight.
+template <int pending>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(pending)); }
+
 }  // namespace flashtq::cuda

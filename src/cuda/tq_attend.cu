@@ -188,9 +188,27 @@ __global__ void __launch_bounds__(kMergeGroups * D) attend_merge(AttendParams a)
   a.out[b * a.out_batch_stride + j * a.out_row_stride + h * a.out_head_stride + d] = y[d] * (1.0f / sqrtf(float(D))) * sign;
 }
 
+// Timesteps per block. The tensor-core decode kernel pays a fixed set-up per block (the queries'
+// fixed-point fragments, the cross-warp combine), so it takes longer splits while the grid still
+// gives every SM at least 4 blocks; the scalar kernel keeps kSplitTokens.
+std::int64_t split_tokens_of(const TqAttendArgs& c) {
+  if (!mma_decode_supported(c)) return kSplitTokens;
+  static const int sms = [] {
+    int device = 0, count = 0;
+    FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
+    FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }();
+  const std::int64_t longest = c.start_positions ? *c.max_seq : std::min(c.start_pos + c.n_queries, *c.max_seq);
+  const std::int64_t units = c.batch * c.n_queries * c.n_heads / 4;  // blocks per split index
+  std::int64_t per = kMmaSplitTokens;
+  while (per < kMmaMaxSplitTokens && units * ((longest + 2 * per - 1) / (2 * per)) >= 4 * std::int64_t(sms)) per *= 2;
+  return per;
+}
+
 int n_splits_of(const TqAttendArgs& c) {
   const std::int64_t longest = c.start_positions ? *c.max_seq : std::min(c.start_pos + c.n_queries, *c.max_seq);
-  const std::int64_t per_split = mma_decode_supported(c) ? kMmaSplitTokens : kSplitTokens;
+  const std::int64_t per_split = split_tokens_of(c);
   return int(std::max<std::int64_t>(1, (longest + per_split - 1) / per_split));
 }
 
@@ -244,6 +262,7 @@ void launch_tq_attend(const TqAttendArgs& c) {
   a.out_head_stride = c.out.strides[2];
   a.ws = static_cast<float*>(c.workspace);
   a.n_splits = n_splits_of(c);
+  a.split_tokens = int(split_tokens_of(c));
   const int ht = head_tile(c.n_heads / c.layout.n_kv_heads);
   a.n_tiles = int(c.n_heads / c.layout.n_kv_heads / ht);
   for (int i = 0; i < 16; ++i) {

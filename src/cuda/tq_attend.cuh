@@ -11,7 +11,8 @@
 namespace flashtq::cuda {
 
 constexpr int kSplitTokens = 256;      // tokens per block of the scalar kernel
-constexpr int kMmaSplitTokens = 512;   // tokens per block of the tensor-core decode kernel
+constexpr int kMmaSplitTokens = 512;   // least tokens per block of the tensor-core decode kernel
+constexpr int kMmaMaxSplitTokens = 4096;
 
 struct AttendParams {
   TqLayout l;
@@ -27,6 +28,7 @@ struct AttendParams {
   std::int64_t first_row;      // first batch row of this launch (grids hold at most 65535 rows in z)
   float* ws;
   int n_splits, n_tiles;
+  int split_tokens;  // timesteps per block (split)
   float key_centroids[16], value_centroids[16];
   std::uint32_t polar_signs[8];
 };

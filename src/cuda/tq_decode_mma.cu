@@ -1,14 +1,20 @@
 // Tensor-core decode over the packed TurboQuant cache (head_dim 128, keys 2+1 bits, values 2 bits).
 //
-// A symmetric 2-bit codebook [-c1, -c0, c0, c1] is linear in the code's bits taken as signs: with
-// L, H = +-1 for the low and high bit, c[idx] = (c1 - c0)/2 L + (c0 + c1)/2 H; the QJL sum is
-// sum_d q_jl[d] (+-1) too. So a key's score and the value sum are products of +-1 matrices with real
-// matrices, which the tensor cores compute exactly when the bits are fed as f16 +-2^-14 straight
-// from the packed words (two instructions per register) and the real side is split into f16 hi + lo
-// parts (about 22 significant bits). The +-1 form has no constant term to cancel. Per 16-token tile of a warp:
-//   scores^T [16 tokens x (4 heads x hi/lo)] = signs [16 x 384] . q [384 x 8]   (24 mma.m16n8k16)
-//   values   [128 dims x (4 heads x hi/lo)] += signs [128 x 32] . w [32 x 8]    (16 mma.m16n8k16)
-// with an online softmax per head in between. Each block covers kMmaSplitTokens tokens of one
+// Keys (integer tensor cores). A 2-bit code's centroid is affine in its two bits: for the symmetric
+// codebook [-c1, -c0, c0, c1], c[lo + 2 hi] = -c1 + (c1 - c0) lo + (c0 + c1) hi with lo, hi in {0, 1};
+// the QJL sum is sum_d q_jl[d] (2 b_d - 1). So a key's score is an integer product of its stored bits
+// with fixed-point queries plus per-head constants. The queries become 31-bit fixed point per head,
+// split into four signed 8-bit limbs (rows of the A operand: limb x head); the bits go in as the B
+// operand of mma.m16n8k32.s8.u8 straight from the packed word with ONE AND per register: thread tig
+// keeps bits tig + 8i (scaled 2^tig in their byte) and tig + 4 + 8i (scaled 2^(tig + 4)), and the
+// query element of that k is pre-divided by the same power of two. Integer accumulation is exact; the
+// only rounding is the queries' fixed point (about 2^-24 of the head's largest element).
+//   scores [4 limbs x 4 heads][8 tokens] = q_fix [16 x 32] . bits [32 x 8], one k-step per cache word
+//
+// Values (f16 tensor cores): the bits fed as f16 +-2^-14 (two instructions per register) against the
+// weights split into f16 hi + lo parts:
+//   values [128 dims x (4 heads x hi/lo)] += signs [128 x 32] . w [32 x 8]    (16 mma.m16n8k16)
+// with an online softmax per head in between. Each block covers a.split_tokens tokens of one
 // (sequence, kv head, group of 4 query heads); its 4 warps combine in shared memory and write one
 // partial for the merge kernel (LSE merge and the single inverse rotation).
 #include <cuda_fp16.h>
@@ -22,7 +28,6 @@ namespace {
 
 constexpr int kD = 128;
 constexpr int kWarps = 4;
-constexpr int kWarpTokens = kMmaSplitTokens / kWarps;
 
 __device__ __forceinline__ void mma16816(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
                                          std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
@@ -30,6 +35,14 @@ __device__ __forceinline__ void mma16816(float (&d)[4], std::uint32_t a0, std::u
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// D[16x8] += A[16x32] (s8, row-major) . B[32x8] (u8, column-major), exact in 32-bit integers.
+__device__ __forceinline__ void imma16832(int (&d)[4], const uint4& a, std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
 
 // Bits p and p + 16 of a word as an f16 pair of +-2^-14 (set bit: +), given the word inverted and
@@ -52,24 +65,35 @@ __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
   return *reinterpret_cast<const std::uint32_t*>(&h);
 }
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 4));
-  x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 8));
-  return fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 16));
+// Max and sum over the 4 threads of a group (lanes 4g .. 4g + 3: the tokens of one head).
+__device__ __forceinline__ float group_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 2));
 }
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xFFFFFFFFu, x, 4);
-  x += __shfl_xor_sync(0xFFFFFFFFu, x, 8);
-  return x + __shfl_xor_sync(0xFFFFFFFFu, x, 16);
+__device__ __forceinline__ float group_sum(float x) {
+  x += __shfl_xor_sync(0xFFFFFFFFu, x, 1);
+  return x + __shfl_xor_sync(0xFFFFFFFFu, x, 2);
 }
 
-__global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a) {
+constexpr int kKeySteps = 12;  // k-steps of the key product: 8 code words, then 4 QJL words
+
+// One 16-token tile of the cache, staged in shared memory.
+struct TileStage {
+  uint4 key[16][3];  // token i: code words 0-3, 4-7, QJL words 0-3
+  std::uint32_t value[16][8];
+  std::uint32_t key_norm[16], value_norm[16];
+};
+
+__global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams a) {
   __shared__ float q_rot[4][kD], q_jl[4][kD];
-  __shared__ float q_scale[4], jl_scale[4];
+  __shared__ int fix_exp[4], jl_exp[4];
+  __shared__ float key_unscale[4], key_offset[4], jl_unscale[4], jl_sum[4];
   __shared__ float w_tile[kWarps][16][4];
   __shared__ float part_m[kWarps][4], part_l[kWarps][4];
   __shared__ float part_acc[kWarps][4][kD];
-  __shared__ uint2 b_frag[24][32];
+  __shared__ uint4 a_frag[kKeySteps][32];
+  __shared__ __align__(16) std::uint32_t digits[kKeySteps][4][32];
+  __shared__ TileStage stages[kWarps][2];
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int row = lane / 4, tig = lane % 4;  // mma fragment coordinates
@@ -79,7 +103,7 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
   const std::uint32_t* values = values_of(a, j);
   const std::int64_t h0 = kvh * (a.H / a.l.n_kv_heads) + (blockIdx.y % a.n_tiles) * 4;
   const std::int64_t seq = seq_len_of(a, j);
-  const std::int64_t t_begin = std::int64_t(split) * kMmaSplitTokens;
+  const std::int64_t t_begin = std::int64_t(split) * a.split_tokens;
   float* ws = a.ws + ((j * a.H + h0) * a.n_splits + split) * (kD + 2);
   const std::int64_t ws_head = std::int64_t(a.n_splits) * (kD + 2);
   if (t_begin >= seq) {
@@ -91,6 +115,7 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
   }
   const float kc0 = a.key_centroids[2], kc1 = a.key_centroids[3];
   const float vc0 = a.value_centroids[2], vc1 = a.value_centroids[3];
+  const float lo_coef = kc1 - kc0, hi_coef = kc0 + kc1;  // centroid = -c1 + lo_coef lo + hi_coef hi
   const std::int64_t region = a.q_cap * a.H * kD;
   for (int i = tid; i < 4 * kD; i += 32 * kWarps) {
     const std::int64_t at = (j * a.H + h0 + i / kD) * kD + i % kD;
@@ -98,85 +123,148 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
     q_jl[i / kD][i % kD] = a.scratch[region + at];
   }
   __syncthreads();
-  {  // warp w: the per-head constants of head w (power-of-two scales keep the f16 parts normal)
-    float mx = 0.0f, mj = 0.0f;
+  {  // warp w: the fixed-point exponents and constant terms of head w
+    float mx = 0.0f, mj = 0.0f, sx = 0.0f, sj = 0.0f;
     for (int d = lane; d < kD; d += 32) {
       mx = fmaxf(mx, fabsf(q_rot[warp][d]));
       mj = fmaxf(mj, fabsf(q_jl[warp][d]));
+      sx += q_rot[warp][d];
+      sj += q_jl[warp][d];
     }
-    mx = warp_max(mx) * (kc0 + kc1);
+    mx = warp_max(mx) * fmaxf(fabsf(lo_coef), fabsf(hi_coef));
     mj = warp_max(mj);
+    sx = warp_sum(sx);
+    sj = warp_sum(sj);
     if (lane == 0) {
+      // Largest element below 2^30 after scaling; bounded so that 2^-exponent stays a normal float
+      // (a head whose queries are that small contributes nothing measurable anyway).
       int e;
       frexpf(mx, &e);
-      q_scale[warp] = ldexpf(1.0f, 15 - e);
+      const int fe = min(100, 30 - e);
       frexpf(mj, &e);
-      jl_scale[warp] = ldexpf(1.0f, 15 - e);
+      const int je = min(100, 30 - e);
+      fix_exp[warp] = fe;
+      jl_exp[warp] = je;
+      key_unscale[warp] = ldexpf(1.0f, -fe);
+      key_offset[warp] = -kc1 * sx;
+      jl_unscale[warp] = ldexpf(2.0f, -je);
+      jl_sum[warp] = sj;
     }
   }
   __syncthreads();
-
-  // B fragments of the scores, built once per block into shared memory (every warp uses the same):
-  // column n = lane / 4 is (head n / 2, part n % 2). Kept out of registers for occupancy.
-  if (warp == 0) {
-    const int head = row >> 1, part = row & 1;
-    const float qs = q_scale[head], js = jl_scale[head];
-#pragma unroll
-    for (int s = 0; s < 16; ++s) {
-      const int d0 = 16 * (2 * tig + s / 8) + s % 8;  // lane's words 2 tig, 2 tig + 1; elements s%8, s%8 + 8
-      const float x0 = q_rot[head][d0] * qs, x1 = q_rot[head][d0 + 8] * qs;
-      const float lo = 0.5f * (kc1 - kc0), hi = 0.5f * (kc0 + kc1);
-      b_frag[s][lane] = make_uint2(pack(split_part(x0 * lo, part), split_part(x1 * lo, part)),   // low bits
-                                   pack(split_part(x0 * hi, part), split_part(x1 * hi, part)));  // high bits
-    }
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const int d0 = 32 * tig + s;  // lane's jl word tig: bits s, s+16 and s+8, s+24
-      b_frag[16 + s][lane] = make_uint2(pack(split_part(q_jl[head][d0] * js, part), split_part(q_jl[head][d0 + 16] * js, part)),
-                                        pack(split_part(q_jl[head][d0 + 8] * js, part), split_part(q_jl[head][d0 + 24] * js, part)));
-    }
+  // A fragments of the key product, built once per block (every warp uses the same). Element k of a
+  // k-step meets the word bit 8 (k % 4) + 4 (k / 16) + (k % 16) / 4, which B carries scaled by
+  // 2^sigma, sigma = 4 (k / 16) + (k % 16) / 4; the query element is pre-divided by 2^sigma.
+  // First each element's fixed-point value with its four balanced base-256 digits as bytes: with
+  // digits d_i in [-128, 127], x + 0x80808080 has bytes d_i + 128, so the digit bytes are that ^ 0x80.
+  for (int e = tid; e < kKeySteps * 4 * 32; e += 32 * kWarps) {
+    const int step = e / 128, head = (e / 32) % 4, k = e % 32;
+    const int sigma = 4 * (k / 16) + (k % 16) / 4, bit = 8 * (k % 4) + sigma;
+    const float x = step < 8 ? q_rot[head][16 * step + bit / 2] * ((bit & 1) ? hi_coef : lo_coef) : q_jl[head][32 * (step - 8) + bit];
+    const int exponent = (step < 8 ? fix_exp[head] : jl_exp[head]) - sigma;  // in [-105, 100]: a normal float
+    const int fixed = __float2int_rn(x * __int_as_float((127 + exponent) << 23));
+    digits[step][head][k] = (std::uint32_t(fixed) + 0x80808080u) ^ 0x80808080u;
   }
   __syncthreads();
-  const float unscale_polar = 16384.0f / q_scale[tig], unscale_jl = 16384.0f / jl_scale[tig];
+  // Register i of lane (g, t): row g + 8 (i & 1) (limb row / 4 of head row % 4), k = 16 (i >> 1) + 4 t + byte.
+  for (int e = tid; e < kKeySteps * 32 * 4; e += 32 * kWarps) {
+    const int step = e / 128, ln = (e / 4) % 32, i = e % 4;
+    const int r = ln / 4 + 8 * (i & 1), limb = r / 4, head = r % 4, k0 = 16 * (i >> 1) + 4 * (ln % 4);
+    const uint4 d = *reinterpret_cast<const uint4*>(&digits[step][head][k0]);
+    const std::uint32_t sel = std::uint32_t(limb) | std::uint32_t(limb + 4) << 4;  // byte `limb` of each word
+    const std::uint32_t lo = __byte_perm(d.x, d.y, sel), hi = __byte_perm(d.z, d.w, sel);
+    reinterpret_cast<std::uint32_t*>(&a_frag[step][ln])[i] = __byte_perm(lo, hi, 0x5410u);
+  }
+  __syncthreads();
 
   const TqLayout& l = a.l;
   const std::int64_t slot0 = kvh * l.capacity;
-  const std::int64_t w_begin = t_begin + warp * kWarpTokens;
-  const std::int64_t w_end = min(w_begin + kWarpTokens, seq);
+  const std::int64_t warp_tokens = a.split_tokens / kWarps;
+  const std::int64_t w_begin = t_begin + warp * warp_tokens;
+  const std::int64_t w_end = min(w_begin + warp_tokens, seq);
+  const int head = row & 3;  // the head whose scores this thread holds after the limb combination
   float m = -INFINITY, lsum = 0.0f;
   // 2^-14 as an f16 pair, kept in a register (the zero term is opaque to the compiler, so it cannot
   // fold the constant back into an immediate).
   const std::uint32_t mag = 0x04000400u | (std::uint32_t(a.l.key_bits) >> 8);
+  const std::uint32_t keep_lo = 0x01010101u << tig, keep_hi = 0x10101010u << tig;  // this thread's bits of a word
   float acc[8][4] = {};
-  // The words one tile needs, loaded a tile ahead so that memory latency hides behind the math.
+  // The words of one tile that a thread uses.
   struct TileWords {
-    std::uint32_t pa0, pa1, pb0, pb1;  // polar words 2 tig, 2 tig + 1 of tokens row, row + 8 (inverted)
-    std::uint32_t ja, jb;              // QJL word tig of the same tokens (inverted)
-    std::uint32_t na, nb, vna, vnb;    // key and value norm words
+    uint4 code[2][2];                  // code words 0-3, 4-7 of tokens row (n-tile 0) and row + 8 (n-tile 1)
+    uint4 jl[2];                       // their QJL words
+    std::uint32_t kn[2][2], vn[2][2];  // key and value norm words of tokens 8 nt + 2 tig + x
     std::uint32_t va[2], vb[2];        // value word `row` of tokens 8 ks + tig, 8 ks + tig + 4 (inverted)
   };
   // Word indices fit in 32 bits (the validator caps a cache below 2^32 words).
   const std::uint32_t jl_off = std::uint32_t(l.key_jl_offset()), k_norm_off = std::uint32_t(l.key_norm_offset());
   const std::uint32_t v_norm_off = std::uint32_t(l.value_norm_offset());
   const std::uint32_t slot_base = std::uint32_t(slot0), last = std::uint32_t(w_end - 1);
-  auto load_tile = [&](std::int64_t t0_64) {
+  // Each warp stages its tiles' words in shared memory with asynchronous copies, one tile ahead:
+  // no registers hold the next tile. 16-byte copies where sequence b's caches start on a 16-byte
+  // boundary (a layout whose words per sequence are not a multiple of 4 leaves odd sequences
+  // misaligned: 4-byte copies there).
+  const bool k_aligned = (reinterpret_cast<std::uintptr_t>(keys) & 15u) == 0;
+  const bool v_aligned = (reinterpret_cast<std::uintptr_t>(values) & 15u) == 0;
+  auto copy16 = [](void* dst, const std::uint32_t* src, bool aligned) {
+    if (aligned) {
+      cp_async16(dst, src);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cp_async4(static_cast<std::uint32_t*>(dst) + i, src + i);
+    }
+  };
+  // Full tiles with 16-byte aligned caches copy from fixed per-lane sources that advance by one tile
+  // of words each time; other tiles (the partial last one, misaligned caches) take the general path.
+  const std::uint32_t first = slot_base + std::uint32_t(w_begin);
+  const int ka = lane / 3, pa = lane % 3, kb = (lane + 32) / 3, pb = (lane + 32) % 3;  // key chunks lane, lane + 32
+  const std::uint32_t* key_src_a = pa < 2 ? keys + (first + ka) * 8 + 4 * pa : keys + jl_off + (first + ka) * 4;
+  const std::uint32_t* key_src_b = pb < 2 ? keys + (first + kb) * 8 + 4 * pb : keys + jl_off + (first + kb) * 4;
+  const std::uint32_t* value_src = values + (first + lane / 2) * 8 + 4 * (lane % 2);
+  const std::uint32_t* norm_src = lane < 16 ? keys + k_norm_off + first + lane : values + v_norm_off + first + lane - 16;
+  const std::uint32_t key_step_a = pa < 2 ? 128 : 64, key_step_b = pb < 2 ? 128 : 64;  // words per 16 tokens
+  auto fill = [&](std::int64_t t0_64, TileStage& st) {
     const std::uint32_t t0 = std::uint32_t(t0_64);
+    if (t0_64 + 16 <= w_end && k_aligned && v_aligned) {
+      const std::uint32_t tile = (t0 - std::uint32_t(w_begin)) / 16;
+      cp_async16(&st.key[ka][pa], key_src_a + tile * key_step_a);
+      if (lane < 16) cp_async16(&st.key[kb][pb], key_src_b + tile * key_step_b);
+      cp_async16(&st.value[lane / 2][4 * (lane % 2)], value_src + tile * 128);
+      cp_async4(lane < 16 ? &st.key_norm[lane] : &st.value_norm[lane - 16], norm_src + tile * 16);
+      cp_async_commit();
+      return;
+    }
+    auto slot_of = [&](int i) { return slot_base + min(t0 + std::uint32_t(i), last); };  // the partial last tile repeats `last`
+    for (int c = lane; c < 48; c += 32) {
+      const int i = c / 3, part = c % 3;
+      const std::uint32_t slot = slot_of(i);
+      copy16(&st.key[i][part], part < 2 ? keys + slot * 8 + 4 * part : keys + jl_off + slot * 4, k_aligned);
+    }
+    copy16(&st.value[lane / 2][4 * (lane % 2)], values + slot_of(lane / 2) * 8 + 4 * (lane % 2), v_aligned);
+    if (lane < 16) {
+      cp_async4(&st.key_norm[lane], keys + k_norm_off + slot_of(lane));
+    } else {
+      cp_async4(&st.value_norm[lane - 16], values + v_norm_off + slot_of(lane - 16));
+    }
+    cp_async_commit();
+  };
+  auto read_stage = [&](const TileStage& st) {
     TileWords w;
-    const std::uint32_t sa = slot_base + min(t0 + row, last), sb = slot_base + min(t0 + row + 8, last);
-    w.pa0 = ~keys[sa * 8 + 2 * tig];
-    w.pa1 = ~keys[sa * 8 + 2 * tig + 1];
-    w.pb0 = ~keys[sb * 8 + 2 * tig];
-    w.pb1 = ~keys[sb * 8 + 2 * tig + 1];
-    w.ja = ~keys[jl_off + sa * 4 + tig];
-    w.jb = ~keys[jl_off + sb * 4 + tig];
-    w.na = keys[k_norm_off + sa];
-    w.nb = keys[k_norm_off + sb];
-    w.vna = values[v_norm_off + sa];
-    w.vnb = values[v_norm_off + sb];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      w.code[nt][0] = st.key[8 * nt + row][0];
+      w.code[nt][1] = st.key[8 * nt + row][1];
+      w.jl[nt] = st.key[8 * nt + row][2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        w.kn[nt][x] = st.key_norm[8 * nt + 2 * tig + x];
+        w.vn[nt][x] = st.value_norm[8 * nt + 2 * tig + x];
+      }
+    }
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
-      w.va[ks] = ~values[(slot_base + min(t0 + 8 * ks + tig, last)) * 8 + row];
-      w.vb[ks] = ~values[(slot_base + min(t0 + 8 * ks + tig + 4, last)) * 8 + row];
+      w.va[ks] = ~st.value[8 * ks + tig][row];
+      w.vb[ks] = ~st.value[8 * ks + tig + 4][row];
     }
     return w;
   };
@@ -189,55 +277,76 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
   int w_exp;
   frexpf(v_max, &w_exp);
   const float w_scale = v_max > 0.0f ? ldexpf(1.0f, 14 - w_exp) : 1.0f;
-  TileWords next = load_tile(w_begin < w_end ? w_begin : 0);
-  for (std::int64_t t0 = w_begin; t0 < w_end; t0 += 16) {
-    const TileWords cur = next;
-    if (t0 + 16 < w_end) next = load_tile(t0 + 16);
-    // ---- scores of tokens t0 + row (fragment rows 0..7) and t0 + row + 8, head tig ----
-    // Two accumulators per product halve the dependent chain of mma instructions.
-    float P[2][4] = {}, J[2][4] = {};
+  const float k_unscale = key_unscale[head], k_offset = key_offset[head], j_unscale = jl_unscale[head], j_sum = jl_sum[head];
+  // Limb rows: this thread's C rows are limbs row / 4 and 2 + row / 4; the partner lane (lane ^ 16)
+  // holds the other two.
+  const float limb_weight = row < 4 ? 1.0f : 256.0f;
+  auto process_tile = [&](const TileWords& cur, std::int64_t t0) {
+    // ---- integer key products: tokens t0 + 8 nt + row are the columns ----
+    // Separate accumulators for even and odd code words shorten the dependent mma chains.
+    int P2[2][2][4] = {}, J[2][4] = {};
 #pragma unroll
-    for (int s = 0; s < 16; ++s) {
-      const std::uint32_t wa = s < 8 ? cur.pa0 : cur.pa1, wb = s < 8 ? cur.pb0 : cur.pb1;
-      const int e = 2 * (s % 8);
-      const uint2 bf = b_frag[s][lane];
-      mma16816(P[s % 2], bit_pair(wa, e, mag), bit_pair(wb, e, mag), bit_pair(wa, e + 1, mag), bit_pair(wb, e + 1, mag), bf.x, bf.y);
-    }
+    for (int step = 0; step < kKeySteps; ++step) {
+      const uint4 af = a_frag[step][lane];
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const uint2 bf = b_frag[16 + s][lane];
-      mma16816(J[s % 2], bit_pair(cur.ja, s, mag), bit_pair(cur.jb, s, mag), bit_pair(cur.ja, s + 8, mag), bit_pair(cur.jb, s + 8, mag), bf.x, bf.y);
+      for (int nt = 0; nt < 2; ++nt) {
+        const uint4 q4 = step < 8 ? cur.code[nt][step / 4] : cur.jl[nt];
+        const std::uint32_t word = (step % 4 == 0) ? q4.x : (step % 4 == 1) ? q4.y : (step % 4 == 2) ? q4.z : q4.w;
+        imma16832(step < 8 ? P2[nt][step % 2] : J[nt], af, word & keep_lo, word & keep_hi);
+      }
     }
+    int P[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) P[nt][c] = P2[nt][0][c] + P2[nt][1][c];
+    // ---- scores of head `head`, tokens t0 + 8 nt + 2 tig + x ----
     const float qjl = a.qjl_scale;
-    const float polar_a = P[0][0] + P[0][1] + P[1][0] + P[1][1], polar_b = P[0][2] + P[0][3] + P[1][2] + P[1][3];
-    const float jl_a = J[0][0] + J[0][1] + J[1][0] + J[1][1], jl_b = J[0][2] + J[0][3] + J[1][2] + J[1][3];
-    float score_a = a.scale * f16_low(cur.na) * (polar_a * unscale_polar + f16_low(cur.na >> 16) * qjl * jl_a * unscale_jl);
-    float score_b = a.scale * f16_low(cur.nb) * (polar_b * unscale_polar + f16_low(cur.nb >> 16) * qjl * jl_b * unscale_jl);
-    if (t0 + row >= w_end) score_a = -INFINITY;
-    if (t0 + row + 8 >= w_end) score_b = -INFINITY;
-    // ---- online softmax of head tig ----
-    const float m_new = fmaxf(m, quad_max(fmaxf(score_a, score_b)));
+    float score[2][2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        float p = (float(P[nt][x]) + 65536.0f * float(P[nt][x + 2])) * limb_weight;
+        float q = (float(J[nt][x]) + 65536.0f * float(J[nt][x + 2])) * limb_weight;
+        p += __shfl_xor_sync(0xFFFFFFFFu, p, 16);
+        q += __shfl_xor_sync(0xFFFFFFFFu, q, 16);
+        const float polar = fmaf(p, k_unscale, k_offset), jl = fmaf(q, j_unscale, -j_sum);
+        const std::uint32_t nw = cur.kn[nt][x];
+        const float s = a.scale * f16_low(nw) * fmaf(f16_low(nw >> 16) * qjl, jl, polar);
+        score[nt][x] = (t0 + 8 * nt + 2 * tig + x < w_end) ? s : -INFINITY;
+      }
+    }
+    // ---- online softmax of head `head` over the tile ----
+    const float m_new = fmaxf(m, group_max(fmaxf(fmaxf(score[0][0], score[0][1]), fmaxf(score[1][0], score[1][1]))));
     const float corr = expf(m - m_new);
-    const float p_a = expf(score_a - m_new), p_b = expf(score_b - m_new);
+    lsum *= corr;
     m = m_new;
-    lsum = lsum * corr + p_a + p_b;
-    const float w_a = p_a * f16_low(cur.vna), w_b = p_b * f16_low(cur.vnb);
-    if (corr != 1.0f) {  // the running maximum settles early: most tiles skip the rescale
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const float p = expf(score[nt][x] - m_new);
+        lsum += p;
+        if (row < 4) w_tile[warp][8 * nt + 2 * tig + x][head] = p * f16_low(cur.vn[nt][x]);
+      }
+    }
+    // The value accumulators of this thread are head tig's: its correction is lane 4 tig's.
+    const float corr_v = __shfl_sync(0xFFFFFFFFu, corr, 4 * tig);
+    if (corr_v != 1.0f) {  // the running maximum settles early: most tiles skip the rescale
 #pragma unroll
       for (int i = 0; i < 8; ++i)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) acc[i][c] *= corr;
+        for (int c = 0; c < 4; ++c) acc[i][c] *= corr_v;
     }
-    w_tile[warp][row][tig] = w_a;
-    w_tile[warp][row + 8][tig] = w_b;
     __syncwarp();
     // ---- values: dims 16 row + {2i, 2i+1} of tokens t0 + 8 ks + {tig, tig + 4} ----
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
       const std::uint32_t va = cur.va[ks], vb = cur.vb[ks];
       const std::uint32_t lo_half = (va & 0xFFFFu) | (vb << 16), hi_half = (va >> 16) | (vb & 0xFFFF0000u);
-      const int head = row >> 1, part = row & 1;
-      const float x0 = w_tile[warp][8 * ks + tig][head] * w_scale, x1 = w_tile[warp][8 * ks + tig + 4][head] * w_scale;
+      const int vhead = row >> 1, part = row & 1;
+      const float x0 = w_tile[warp][8 * ks + tig][vhead] * w_scale, x1 = w_tile[warp][8 * ks + tig + 4][vhead] * w_scale;
       const float lo = 0.5f * (vc1 - vc0), hi = 0.5f * (vc0 + vc1);
       const std::uint32_t b0 = pack(split_part(x0 * lo, part), split_part(x1 * lo, part));
       const std::uint32_t b1 = pack(split_part(x0 * hi, part), split_part(x1 * hi, part));
@@ -249,11 +358,24 @@ __global__ void __launch_bounds__(32 * kWarps) mma_decode_kernel(AttendParams a)
       }
     }
     __syncwarp();
+  };
+  int buf = 0;
+  if (w_begin < w_end) fill(w_begin, stages[warp][0]);
+  for (std::int64_t t0 = w_begin; t0 < w_end; t0 += 16, buf ^= 1) {
+    if (t0 + 16 < w_end) {
+      fill(t0 + 16, stages[warp][buf ^ 1]);
+    } else {
+      cp_async_commit();  // an empty group keeps the count: the wait below is always for this tile
+    }
+    cp_async_wait<1>();
+    __syncwarp();
+    process_tile(read_stage(stages[warp][buf]), t0);
+    __syncwarp();  // every lane has read this stage before it is refilled
   }
-  lsum = quad_sum(lsum);
-  if (row == 0) {
-    part_m[warp][tig] = m;
-    part_l[warp][tig] = lsum;
+  lsum = group_sum(lsum);
+  if (row < 4 && tig == 0) {
+    part_m[warp][head] = m;
+    part_l[warp][head] = lsum;
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
