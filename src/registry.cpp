@@ -9,6 +9,9 @@
 #ifdef FLASHTQ_HAVE_CUDA
 #include "cuda/backend.hpp"
 #endif
+#ifdef FLASHTQ_HAVE_WEBGPU
+#include "webgpu/backend.hpp"
+#endif
 
 namespace flashtq {
 namespace {
@@ -35,6 +38,9 @@ Registry& registry() {
     list.add(cpu::make_backend());
 #ifdef FLASHTQ_HAVE_CUDA
     list.add(cuda::make_backend());
+#endif
+#ifdef FLASHTQ_HAVE_WEBGPU
+    list.add(webgpu::make_backend());
 #endif
     return list;
   }();

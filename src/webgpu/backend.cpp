@@ -1,0 +1,271 @@
+// The `webgpu` backend: the WGSL kernels of src/webgpu/shaders on a WebGPU device (Vulkan here,
+// Metal or D3D12 elsewhere), through wgpu-native. Memory is the backend's own (allocate/upload/
+// download); every operation validates where its views lie and passes element offsets and strides
+// to the kernels. Calls are queued in order; download() and synchronize() wait for them.
+#include "webgpu/backend.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include "core/codebook.hpp"
+#include "flashtq/error.hpp"
+#include "webgpu/context.hpp"
+
+namespace flashtq::webgpu {
+namespace {
+
+// The uniform block of a dispatch, field by field (every field 4 bytes, in declaration order).
+class Params {
+ public:
+  Params& u(std::int64_t x, const char* what = "value") {
+    if (x < 0 || x > std::int64_t(std::numeric_limits<std::uint32_t>::max())) {
+      throw Error(what, std::to_string(x) + " does not fit the webgpu kernels' 32-bit indices");
+    }
+    words_.push_back(std::uint32_t(x));
+    return *this;
+  }
+  Params& i(std::int64_t x, const char* what = "value") {
+    if (x < std::numeric_limits<std::int32_t>::min() || x > std::numeric_limits<std::int32_t>::max()) {
+      throw Error(what, std::to_string(x) + " does not fit in 32 bits");
+    }
+    words_.push_back(std::uint32_t(std::int32_t(x)));
+    return *this;
+  }
+  Params& f(float x) {
+    words_.push_back(std::bit_cast<std::uint32_t>(x));
+    return *this;
+  }
+  const std::vector<std::uint32_t>& words() const { return words_; }
+
+ private:
+  std::vector<std::uint32_t> words_;
+};
+
+// A strided view in device memory: its buffer and element offset.
+struct Placed {
+  void* buffer = nullptr;
+  std::int64_t offset = 0;  // elements from the start of the buffer
+};
+
+std::int64_t extent_elements(const TensorView& t) {
+  std::int64_t last = 0;
+  for (int d = 0; d < 4; ++d) last += (t.shape[std::size_t(d)] - 1) * t.strides[std::size_t(d)];
+  return last + 1;
+}
+
+Placed place(const void* data, std::int64_t elements, std::size_t element_bytes, const char* what) {
+  const Location at = Context::get().locate(data, std::uint64_t(elements) * element_bytes, what);
+  if (at.offset % element_bytes != 0) throw Error(what, "is not aligned to its element size");
+  return {at.buffer, std::int64_t(at.offset / element_bytes)};
+}
+
+Placed place(const TensorView& t, const char* what) { return place(t.data, extent_elements(t), dtype_size(t.dtype), what); }
+
+int dtype_code(DType t) { return t == DType::f32 ? 0 : t == DType::f16 ? 1 : 2; }
+
+std::uint32_t groups(std::int64_t n, std::int64_t per) { return std::uint32_t((n + per - 1) / per); }
+
+// Keys (or query rows) per workgroup-memory tile: 512 vec4 per operand.
+std::int64_t tile_rows(std::int64_t D) { return std::min<std::int64_t>(64, 2048 / D); }
+
+// The dense kernels' common fields: shapes and flags, then q, k, v (offset and three strides each).
+Params dense_params(const DenseProblem& p) {
+  Params P;
+  P.u(p.B).u(p.Sq).u(p.Sk).u(p.H).u(p.Hkv).u(p.D).u(dtype_code(p.dtype)).u(p.causal ? 1 : 0);
+  P.f(p.scale).i(p.causal_offset, "causal_offset").i(p.window, "window").u(p.mask ? 1 : 0);
+  P.f(p.dropout_p).u(p.seed);
+  return P;
+}
+
+void add_view(Params& P, const Placed& at, const TensorView& t, const char* what) {
+  P.u(at.offset, what).u(t.strides[0], what).u(t.strides[1], what).u(t.strides[2], what);
+}
+
+void add_mask(Params& P, const DenseProblem& p, Placed& mask) {
+  if (p.mask) {
+    std::int64_t last = 0;
+    const std::int64_t dims[4] = {p.B, p.H, p.Sq, p.Sk};
+    for (int d = 0; d < 4; ++d) last += (dims[d] - 1) * p.mask_strides[std::size_t(d)];
+    mask = place(p.mask, last + 1, 4, "mask");
+  } else {
+    mask = {Context::get().dummy_buffer(0), 0};
+  }
+  P.u(mask.offset, "mask").u(p.mask_strides[0], "mask_strides").u(p.mask_strides[1], "mask_strides")
+      .u(p.mask_strides[2], "mask_strides").u(p.mask_strides[3], "mask_strides");
+}
+
+class WebGpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "webgpu"; }
+  Memory memory() const override { return Memory::webgpu; }
+  bool available() const override { return Context::usable(); }
+  std::optional<std::string> unsupported(const DenseProblem& p) const override {
+    if (p.D % 4 != 0) return "the webgpu kernels need head_dim a multiple of 4";
+    return std::nullopt;
+  }
+  std::optional<std::string> unsupported(const TqLayout& l) const override {
+    if (l.head_dim > 256) return "the webgpu TurboQuant kernels take head_dim up to 256";
+    return std::nullopt;
+  }
+
+  void* allocate(std::size_t bytes) override { return Context::get().allocate(bytes); }
+  void release(void* ptr) override {
+    if (Context::usable()) Context::get().release(ptr);
+  }
+  void upload(void* dst, const void* src, std::size_t bytes) override { Context::get().upload(dst, src, bytes); }
+  void download(void* dst, const void* src, std::size_t bytes) override { Context::get().download(dst, src, bytes); }
+  void synchronize() override { Context::get().wait_idle(); }
+
+  void forward(const ForwardCall& c) override {
+    const DenseProblem& p = c.p;
+    Context& ctx = Context::get();
+    const Placed q = place(c.q, "q"), k = place(c.k, "k"), v = place(c.v, "v"), out = place(c.out, "out");
+    Placed lse{ctx.dummy_buffer(1), 0}, mask;
+    if (c.lse) lse = place(c.lse, p.B * p.H * p.Sq, 4, "lse");
+    Params P = dense_params(p);
+    P.u(c.lse ? 1 : 0).u(tile_rows(p.D));
+    add_view(P, q, c.q, "q");
+    add_view(P, k, c.k, "k");
+    add_view(P, v, c.v, "v");
+    add_view(P, out, c.out, "out");
+    add_mask(P, p, mask);
+    P.u(lse.offset, "lse").u(0).u(0);
+    ctx.dispatch("dense_forward", P.words(), {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}},
+                 groups(p.Sq, 64), std::uint32_t(p.B * p.H), 1);
+  }
+
+  void backward(const BackwardCall& c) override {
+    const DenseProblem& p = c.p;
+    Context& ctx = Context::get();
+    const Placed q = place(c.q, "q"), k = place(c.k, "k"), v = place(c.v, "v"), out = place(c.out, "out"),
+                 dout = place(c.dout, "dout"), dq = place(c.dq, "dq"), dk = place(c.dk, "dk"), dv = place(c.dv, "dv");
+    const Placed lse = place(c.lse, p.B * p.H * p.Sq, 4, "lse");
+    Placed mask;
+    // delta_i = <dout_i, out_i> per row, computed by the dq kernel for the dk/dv kernel.
+    void* delta = ctx.scratch(0, std::uint64_t(p.B * p.H * p.Sq) * 4);
+    Params P = dense_params(p);
+    P.u(tile_rows(p.D)).u(lse.offset, "lse");
+    add_view(P, q, c.q, "q");
+    add_view(P, k, c.k, "k");
+    add_view(P, v, c.v, "v");
+    add_view(P, out, c.out, "out");
+    add_view(P, dout, c.dout, "dout");
+    add_view(P, dq, c.dq, "dq");
+    add_view(P, dk, c.dk, "dk");
+    add_view(P, dv, c.dv, "dv");
+    add_mask(P, p, mask);
+    P.u(0).u(0).u(0);
+    ctx.dispatch("dense_backward#dq", P.words(),
+                 {{q.buffer}, {k.buffer}, {v.buffer}, {out.buffer}, {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}, {dq.buffer}},
+                 groups(p.Sq, 64), std::uint32_t(p.B * p.H), 1);
+    ctx.dispatch("dense_backward#dkdv", P.words(),
+                 {{q.buffer}, {k.buffer}, {v.buffer}, {out.buffer}, {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}, {dk.buffer}, {dv.buffer}},
+                 groups(p.Sk, 64), std::uint32_t(p.B * p.Hkv), 1);
+  }
+
+  void tq_encode_keys(const TqEncodeArgs& c) override { encode(c, true); }
+  void tq_encode_values(const TqEncodeArgs& c) override { encode(c, false); }
+  void tq_rotate_queries(const TqRotateArgs& c) override;
+  void tq_attend(const TqAttendArgs& c) override;
+  std::size_t tq_attend_workspace(const TqAttendArgs& c) const override;
+
+ private:
+  void encode(const TqEncodeArgs& c, bool keys);
+};
+
+// ---- TurboQuant ----
+
+// A double as two floats (hi + lo), for the encoder's double-float arithmetic.
+void add_double(Params& P, double x) {
+  const float hi = float(x);
+  P.f(hi).f(float(x - double(hi)));
+}
+
+std::int64_t split_tokens(const TqAttendArgs& c) {
+  (void)c;
+  return 256;
+}
+
+std::int64_t longest_row(const TqAttendArgs& c) {
+  return c.start_positions ? *c.max_seq : std::min(c.start_pos + c.n_queries, *c.max_seq);
+}
+
+std::int64_t n_splits(const TqAttendArgs& c) {
+  return std::max<std::int64_t>(1, (std::min(longest_row(c), c.layout.capacity) + split_tokens(c) - 1) / split_tokens(c));
+}
+
+void WebGpuBackend::encode(const TqEncodeArgs& c, bool keys) {
+  Context& ctx = Context::get();
+  const TqLayout& l = c.layout;
+  const std::int64_t D = l.head_dim, T = c.x.shape[1];
+  const int bits = keys ? l.key_bits : l.value_bits;
+  const Placed x = place(c.x, "x");
+  const Placed cache = place(c.cache, keys ? l.key_words() : l.value_words(), 4, "cache");
+  const core::Codebook& cb = core::codebook(D, bits);
+  Params P;
+  P.u(D).u(l.n_kv_heads).u(l.capacity).u(bits).u(keys ? 1 : 0).u(dtype_code(c.x.dtype)).u(c.start_pos).u(T);
+  add_view(P, x, c.x, "x");
+  P.u(cache.offset, "cache").u(keys ? l.key_code_words() : l.value_code_words()).u(l.key_jl_offset(), "cache")
+      .u(keys ? l.key_norm_offset() : l.value_norm_offset(), "cache");
+  for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
+  for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
+  add_double(P, 1.0 / std::sqrt(double(D)));
+  P.u(0).u(0);
+  // Centroids and boundaries in double-float (16 + 15 entries, the unused ones zero).
+  for (int i = 0; i < 16; ++i) add_double(P, i < (1 << bits) ? cb.centroids[std::size_t(i)] : 0.0);
+  for (int i = 0; i < 16; ++i) add_double(P, i < (1 << bits) - 1 ? cb.boundaries[std::size_t(i)] : 0.0);
+  ctx.dispatch("tq_encode", P.words(), {{x.buffer}, {cache.buffer}}, std::uint32_t(T), std::uint32_t(l.n_kv_heads), 1);
+}
+
+void WebGpuBackend::tq_rotate_queries(const TqRotateArgs& c) {
+  Context& ctx = Context::get();
+  const std::int64_t D = c.tables.head_dim, B = c.q.shape[0], nq = c.q.shape[1], H = c.q.shape[2];
+  const Placed q = place(c.q, "q");
+  const Placed scratch = place(c.scratch, tq_scratch_floats(c.q_cap, H, D), 4, "scratch");
+  Params P;
+  P.u(D).u(nq).u(H).u(dtype_code(c.q.dtype)).u(c.q_cap * H * D, "q_cap").u(scratch.offset, "scratch").u(0).u(0);
+  add_view(P, q, c.q, "q");
+  for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
+  for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
+  ctx.dispatch("tq_rotate", P.words(), {{q.buffer}, {scratch.buffer}}, std::uint32_t(B * nq), std::uint32_t(H), 1);
+}
+
+std::size_t WebGpuBackend::tq_attend_workspace(const TqAttendArgs& c) const {
+  return std::size_t(c.batch * c.n_queries * c.n_heads * n_splits(c) * (c.layout.head_dim + 2)) * sizeof(float);
+}
+
+void WebGpuBackend::tq_attend(const TqAttendArgs& c) {
+  Context& ctx = Context::get();
+  const TqLayout& l = c.layout;
+  const std::int64_t D = l.head_dim, rows = c.batch * c.n_queries, splits = n_splits(c);
+  const Placed scratch = place(c.scratch, tq_scratch_floats(c.q_cap, c.n_heads, D), 4, "scratch");
+  const Placed keys = place(c.k_cache, c.batch * l.key_words(), 4, "k_cache");
+  const Placed values = place(c.v_cache, c.batch * l.value_words(), 4, "v_cache");
+  const Placed out = place(c.out, "out");
+  const Placed ws = place(c.workspace, std::int64_t(tq_attend_workspace(c) / 4), 4, "workspace");
+  Placed starts{ctx.dummy_buffer(0), 0};
+  if (c.start_positions) starts = place(c.start_positions, c.batch, 4, "start_positions");
+  Params P;
+  P.u(D).u(l.n_kv_heads).u(l.capacity).u(l.key_bits).u(l.value_bits).u(c.n_heads).u(c.n_queries).u(c.batch);
+  P.i(c.start_pos, "start_pos").i(std::min<std::int64_t>(*c.max_seq, std::numeric_limits<std::int32_t>::max()), "max_seq")
+      .u(c.start_positions ? 1 : 0).u(starts.offset, "start_positions");
+  P.f(*c.scale).f(*c.qjl_scale).u(splits).u(split_tokens(c));
+  P.u(scratch.offset, "scratch").u(c.q_cap * c.n_heads * D, "q_cap").u(keys.offset, "k_cache").u(values.offset, "v_cache");
+  P.u(l.key_words(), "k_cache").u(l.value_words(), "v_cache").u(l.key_jl_offset(), "k_cache").u(l.key_norm_offset(), "k_cache");
+  P.u(l.value_norm_offset(), "v_cache").u(ws.offset, "workspace").u(out.offset, "out").u(c.out.strides[0], "out");
+  P.u(c.out.strides[1], "out").u(c.out.strides[2], "out").u(0).u(0);
+  for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
+  for (int i = 0; i < 16; ++i) P.f(c.tables.key_centroids[std::size_t(i)]);
+  for (int i = 0; i < 16; ++i) P.f(c.tables.value_centroids[std::size_t(i)]);
+  ctx.dispatch("tq_attend#partial", P.words(), {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}},
+               std::uint32_t(splits), std::uint32_t(c.n_heads), std::uint32_t(rows));
+  ctx.dispatch("tq_attend#merge", P.words(), {{ws.buffer}, {out.buffer}}, std::uint32_t(c.n_heads), std::uint32_t(rows), 1);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend() { return std::make_unique<WebGpuBackend>(); }
+
+}  // namespace flashtq::webgpu

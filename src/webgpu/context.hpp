@@ -1,0 +1,88 @@
+// The WebGPU device the `webgpu` backend runs on, reached through wgpu-native's webgpu.h, which is
+// loaded at run time (so a build without the library, or a machine without an adapter, still
+// works: the backend reports itself unavailable).
+//
+// Memory: allocate() returns an address inside a reserved, inaccessible range of the process's
+// address space, one range per WebGPU buffer, so that views can point anywhere inside an
+// allocation as with any device pointer; the backend maps such an address back to (buffer, byte
+// offset) and passes element offsets to the kernels.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace flashtq::webgpu {
+
+struct Api;  // the loaded entry points
+struct Device;
+
+// A buffer of the device and the byte offset of an address inside it.
+struct Location {
+  void* buffer = nullptr;  // WGPUBuffer
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;  // of the whole buffer
+};
+
+// One binding of a dispatch: a storage buffer, read-only or read-write, as declared in the shader;
+// null for a binding the entry point does not use.
+struct Binding {
+  void* buffer = nullptr;  // WGPUBuffer
+};
+
+class Context {
+ public:
+  // The process's context; an Error names what failed when there is no usable adapter.
+  static Context& get();
+  // Whether a context can be made here (library loadable, adapter found); never throws.
+  static bool usable();
+
+  std::string adapter_description() const;
+  bool is_cpu_adapter() const;
+
+  void* allocate(std::size_t bytes);
+  void release(void* address);
+  void upload(void* dst, const void* src, std::size_t bytes);
+  void download(void* dst, const void* src, std::size_t bytes);
+  // Where `address` lies; `bytes` from there must stay inside the buffer (an Error names `what`).
+  Location locate(const void* address, std::uint64_t bytes, const char* what) const;
+  // A small zeroed buffer for an optional binding that a call leaves out; one per slot, since a
+  // writable binding may not share its buffer with any other binding of a dispatch.
+  void* dummy_buffer(int slot);
+  // A device-only scratch buffer of at least `bytes`, valid until the next call with the same slot.
+  void* scratch(int slot, std::uint64_t bytes);
+
+  // Runs `kernel` ("shader" for entry point main of shader.wgsl, or "shader#entry") over `groups`
+  // workgroups; binding 0 is a uniform buffer holding `params`, bindings 1.. are `buffers`.
+  void dispatch(const std::string& kernel, const std::vector<std::uint32_t>& params, const std::vector<Binding>& buffers,
+                std::uint32_t groups_x, std::uint32_t groups_y, std::uint32_t groups_z);
+  // Waits until every submitted dispatch has finished.
+  void wait_idle();
+  std::uint32_t max_groups_per_dimension() const;
+
+ private:
+  Context();
+  ~Context();
+  void* pipeline(const std::string& kernel);
+  void check_errors(const char* what);
+
+  std::unique_ptr<Api> api_;
+  std::unique_ptr<Device> dev_;
+  mutable std::mutex mutex_;
+  struct Allocation {
+    void* buffer;
+    std::uint64_t bytes;   // as requested
+    std::uint64_t padded;  // buffer size (multiple of 4)
+    std::size_t reserved;  // bytes of address space reserved
+  };
+  std::map<std::uintptr_t, Allocation> allocations_;  // by base address
+  std::map<std::string, void*> pipelines_;
+  std::map<int, std::pair<void*, std::uint64_t>> scratch_;
+  std::map<int, void*> dummies_;
+};
+
+}  // namespace flashtq::webgpu

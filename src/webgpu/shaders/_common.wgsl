@@ -1,0 +1,83 @@
+// Prelude of every flashtq WGSL kernel: element conversions, the dropout hash, visibility.
+// dtype codes: 0 f32, 1 f16, 2 bf16 (16-bit elements packed two to a u32 word, element 2i low).
+
+const NEG_INF_BITS: u32 = 0xff800000u;
+const MASKED: f32 = -1.0e30;  // a score at or below this counts as masked (SPEC 1)
+
+// Element `i` of a buffer of `dtype` elements, given the word holding it.
+fn widen(word: u32, i: u32, dtype: u32) -> f32 {
+  if (dtype == 0u) { return bitcast<f32>(word); }
+  let half = (word >> (16u * (i & 1u))) & 0xffffu;
+  if (dtype == 1u) { return unpack2x16float(half).x; }
+  return bitcast<f32>(half << 16u);
+}
+
+// Word index of element `i`.
+fn word_of(i: u32, dtype: u32) -> u32 {
+  if (dtype == 0u) { return i; }
+  return i >> 1u;
+}
+
+// f32 -> f16 bits, round to nearest even (as the reference's conversion).
+fn f16_bits(x: f32) -> u32 {
+  let b = bitcast<u32>(x);
+  let sign = (b >> 16u) & 0x8000u;
+  let a = b & 0x7fffffffu;
+  if (a > 0x7f800000u) { return sign | 0x7e00u; }
+  let e = i32(a >> 23u) - 127 + 15;
+  let mant = a & 0x7fffffu;
+  if (e >= 31) { return sign | 0x7c00u; }
+  if (e <= 0) {
+    if (e < -10) { return sign; }
+    let m = mant | 0x800000u;
+    let shift = u32(14 - e);
+    var r = m >> shift;
+    let rem = m & ((1u << shift) - 1u);
+    let halfway = 1u << (shift - 1u);
+    if (rem > halfway || (rem == halfway && (r & 1u) == 1u)) { r += 1u; }
+    return sign | r;
+  }
+  var r = (u32(e) << 10u) | (mant >> 13u);
+  let rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (r & 1u) == 1u)) { r += 1u; }
+  return sign | r;
+}
+
+// f32 -> bf16 bits, round to nearest even.
+fn bf16_bits(x: f32) -> u32 {
+  let b = bitcast<u32>(x);
+  if ((b & 0x7fffffffu) > 0x7f800000u) { return (b >> 16u) | 0x40u; }
+  return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+
+// The seed's hash (SPEC 1): bit-exact across backends.
+fn hash3(x: u32, y: u32, z: u32) -> f32 {
+  var a = x * 1664525u + 1013904223u;
+  var b = y * 1664525u + 1013904223u;
+  var c = z * 1664525u + 1013904223u;
+  a = a + b * c;
+  b = b + c * a;
+  c = c + a * b;
+  a = a ^ (a >> 16u);
+  b = b ^ (b >> 16u);
+  c = c ^ (c >> 16u);
+  return f32(a + b + c) * 2.3283064365386963e-10;
+}
+
+// Dropout factor of weight (bh, row, key): 0 when dropped, 1 / (1 - p) when kept.
+fn dropout_factor(p: f32, seed: u32, bh: u32, row: u32, key: u32) -> f32 {
+  if (p <= 0.0) { return 1.0; }
+  return select(0.0, 1.0 / (1.0 - p), hash3(bh, row, key + seed) >= p);
+}
+
+// Whether key j is visible from absolute position pos (SPEC 1).
+fn key_visible(j: i32, pos: i32, sk: i32, causal: u32, window: i32) -> bool {
+  if (j < 0 || j >= sk) { return false; }
+  if (causal != 0u && j > pos) { return false; }
+  if (window > 0) {
+    // |pos - j| in u32: exact, where the i32 difference could overflow for far-negative positions.
+    let dist = select(u32(pos) - u32(j), u32(j) - u32(pos), pos < j);
+    if (dist >= u32(window)) { return false; }
+  }
+  return true;
+}

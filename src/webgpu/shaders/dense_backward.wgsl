@@ -1,0 +1,253 @@
+// Dense attention backward (SPEC 1), two entry points sharing one parameter block:
+//   dq:   one invocation per query row (64 rows of one (batch, head) per workgroup, keys streamed
+//         through workgroup memory); writes dq and delta_i = <dout_i, out_i> for dkdv.
+//   dkdv: one invocation per key row (64 keys of one (batch, kv head) per workgroup, query rows
+//         streamed); sums over every query head of the group, so no atomics and a fixed order.
+// With P = exp(s - lse), f the dropout factor, dP = f <dout_i, v_j>, dS = P (dP - delta_i):
+// dq_i = scale sum_j dS k_j, dk_j = scale sum_i dS q_i, dv_j = sum_i P f dout_i.
+
+struct Params {
+  B: u32, Sq: u32, Sk: u32, H: u32,
+  Hkv: u32, D: u32, dtype: u32, causal: u32,
+  scale: f32, causal_offset: i32, window: i32, has_mask: u32,
+  dropout_p: f32, seed: u32, tile: u32, lse_off: u32,
+  q_off: u32, q_sb: u32, q_ss: u32, q_sh: u32,
+  k_off: u32, k_sb: u32, k_ss: u32, k_sh: u32,
+  v_off: u32, v_sb: u32, v_ss: u32, v_sh: u32,
+  o_off: u32, o_sb: u32, o_ss: u32, o_sh: u32,
+  do_off: u32, do_sb: u32, do_ss: u32, do_sh: u32,
+  dq_off: u32, dq_sb: u32, dq_ss: u32, dq_sh: u32,
+  dk_off: u32, dk_sb: u32, dk_ss: u32, dk_sh: u32,
+  dv_off: u32, dv_sb: u32, dv_ss: u32, dv_sh: u32,
+  m_off: u32, m_sb: u32, m_sh: u32, m_sq: u32,
+  m_sk: u32, pad0: u32, pad1: u32, pad2: u32,
+};
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> Q: array<u32>;
+@group(0) @binding(2) var<storage, read> K: array<u32>;
+@group(0) @binding(3) var<storage, read> V: array<u32>;
+@group(0) @binding(4) var<storage, read> OUT: array<u32>;
+@group(0) @binding(5) var<storage, read> DOUT: array<u32>;
+@group(0) @binding(6) var<storage, read> LSE: array<f32>;
+@group(0) @binding(7) var<storage, read> MASK: array<f32>;
+@group(0) @binding(8) var<storage, read_write> DELTA: array<f32>;
+@group(0) @binding(9) var<storage, read_write> G1: array<atomic<u32>>;  // dq, or dk
+@group(0) @binding(10) var<storage, read_write> G2: array<atomic<u32>>; // dv (dkdv only)
+
+const ROWS: u32 = 64u;
+
+fn ld(sel: u32, i: u32) -> f32 {
+  let w = word_of(i, P.dtype);
+  switch sel {
+    case 0u: { return widen(Q[w], i, P.dtype); }
+    case 1u: { return widen(K[w], i, P.dtype); }
+    case 2u: { return widen(V[w], i, P.dtype); }
+    case 3u: { return widen(OUT[w], i, P.dtype); }
+    default: { return widen(DOUT[w], i, P.dtype); }
+  }
+}
+fn ld4(sel: u32, i: u32) -> vec4<f32> {
+  return vec4<f32>(ld(sel, i), ld(sel, i + 1u), ld(sel, i + 2u), ld(sel, i + 3u));
+}
+
+fn bits_of(x: f32) -> u32 { return select(bf16_bits(x), f16_bits(x), P.dtype == 1u); }
+
+fn store_g1(i: u32, x: f32) {
+  if (P.dtype == 0u) { atomicStore(&G1[i], bitcast<u32>(x)); return; }
+  let shift = 16u * (i & 1u);
+  atomicAnd(&G1[i >> 1u], ~(0xffffu << shift));
+  atomicOr(&G1[i >> 1u], bits_of(x) << shift);
+}
+fn store_g2(i: u32, x: f32) {
+  if (P.dtype == 0u) { atomicStore(&G2[i], bitcast<u32>(x)); return; }
+  let shift = 16u * (i & 1u);
+  atomicAnd(&G2[i >> 1u], ~(0xffffu << shift));
+  atomicOr(&G2[i >> 1u], bits_of(x) << shift);
+}
+
+fn score(qk: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+  var s = P.scale * qk;
+  if (P.has_mask != 0u) { s += MASK[P.m_off + b * P.m_sb + h * P.m_sh + i * P.m_sq + j * P.m_sk]; }
+  return s;
+}
+
+var<workgroup> tile_a: array<vec4<f32>, 512>;  // K (dq) or Q (dkdv) rows
+var<workgroup> tile_b: array<vec4<f32>, 512>;  // V (dq) or dout (dkdv) rows
+var<workgroup> tile_lse: array<f32, 64>;
+var<workgroup> tile_delta: array<f32, 64>;
+
+@compute @workgroup_size(64)
+fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let d4 = P.D / 4u;
+  let b = wid.y / P.H;
+  let h = wid.y % P.H;
+  let hk = h / (P.H / P.Hkv);
+  let row = wid.x * ROWS + lid.x;
+  let valid = row < P.Sq;
+  let bh = b * P.H + h;
+  var q: array<vec4<f32>, 64>;
+  var dout: array<vec4<f32>, 64>;
+  var acc: array<vec4<f32>, 64>;
+  var delta = 0.0;
+  var lse = 0.0;
+  var live = false;  // the row sees at least one key
+  if (valid) {
+    let q_base = P.q_off + b * P.q_sb + row * P.q_ss + h * P.q_sh;
+    let o_base = P.o_off + b * P.o_sb + row * P.o_ss + h * P.o_sh;
+    let do_base = P.do_off + b * P.do_sb + row * P.do_ss + h * P.do_sh;
+    var d4acc = vec4<f32>(0.0);
+    for (var c = 0u; c < d4; c++) {
+      q[c] = ld4(0u, q_base + 4u * c);
+      dout[c] = ld4(4u, do_base + 4u * c);
+      d4acc = fma(dout[c], ld4(3u, o_base + 4u * c), d4acc);
+      acc[c] = vec4<f32>(0.0);
+    }
+    delta = d4acc.x + d4acc.y + d4acc.z + d4acc.w;
+    DELTA[bh * P.Sq + row] = delta;
+    lse = LSE[P.lse_off + bh * P.Sq + row];
+    live = lse > MASKED;
+  }
+  let pos = i32(row) + P.causal_offset;
+  let tile = P.tile;
+  for (var ks = 0u; ks < P.Sk; ks += tile) {
+    for (var i = lid.x; i < tile * d4; i += ROWS) {
+      let j = ks + i / d4;
+      let c = i % d4;
+      var kv = vec4<f32>(0.0);
+      var vv = vec4<f32>(0.0);
+      if (j < P.Sk) {
+        kv = ld4(1u, P.k_off + b * P.k_sb + j * P.k_ss + hk * P.k_sh + 4u * c);
+        vv = ld4(2u, P.v_off + b * P.v_sb + j * P.v_ss + hk * P.v_sh + 4u * c);
+      }
+      tile_a[i] = kv;
+      tile_b[i] = vv;
+    }
+    workgroupBarrier();
+    if (live) {
+      for (var r = 0u; r < tile; r++) {
+        let j = ks + r;
+        if (!key_visible(i32(j), pos, i32(P.Sk), P.causal, P.window)) { continue; }
+        var qk = vec4<f32>(0.0);
+        var dv = vec4<f32>(0.0);
+        for (var c = 0u; c < d4; c++) {
+          qk = fma(q[c], tile_a[r * d4 + c], qk);
+          dv = fma(dout[c], tile_b[r * d4 + c], dv);
+        }
+        let s = score(qk.x + qk.y + qk.z + qk.w, b, h, row, j);
+        if (s <= MASKED) { continue; }
+        let p = exp(s - lse);
+        let dp = dropout_factor(P.dropout_p, P.seed, bh, row, j) * (dv.x + dv.y + dv.z + dv.w);
+        let ds = p * (dp - delta);
+        for (var c = 0u; c < d4; c++) { acc[c] = fma(vec4<f32>(ds), tile_a[r * d4 + c], acc[c]); }
+      }
+    }
+    workgroupBarrier();
+  }
+  if (valid) {
+    let dq_base = P.dq_off + b * P.dq_sb + row * P.dq_ss + h * P.dq_sh;
+    for (var c = 0u; c < d4; c++) {
+      let g = acc[c] * P.scale;
+      store_g1(dq_base + 4u * c, g.x);
+      store_g1(dq_base + 4u * c + 1u, g.y);
+      store_g1(dq_base + 4u * c + 2u, g.z);
+      store_g1(dq_base + 4u * c + 3u, g.w);
+    }
+  }
+}
+
+@compute @workgroup_size(64)
+fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let d4 = P.D / 4u;
+  let b = wid.y / P.Hkv;
+  let hk = wid.y % P.Hkv;
+  let group = P.H / P.Hkv;
+  let j = wid.x * ROWS + lid.x;
+  let valid = j < P.Sk;
+  var k: array<vec4<f32>, 64>;
+  var v: array<vec4<f32>, 64>;
+  var dk: array<vec4<f32>, 64>;
+  var dv: array<vec4<f32>, 64>;
+  for (var c = 0u; c < d4; c++) {
+    k[c] = vec4<f32>(0.0);
+    v[c] = vec4<f32>(0.0);
+    if (valid) {
+      k[c] = ld4(1u, P.k_off + b * P.k_sb + j * P.k_ss + hk * P.k_sh + 4u * c);
+      v[c] = ld4(2u, P.v_off + b * P.v_sb + j * P.v_ss + hk * P.v_sh + 4u * c);
+    }
+    dk[c] = vec4<f32>(0.0);
+    dv[c] = vec4<f32>(0.0);
+  }
+  let tile = P.tile;
+  for (var g = 0u; g < group; g++) {
+    let h = hk * group + g;
+    let bh = b * P.H + h;
+    for (var is = 0u; is < P.Sq; is += tile) {
+      for (var i = lid.x; i < tile * d4; i += ROWS) {
+        let row = is + i / d4;
+        let c = i % d4;
+        var qv = vec4<f32>(0.0);
+        var dov = vec4<f32>(0.0);
+        if (row < P.Sq) {
+          qv = ld4(0u, P.q_off + b * P.q_sb + row * P.q_ss + h * P.q_sh + 4u * c);
+          dov = ld4(4u, P.do_off + b * P.do_sb + row * P.do_ss + h * P.do_sh + 4u * c);
+        }
+        tile_a[i] = qv;
+        tile_b[i] = dov;
+      }
+      if (lid.x < tile) {
+        let row = is + lid.x;
+        var l = bitcast<f32>(NEG_INF_BITS);
+        var dl = 0.0;
+        if (row < P.Sq) {
+          l = LSE[P.lse_off + bh * P.Sq + row];
+          dl = DELTA[bh * P.Sq + row];
+        }
+        tile_lse[lid.x] = l;
+        tile_delta[lid.x] = dl;
+      }
+      workgroupBarrier();
+      if (valid) {
+        for (var r = 0u; r < tile; r++) {
+          let row = is + r;
+          if (row >= P.Sq || tile_lse[r] <= MASKED) { continue; }
+          let pos = i32(row) + P.causal_offset;
+          if (!key_visible(i32(j), pos, i32(P.Sk), P.causal, P.window)) { continue; }
+          var qk = vec4<f32>(0.0);
+          var dov = vec4<f32>(0.0);
+          for (var c = 0u; c < d4; c++) {
+            qk = fma(tile_a[r * d4 + c], k[c], qk);
+            dov = fma(tile_b[r * d4 + c], v[c], dov);
+          }
+          let s = score(qk.x + qk.y + qk.z + qk.w, b, h, row, j);
+          if (s <= MASKED) { continue; }
+          let p = exp(s - tile_lse[r]);
+          let f = dropout_factor(P.dropout_p, P.seed, bh, row, j);
+          let ds = p * (f * (dov.x + dov.y + dov.z + dov.w) - tile_delta[r]);
+          let pf = p * f;
+          for (var c = 0u; c < d4; c++) {
+            dv[c] = fma(vec4<f32>(pf), tile_b[r * d4 + c], dv[c]);
+            dk[c] = fma(vec4<f32>(ds), tile_a[r * d4 + c], dk[c]);
+          }
+        }
+      }
+      workgroupBarrier();
+    }
+  }
+  if (valid) {
+    let dk_base = P.dk_off + b * P.dk_sb + j * P.dk_ss + hk * P.dk_sh;
+    let dv_base = P.dv_off + b * P.dv_sb + j * P.dv_ss + hk * P.dv_sh;
+    for (var c = 0u; c < d4; c++) {
+      let gk = dk[c] * P.scale;
+      let gv = dv[c];
+      store_g1(dk_base + 4u * c, gk.x);
+      store_g1(dk_base + 4u * c + 1u, gk.y);
+      store_g1(dk_base + 4u * c + 2u, gk.z);
+      store_g1(dk_base + 4u * c + 3u, gk.w);
+      store_g2(dv_base + 4u * c, gv.x);
+      store_g2(dv_base + 4u * c + 1u, gv.y);
+      store_g2(dv_base + 4u * c + 2u, gv.z);
+      store_g2(dv_base + 4u * c + 3u, gv.w);
+    }
+  }
+}

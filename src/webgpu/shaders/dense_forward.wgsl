@@ -1,0 +1,155 @@
+// Dense attention forward (SPEC 1), after the seed 000: one invocation per query row; a workgroup
+// covers 64 rows of one (batch, head) and streams K/V through workgroup memory a tile of keys at a
+// time, with a running max and sum (online softmax). Strided views, GQA, causal with offset,
+// window, additive mask with broadcast strides, dropout by hash3, LSE.
+
+struct Params {
+  B: u32, Sq: u32, Sk: u32, H: u32,
+  Hkv: u32, D: u32, dtype: u32, causal: u32,
+  scale: f32, causal_offset: i32, window: i32, has_mask: u32,
+  dropout_p: f32, seed: u32, has_lse: u32, tile_k: u32,
+  q_off: u32, q_sb: u32, q_ss: u32, q_sh: u32,
+  k_off: u32, k_sb: u32, k_ss: u32, k_sh: u32,
+  v_off: u32, v_sb: u32, v_ss: u32, v_sh: u32,
+  o_off: u32, o_sb: u32, o_ss: u32, o_sh: u32,
+  m_off: u32, m_sb: u32, m_sh: u32, m_sq: u32,
+  m_sk: u32, lse_off: u32, pad0: u32, pad1: u32,
+};
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> Q: array<u32>;
+@group(0) @binding(2) var<storage, read> K: array<u32>;
+@group(0) @binding(3) var<storage, read> V: array<u32>;
+@group(0) @binding(4) var<storage, read> MASK: array<f32>;
+@group(0) @binding(5) var<storage, read_write> OUT: array<atomic<u32>>;
+@group(0) @binding(6) var<storage, read_write> LSE: array<f32>;
+
+const ROWS: u32 = 64u;
+
+fn ld4_q(i: u32) -> vec4<f32> {
+  return vec4<f32>(widen(Q[word_of(i, P.dtype)], i, P.dtype), widen(Q[word_of(i + 1u, P.dtype)], i + 1u, P.dtype),
+                   widen(Q[word_of(i + 2u, P.dtype)], i + 2u, P.dtype), widen(Q[word_of(i + 3u, P.dtype)], i + 3u, P.dtype));
+}
+fn ld4_k(i: u32) -> vec4<f32> {
+  return vec4<f32>(widen(K[word_of(i, P.dtype)], i, P.dtype), widen(K[word_of(i + 1u, P.dtype)], i + 1u, P.dtype),
+                   widen(K[word_of(i + 2u, P.dtype)], i + 2u, P.dtype), widen(K[word_of(i + 3u, P.dtype)], i + 3u, P.dtype));
+}
+fn ld4_v(i: u32) -> vec4<f32> {
+  return vec4<f32>(widen(V[word_of(i, P.dtype)], i, P.dtype), widen(V[word_of(i + 1u, P.dtype)], i + 1u, P.dtype),
+                   widen(V[word_of(i + 2u, P.dtype)], i + 2u, P.dtype), widen(V[word_of(i + 3u, P.dtype)], i + 3u, P.dtype));
+}
+
+// 16-bit outputs share words between neighbours (possibly of different rows): each element is
+// written by clearing and setting only its own half, atomically.
+fn store_out(i: u32, x: f32) {
+  if (P.dtype == 0u) {
+    atomicStore(&OUT[i], bitcast<u32>(x));
+    return;
+  }
+  let bits = select(bf16_bits(x), f16_bits(x), P.dtype == 1u);
+  let shift = 16u * (i & 1u);
+  atomicAnd(&OUT[i >> 1u], ~(0xffffu << shift));
+  atomicOr(&OUT[i >> 1u], bits << shift);
+}
+
+var<workgroup> k_tile: array<vec4<f32>, 512>;  // tile_k keys x D / 4
+var<workgroup> v_tile: array<vec4<f32>, 512>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let d4 = P.D / 4u;
+  let b = wid.y / P.H;
+  let h = wid.y % P.H;
+  let hk = h / (P.H / P.Hkv);
+  let row0 = wid.x * ROWS;
+  let row = row0 + lid.x;
+  let valid = row < P.Sq;
+  var q: array<vec4<f32>, 64>;
+  var acc: array<vec4<f32>, 64>;
+  let q_base = P.q_off + b * P.q_sb + row * P.q_ss + h * P.q_sh;
+  for (var c = 0u; c < d4; c++) {
+    acc[c] = vec4<f32>(0.0);
+    q[c] = vec4<f32>(0.0);
+    if (valid) { q[c] = ld4_q(q_base + 4u * c); }
+  }
+  // The keys any row of this workgroup can see (uniform across the workgroup).
+  let pos = i32(row) + P.causal_offset;
+  let pos_first = i32(row0) + P.causal_offset;
+  let pos_last = i32(min(row0 + ROWS, P.Sq) - 1u) + P.causal_offset;
+  var k_begin = 0;
+  var k_end = i32(P.Sk);
+  if (P.causal != 0u && pos_last < k_end) { k_end = max(pos_last + 1, 0); }
+  if (P.window > 0) {
+    if (pos_first >= P.window) { k_begin = pos_first - P.window + 1; }
+    if (P.causal == 0u && pos_last < k_end - P.window) { k_end = max(pos_last + P.window, 0); }
+  }
+  let bh = b * P.H + h;
+  let m_base = P.m_off + b * P.m_sb + h * P.m_sh + row * P.m_sq;
+  var m_run = MASKED;
+  var l_run = 0.0;
+  let tile_k = i32(P.tile_k);
+  for (var ks = k_begin; ks < k_end; ks += tile_k) {
+    for (var i = lid.x; i < P.tile_k * d4; i += ROWS) {
+      let r = i / d4;
+      let c = i % d4;
+      let j = u32(ks) + r;
+      var kv = vec4<f32>(0.0);
+      var vv = vec4<f32>(0.0);
+      if (j < P.Sk) {
+        kv = ld4_k(P.k_off + b * P.k_sb + j * P.k_ss + hk * P.k_sh + 4u * c);
+        vv = ld4_v(P.v_off + b * P.v_sb + j * P.v_ss + hk * P.v_sh + 4u * c);
+      }
+      k_tile[i] = kv;
+      v_tile[i] = vv;
+    }
+    workgroupBarrier();
+    if (valid) {
+      var s: array<f32, 64>;
+      var tile_max = MASKED;
+      for (var r = 0; r < tile_k; r++) {
+        let j = ks + r;
+        var sc = MASKED;
+        if (key_visible(j, pos, i32(P.Sk), P.causal, P.window)) {
+          var dot4 = vec4<f32>(0.0);
+          for (var c = 0u; c < d4; c++) { dot4 = fma(q[c], k_tile[u32(r) * d4 + c], dot4); }
+          sc = P.scale * (dot4.x + dot4.y + dot4.z + dot4.w);
+          if (P.has_mask != 0u) { sc += MASK[m_base + u32(j) * P.m_sk]; }
+        }
+        s[r] = sc;
+        tile_max = max(tile_max, sc);
+      }
+      if (tile_max > MASKED) {
+        let m_new = max(m_run, tile_max);
+        let corr = exp(m_run - m_new);
+        l_run *= corr;
+        for (var c = 0u; c < d4; c++) { acc[c] *= corr; }
+        for (var r = 0; r < tile_k; r++) {
+          if (s[r] > MASKED) {
+            let p = exp(s[r] - m_new);
+            l_run += p;
+            let w = p * dropout_factor(P.dropout_p, P.seed, bh, row, u32(ks + r));
+            if (w != 0.0) {
+              for (var c = 0u; c < d4; c++) { acc[c] = fma(vec4<f32>(w), v_tile[u32(r) * d4 + c], acc[c]); }
+            }
+          }
+        }
+        m_run = m_new;
+      }
+    }
+    workgroupBarrier();
+  }
+  if (valid) {
+    let inv = select(0.0, 1.0 / l_run, l_run > 0.0);
+    let o_base = P.o_off + b * P.o_sb + row * P.o_ss + h * P.o_sh;
+    for (var c = 0u; c < d4; c++) {
+      let o = acc[c] * inv;
+      store_out(o_base + 4u * c, o.x);
+      store_out(o_base + 4u * c + 1u, o.y);
+      store_out(o_base + 4u * c + 2u, o.z);
+      store_out(o_base + 4u * c + 3u, o.w);
+    }
+    if (P.has_lse != 0u) {
+      LSE[P.lse_off + bh * P.Sq + row] = select(bitcast<f32>(NEG_INF_BITS), m_run + log(l_run), l_run > 0.0);
+    }
+  }
+}
