@@ -5,6 +5,7 @@
 #include "webgpu/backend.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -38,6 +39,8 @@ class Params {
     return *this;
   }
   const std::vector<std::uint32_t>& words() const { return words_; }
+  std::size_t size() const { return words_.size(); }
+  void set(std::size_t at, std::uint32_t x) { words_[at] = x; }
 
  private:
   std::vector<std::uint32_t> words_;
@@ -66,6 +69,20 @@ Placed place(const TensorView& t, const char* what) { return place(t.data, exten
 int dtype_code(DType t) { return t == DType::f32 ? 0 : t == DType::f16 ? 1 : 2; }
 
 std::uint32_t groups(std::int64_t n, std::int64_t per) { return std::uint32_t((n + per - 1) / per); }
+
+// Dispatches `total` workgroups along dimension `dim` (0, 1 or 2) in chunks the adapter allows,
+// telling the kernel each chunk's first index in parameter word `first_at`.
+void dispatch_chunked(const std::string& kernel, Params P, std::size_t first_at, const std::vector<Binding>& buffers,
+                      std::array<std::int64_t, 3> grid, int dim) {
+  Context& ctx = Context::get();
+  const std::int64_t total = grid[std::size_t(dim)], step = ctx.max_groups_per_dimension();
+  for (std::int64_t first = 0; first < total; first += step) {
+    std::array<std::int64_t, 3> g = grid;
+    g[std::size_t(dim)] = std::min(step, total - first);
+    P.set(first_at, std::uint32_t(first));
+    ctx.dispatch(kernel, P.words(), buffers, std::uint32_t(g[0]), std::uint32_t(g[1]), std::uint32_t(g[2]));
+  }
+}
 
 // Keys (or query rows) per workgroup-memory tile: 512 vec4 per operand.
 std::int64_t tile_rows(std::int64_t D) { return std::min<std::int64_t>(64, 2048 / D); }
@@ -131,9 +148,11 @@ class WebGpuBackend final : public Backend {
     add_view(P, v, c.v, "v");
     add_view(P, out, c.out, "out");
     add_mask(P, p, mask);
-    P.u(lse.offset, "lse").u(0).u(0);
-    ctx.dispatch("dense_forward", P.words(), {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}},
-                 groups(p.Sq, 64), std::uint32_t(p.B * p.H), 1);
+    P.u(lse.offset, "lse");
+    const std::size_t y0 = P.size();
+    P.u(0).u(0);
+    dispatch_chunked("dense_forward", P, y0, {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}},
+                     {groups(p.Sq, 64), p.B * p.H, 1}, 1);
   }
 
   void backward(const BackwardCall& c) override {
@@ -156,13 +175,14 @@ class WebGpuBackend final : public Backend {
     add_view(P, dk, c.dk, "dk");
     add_view(P, dv, c.dv, "dv");
     add_mask(P, p, mask);
+    const std::size_t y0 = P.size();
     P.u(0).u(0).u(0);
-    ctx.dispatch("dense_backward#dq", P.words(),
-                 {{q.buffer}, {k.buffer}, {v.buffer}, {out.buffer}, {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}, {dq.buffer}},
-                 groups(p.Sq, 64), std::uint32_t(p.B * p.H), 1);
-    ctx.dispatch("dense_backward#dkdv", P.words(),
-                 {{q.buffer}, {k.buffer}, {v.buffer}, {out.buffer}, {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}, {dk.buffer}, {dv.buffer}},
-                 groups(p.Sk, 64), std::uint32_t(p.B * p.Hkv), 1);
+    dispatch_chunked("dense_backward#dq", P, y0,
+                     {{q.buffer}, {k.buffer}, {v.buffer}, {out.buffer}, {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}, {dq.buffer}},
+                     {groups(p.Sq, 64), p.B * p.H, 1}, 1);
+    dispatch_chunked("dense_backward#dkdv", P, y0,
+                     {{q.buffer}, {k.buffer}, {v.buffer}, {out.buffer}, {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}, {dk.buffer}, {dv.buffer}},
+                     {groups(p.Sk, 64), p.B * p.Hkv, 1}, 1);
   }
 
   void tq_encode_keys(const TqEncodeArgs& c) override { encode(c, true); }
@@ -197,7 +217,6 @@ std::int64_t n_splits(const TqAttendArgs& c) {
 }
 
 void WebGpuBackend::encode(const TqEncodeArgs& c, bool keys) {
-  Context& ctx = Context::get();
   const TqLayout& l = c.layout;
   const std::int64_t D = l.head_dim, T = c.x.shape[1];
   const int bits = keys ? l.key_bits : l.value_bits;
@@ -212,24 +231,27 @@ void WebGpuBackend::encode(const TqEncodeArgs& c, bool keys) {
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
   add_double(P, 1.0 / std::sqrt(double(D)));
-  P.u(0).u(0);
+  P.f(1.0f);  // the kernel's opaque 1.0
+  const std::size_t t0 = P.size();
+  P.u(0);
   // Centroids and boundaries in double-float (16 + 15 entries, the unused ones zero).
   for (int i = 0; i < 16; ++i) add_double(P, i < (1 << bits) ? cb.centroids[std::size_t(i)] : 0.0);
   for (int i = 0; i < 16; ++i) add_double(P, i < (1 << bits) - 1 ? cb.boundaries[std::size_t(i)] : 0.0);
-  ctx.dispatch("tq_encode", P.words(), {{x.buffer}, {cache.buffer}}, std::uint32_t(T), std::uint32_t(l.n_kv_heads), 1);
+  dispatch_chunked("tq_encode", P, t0, {{x.buffer}, {cache.buffer}}, {T, l.n_kv_heads, 1}, 0);
 }
 
 void WebGpuBackend::tq_rotate_queries(const TqRotateArgs& c) {
-  Context& ctx = Context::get();
   const std::int64_t D = c.tables.head_dim, B = c.q.shape[0], nq = c.q.shape[1], H = c.q.shape[2];
   const Placed q = place(c.q, "q");
   const Placed scratch = place(c.scratch, tq_scratch_floats(c.q_cap, H, D), 4, "scratch");
   Params P;
-  P.u(D).u(nq).u(H).u(dtype_code(c.q.dtype)).u(c.q_cap * H * D, "q_cap").u(scratch.offset, "scratch").u(0).u(0);
+  P.u(D).u(nq).u(H).u(dtype_code(c.q.dtype)).u(c.q_cap * H * D, "q_cap").u(scratch.offset, "scratch");
+  const std::size_t row0 = P.size();
+  P.u(0).u(0);
   add_view(P, q, c.q, "q");
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
-  ctx.dispatch("tq_rotate", P.words(), {{q.buffer}, {scratch.buffer}}, std::uint32_t(B * nq), std::uint32_t(H), 1);
+  dispatch_chunked("tq_rotate", P, row0, {{q.buffer}, {scratch.buffer}}, {B * nq, H, 1}, 0);
 }
 
 std::size_t WebGpuBackend::tq_attend_workspace(const TqAttendArgs& c) const {
@@ -255,13 +277,16 @@ void WebGpuBackend::tq_attend(const TqAttendArgs& c) {
   P.u(scratch.offset, "scratch").u(c.q_cap * c.n_heads * D, "q_cap").u(keys.offset, "k_cache").u(values.offset, "v_cache");
   P.u(l.key_words(), "k_cache").u(l.value_words(), "v_cache").u(l.key_jl_offset(), "k_cache").u(l.key_norm_offset(), "k_cache");
   P.u(l.value_norm_offset(), "v_cache").u(ws.offset, "workspace").u(out.offset, "out").u(c.out.strides[0], "out");
-  P.u(c.out.strides[1], "out").u(c.out.strides[2], "out").u(0).u(0);
+  P.u(c.out.strides[1], "out").u(c.out.strides[2], "out");
+  const std::size_t row0 = P.size();
+  P.u(0).u(0);
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.key_centroids[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.value_centroids[std::size_t(i)]);
-  ctx.dispatch("tq_attend#partial", P.words(), {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}},
-               std::uint32_t(splits), std::uint32_t(c.n_heads), std::uint32_t(rows));
-  ctx.dispatch("tq_attend#merge", P.words(), {{ws.buffer}, {out.buffer}}, std::uint32_t(c.n_heads), std::uint32_t(rows), 1);
+  dispatch_chunked("tq_attend#partial", P, row0, {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}},
+                   {splits, c.n_heads, rows}, 2);
+  dispatch_chunked("tq_attend#merge", P, row0, {{nullptr}, {nullptr}, {nullptr}, {nullptr}, {ws.buffer}, {out.buffer}},
+                   {c.n_heads, rows, 1}, 1);
 }
 
 }  // namespace

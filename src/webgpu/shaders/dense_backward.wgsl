@@ -20,7 +20,7 @@ struct Params {
   dk_off: u32, dk_sb: u32, dk_ss: u32, dk_sh: u32,
   dv_off: u32, dv_sb: u32, dv_ss: u32, dv_sh: u32,
   m_off: u32, m_sb: u32, m_sh: u32, m_sq: u32,
-  m_sk: u32, pad0: u32, pad1: u32, pad2: u32,
+  m_sk: u32, y0: u32, pad1: u32, pad2: u32,  // y0: first (batch, head) of this dispatch
 };
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -80,8 +80,8 @@ var<workgroup> tile_delta: array<f32, 64>;
 @compute @workgroup_size(64)
 fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   let d4 = P.D / 4u;
-  let b = wid.y / P.H;
-  let h = wid.y % P.H;
+  let b = (P.y0 + wid.y) / P.H;
+  let h = (P.y0 + wid.y) % P.H;
   let hk = h / (P.H / P.Hkv);
   let row = wid.x * ROWS + lid.x;
   let valid = row < P.Sq;
@@ -159,8 +159,8 @@ fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
 @compute @workgroup_size(64)
 fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   let d4 = P.D / 4u;
-  let b = wid.y / P.Hkv;
-  let hk = wid.y % P.Hkv;
+  let b = (P.y0 + wid.y) / P.Hkv;
+  let hk = (P.y0 + wid.y) % P.Hkv;
   let group = P.H / P.Hkv;
   let j = wid.x * ROWS + lid.x;
   let valid = j < P.Sk;

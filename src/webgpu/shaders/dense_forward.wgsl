@@ -13,7 +13,7 @@ struct Params {
   v_off: u32, v_sb: u32, v_ss: u32, v_sh: u32,
   o_off: u32, o_sb: u32, o_ss: u32, o_sh: u32,
   m_off: u32, m_sb: u32, m_sh: u32, m_sq: u32,
-  m_sk: u32, lse_off: u32, pad0: u32, pad1: u32,
+  m_sk: u32, lse_off: u32, y0: u32, pad1: u32,  // y0: first (batch, head) of this dispatch
 };
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -58,8 +58,8 @@ var<workgroup> v_tile: array<vec4<f32>, 512>;
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   let d4 = P.D / 4u;
-  let b = wid.y / P.H;
-  let h = wid.y % P.H;
+  let b = (P.y0 + wid.y) / P.H;
+  let h = (P.y0 + wid.y) % P.H;
   let hk = h / (P.H / P.Hkv);
   let row0 = wid.x * ROWS;
   let row = row0 + lid.x;

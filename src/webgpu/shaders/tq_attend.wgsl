@@ -1,0 +1,214 @@
+// TurboQuant attention over the packed cache (SPEC 2), after the seed 003, split over the sequence:
+//   partial: one workgroup per (split, head, query row) scores tiles of 128 tokens straight from the
+//            packed words (thread t: token t of the tile), keeps a running max and sum, and
+//            accumulates values in rotated space (thread t: coordinates t, t + 128); writes
+//            (max, sum, acc[D]) to the workspace.
+//   merge:   one workgroup per (head, query row) combines the splits by their maxima, normalises,
+//            and rotates back once (inverse RHT_polar).
+// Decode and chunked prefill are the same kernel: row j of sequence b sees timesteps
+// [0, min(start_b + j + 1, max_seq, capacity)).
+
+struct Params {
+  D: u32, n_kv: u32, capacity: u32, key_bits: u32,
+  value_bits: u32, H: u32, nq: u32, batch: u32,
+  start_pos: i32, max_seq: i32, has_starts: u32, starts_off: u32,
+  scale: f32, qjl_scale: f32, splits: u32, split_tokens: u32,
+  scratch_off: u32, region: u32, k_off: u32, v_off: u32,
+  key_words: u32, value_words: u32, key_jl_off: u32, key_norm_off: u32,
+  value_norm_off: u32, ws_off: u32, out_off: u32, out_sb: u32,
+  out_ss: u32, out_sh: u32, row0: u32, pad1: u32,  // row0: first query row of this dispatch
+  polar: array<vec4<u32>, 2>,
+  key_centroids: array<vec4<f32>, 4>,
+  value_centroids: array<vec4<f32>, 4>,
+};
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> SCRATCH: array<f32>;
+@group(0) @binding(2) var<storage, read> KEYS: array<u32>;
+@group(0) @binding(3) var<storage, read> VALUES: array<u32>;
+@group(0) @binding(4) var<storage, read> STARTS: array<i32>;
+@group(0) @binding(5) var<storage, read_write> WS: array<f32>;
+@group(0) @binding(6) var<storage, read_write> OUT: array<f32>;
+
+const TILE: u32 = 128u;
+
+var<workgroup> q_rot: array<f32, 256>;
+var<workgroup> q_jl: array<f32, 256>;
+var<workgroup> weight: array<f32, 128>;  // score, then p * |v| of each token of the tile
+var<workgroup> prob: array<f32, 128>;    // p of each token of the tile
+var<workgroup> stats: vec4<f32>;         // unused, correction, running max, running sum
+var<workgroup> end_shared: u32;
+
+fn f16_lo(w: u32) -> f32 { return unpack2x16float(w).x; }
+fn f16_hi(w: u32) -> f32 { return unpack2x16float(w).y; }
+
+// Code `d` (b bits, LSB first across words) of the stream starting at word `base` of `buf`.
+fn key_code(base: u32, d: u32, bits: u32) -> u32 {
+  let bit = d * bits;
+  var c = KEYS[base + bit / 32u] >> (bit % 32u);
+  if ((bit % 32u) + bits > 32u) { c |= KEYS[base + bit / 32u + 1u] << (32u - bit % 32u); }
+  return c & ((1u << bits) - 1u);
+}
+fn value_code(base: u32, d: u32, bits: u32) -> u32 {
+  let bit = d * bits;
+  var c = VALUES[base + bit / 32u] >> (bit % 32u);
+  if ((bit % 32u) + bits > 32u) { c |= VALUES[base + bit / 32u + 1u] << (32u - bit % 32u); }
+  return c & ((1u << bits) - 1u);
+}
+
+// Timesteps query row `row` (= b * nq + j) sees.
+fn seq_len(row: u32) -> u32 {
+  let b = row / P.nq;
+  let j = row % P.nq;
+  var start = P.start_pos;
+  if (P.has_starts != 0u) { start = STARTS[P.starts_off + b]; }
+  // clamp(start + j + 1, 0, min(max_seq, capacity)) without overflowing i32
+  let limit = min(P.max_seq, i32(P.capacity));
+  if (start >= limit) { return u32(max(limit, 0)); }
+  let s = start + i32(j) + 1;
+  return u32(clamp(s, 0, max(limit, 0)));
+}
+
+@compute @workgroup_size(128)
+fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let tid = lid.x;
+  let split = wid.x;
+  let h = wid.y;
+  let row = P.row0 + wid.z;
+  let D = P.D;
+  let b = row / P.nq;
+  let kvh = h / (P.H / P.n_kv);
+  let t_begin = split * P.split_tokens;
+  if (tid == 0u) { end_shared = min(t_begin + P.split_tokens, seq_len(row)); }
+  // The bound every thread loops to, made uniform for the barriers in the loop.
+  let t_end = workgroupUniformLoad(&end_shared);
+  for (var d = tid; d < D; d += TILE) {
+    let at = P.scratch_off + (row * P.H + h) * D + d;
+    q_rot[d] = SCRATCH[at];
+    q_jl[d] = SCRATCH[P.region + at];
+  }
+  if (tid == 0u) { stats = vec4<f32>(0.0, 0.0, bitcast<f32>(NEG_INF_BITS), 0.0); }
+  workgroupBarrier();
+  let jl_sum = SCRATCH[P.scratch_off + 2u * P.region + row * P.H + h];
+  let keys = P.k_off + b * P.key_words;
+  let values = P.v_off + b * P.value_words;
+  let key_code_words = D * P.key_bits / 32u;
+  let value_code_words = D * P.value_bits / 32u;
+  var acc0 = 0.0;
+  var acc1 = 0.0;
+  var t0 = t_begin;
+  loop {
+    if (t0 >= t_end) { break; }  // uniform: every thread sees the same bounds
+    // scores: thread tid takes token t0 + tid
+    let t = t0 + tid;
+    var s = bitcast<f32>(NEG_INF_BITS);
+    if (t < t_end) {
+      let slot = kvh * P.capacity + t;
+      let codes = keys + slot * key_code_words;
+      let jl = keys + P.key_jl_off + slot * (D / 32u);
+      var polar = 0.0;
+      var positive = 0.0;
+      for (var d = 0u; d < D; d++) {
+        let idx = key_code(codes, d, P.key_bits);
+        let c = P.key_centroids[idx / 4u][idx % 4u];
+        polar = fma(q_rot[d], c, polar);
+        if (((KEYS[jl + d / 32u] >> (d % 32u)) & 1u) != 0u) { positive += q_jl[d]; }
+      }
+      let nw = KEYS[keys + P.key_norm_off + slot];
+      s = P.scale * f16_lo(nw) * (polar + f16_hi(nw) * P.qjl_scale * (2.0 * positive - jl_sum));
+    }
+    weight[tid] = s;
+    workgroupBarrier();
+    if (tid == 0u) {
+      var m = stats.z;
+      for (var i = 0u; i < TILE; i++) { m = max(m, weight[i]); }
+      stats.y = exp(stats.z - m);  // correction of the running sums
+      stats.z = m;
+    }
+    workgroupBarrier();
+    let m = stats.z;
+    var p = 0.0;
+    var w = 0.0;
+    if (t < t_end) {
+      p = exp(s - m);
+      w = p * f16_lo(VALUES[values + P.value_norm_off + kvh * P.capacity + t]);
+    }
+    prob[tid] = p;
+    weight[tid] = w;
+    let corr = stats.y;
+    workgroupBarrier();
+    if (tid == 0u) {
+      var l = stats.w * corr;
+      for (var i = 0u; i < TILE; i++) { l += prob[i]; }
+      stats.w = l;
+    }
+    // values in rotated space: coordinates tid and tid + 128
+    acc0 *= corr;
+    acc1 *= corr;
+    let n = min(TILE, t_end - t0);
+    for (var i = 0u; i < n; i++) {
+      let wi = weight[i];
+      let base = values + (kvh * P.capacity + t0 + i) * value_code_words;
+      if (tid < D) {
+        let idx = value_code(base, tid, P.value_bits);
+        acc0 = fma(wi, P.value_centroids[idx / 4u][idx % 4u], acc0);
+      }
+      if (tid + TILE < D) {
+        let idx = value_code(base, tid + TILE, P.value_bits);
+        acc1 = fma(wi, P.value_centroids[idx / 4u][idx % 4u], acc1);
+      }
+    }
+    workgroupBarrier();
+    t0 += TILE;
+  }
+  let out = P.ws_off + ((row * P.H + h) * P.splits + split) * (D + 2u);
+  if (tid < D) { WS[out + 2u + tid] = acc0; }
+  if (tid + TILE < D) { WS[out + 2u + tid + TILE] = acc1; }
+  if (tid == 0u) {
+    WS[out] = stats.z;
+    WS[out + 1u] = stats.w;
+  }
+}
+
+var<workgroup> y: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn merge(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let d = lid.x;
+  let h = wid.x;
+  let row = P.row0 + wid.y;
+  let D = P.D;
+  let base = P.ws_off + (row * P.H + h) * P.splits * (D + 2u);
+  var M = bitcast<f32>(NEG_INF_BITS);
+  for (var s = 0u; s < P.splits; s++) { M = max(M, WS[base + s * (D + 2u)]); }
+  var L = 0.0;
+  var x = 0.0;
+  for (var s = 0u; s < P.splits; s++) {
+    let at = base + s * (D + 2u);
+    let l = WS[at + 1u];
+    if (l > 0.0) {
+      let f = exp(WS[at] - M);
+      L = fma(l, f, L);
+      if (d < D) { x = fma(WS[at + 2u + d], f, x); }
+    }
+  }
+  if (d < D) { y[d] = select(0.0, x / L, L > 0.0); }  // a row that sees nothing writes zeros
+  workgroupBarrier();
+  for (var len = 1u; len < D; len <<= 1u) {  // inverse RHT: butterflies, then 1/sqrt(D) and the signs
+    if (d < D / 2u) {
+      let i = (d / len) * 2u * len + d % len;
+      let a = y[i];
+      let c = y[i + len];
+      y[i] = a + c;
+      y[i + len] = a - c;
+    }
+    workgroupBarrier();
+  }
+  if (d < D) {
+    let w = d / 32u;
+    let sign = select(1.0, -1.0, ((P.polar[w / 4u][w % 4u] >> (d % 32u)) & 1u) != 0u);
+    let b = row / P.nq;
+    let j = row % P.nq;
+    OUT[P.out_off + b * P.out_sb + j * P.out_ss + h * P.out_sh + d] = y[d] * (1.0 / sqrt(f32(D))) * sign;
+  }
+}

@@ -1,0 +1,62 @@
+// TurboQuant query rotation (SPEC 2): one workgroup per (query row, head), thread d owns
+// coordinate d. q_rot = RHT_polar(q), q_jl = RHT_jl(q_rot), sum = sum_d q_jl[d], into the scratch
+// [q_rot | q_jl | sums] at row b * n_queries + j.
+
+struct Params {
+  D: u32, nq: u32, H: u32, dtype: u32,
+  region: u32, scratch_off: u32, row0: u32, pad1: u32,  // row0: first row of this dispatch
+  q_off: u32, q_sb: u32, q_ss: u32, q_sh: u32,
+  polar: array<vec4<u32>, 2>,
+  jl: array<vec4<u32>, 2>,
+};
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> Q: array<u32>;
+@group(0) @binding(2) var<storage, read_write> SCRATCH: array<f32>;
+
+var<workgroup> x: array<f32, 256>;
+
+fn sign_of(signs: array<vec4<u32>, 2>, d: u32) -> f32 {
+  let w = d / 32u;
+  return select(1.0, -1.0, ((signs[w / 4u][w % 4u] >> (d % 32u)) & 1u) != 0u);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let tid = lid.x;
+  let row = P.row0 + wid.x;
+  let h = wid.y;
+  let D = P.D;
+  let b = row / P.nq;
+  let j = row % P.nq;
+  let inv = 1.0 / sqrt(f32(D));
+  if (tid < D) {
+    let i = P.q_off + b * P.q_sb + j * P.q_ss + h * P.q_sh + tid;
+    x[tid] = widen(Q[word_of(i, P.dtype)], i, P.dtype) * sign_of(P.polar, tid);
+  }
+  workgroupBarrier();
+  for (var stage = 0u; stage < 2u; stage++) {  // RHT_polar, then RHT_jl of its result
+    for (var len = 1u; len < D; len <<= 1u) {
+      if (tid < D / 2u) {
+        let i = (tid / len) * 2u * len + tid % len;
+        let a = x[i];
+        let c = x[i + len];
+        x[i] = a + c;
+        x[i + len] = a - c;
+      }
+      workgroupBarrier();
+    }
+    if (tid < D) {
+      let y = x[tid] * inv;
+      let at = P.scratch_off + stage * P.region + (row * P.H + h) * D + tid;
+      SCRATCH[at] = y;
+      x[tid] = y * select(1.0, sign_of(P.jl, tid), stage == 0u);
+    }
+    workgroupBarrier();
+  }
+  if (tid == 0u) {
+    var s = 0.0;
+    for (var d = 0u; d < D; d++) { s += x[d]; }  // x holds q_jl after the second stage
+    SCRATCH[P.scratch_off + 2u * P.region + row * P.H + h] = s;
+  }
+}
