@@ -8,7 +8,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev
   libhwy-dev libomp-dev
+  mesa-vulkan-drivers libvulkan1  # the webgpu backend's Vulkan device where there is no GPU (lavapipe)
 )
+python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)  # fetches the pinned wgpu wheel below
 
 missing=()
 for p in "${packages[@]}"; do
@@ -23,3 +25,6 @@ if ((${#missing[@]})); then
   $sudo_cmd apt-get update -qq
   $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# wgpu-native for the webgpu backend (from the pinned `wgpu` wheel on PyPI), into build/third_party.
+"$(dirname "$0")/fetch_wgpu_native.sh"

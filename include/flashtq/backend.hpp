@@ -18,6 +18,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // What it runs on, for reports (the GPU or adapter); the name when there is nothing more to say.
+  virtual std::string description() const { return name(); }
   virtual Memory memory() const = 0;
   // False when the backend is compiled in but cannot run here (no GPU, no adapter).
   virtual bool available() const { return true; }

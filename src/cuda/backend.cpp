@@ -13,6 +13,12 @@ namespace {
 class CudaBackend final : public Backend {
  public:
   std::string name() const override { return "cuda"; }
+  std::string description() const override {
+    int device = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "no GPU";
+    return prop.name;
+  }
   Memory memory() const override { return Memory::cuda; }
   bool available() const override {
     int count = 0;

@@ -116,6 +116,7 @@ void add_mask(Params& P, const DenseProblem& p, Placed& mask) {
 class WebGpuBackend final : public Backend {
  public:
   std::string name() const override { return "webgpu"; }
+  std::string description() const override { return Context::usable() ? Context::get().adapter_description() : "no adapter"; }
   Memory memory() const override { return Memory::webgpu; }
   bool available() const override { return Context::usable(); }
   std::optional<std::string> unsupported(const DenseProblem& p) const override {

@@ -86,7 +86,7 @@ std::vector<T> random_bytes(std::size_t n, DType dtype, std::mt19937_64& rng) {
 
 Command add_bench(CLI::App& app) {
   struct Options {
-    bool json = false, quick = false, decode_only = false;
+    bool json = false, quick = false, decode_only = false, gpu = false;
     int threads = 0;
     std::string output, torch_json;
   };
@@ -95,10 +95,19 @@ Command add_bench(CLI::App& app) {
   sub->add_flag("--json", opts->json, "Print the results as JSON");
   sub->add_flag("--quick", opts->quick, "Fewer shapes and repeats");
   sub->add_flag("--decode-only", opts->decode_only, "Only the decode comparison (dense f16 cache against TurboQuant)");
+  sub->add_flag("--gpu", opts->gpu, "The GPU backends (cuda, webgpu) side by side instead of the cpu backend");
   sub->add_option("--threads", opts->threads, "Threads (default: all cores)");
   sub->add_option("--output", opts->output, "Also write the JSON to this file");
   sub->add_option("--torch-json", opts->torch_json, "PyTorch results (bench/torch_cpu_sdpa.py) to merge");
   return {sub, [opts] {
+            if (opts->gpu) {
+              nlohmann::json r;
+              r["gpu"] = bench_gpu_backends(opts->quick);
+              if (r["gpu"].empty()) fmt::print(stderr, "flashtq bench --gpu: no GPU backend is available here\n");
+              if (!opts->output.empty()) std::ofstream(opts->output) << r.dump(2) << "\n";
+              fmt::print("{}\n", opts->json ? r.dump(2) : r.dump());
+              return 0;
+            }
             Backend& cpu = backend("cpu");
             cpu.set_threads(opts->threads);
             const int threads = cpu.threads();

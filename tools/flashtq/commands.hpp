@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 namespace flashtq::cli {
 
@@ -15,5 +16,8 @@ Command add_demo(CLI::App& app);
 Command add_check(CLI::App& app);
 Command add_eval(CLI::App& app);
 Command add_bench(CLI::App& app);
+
+// The GPU part of `flashtq bench` (bench_gpu.cpp): one row per (backend, operation, shape).
+nlohmann::json bench_gpu_backends(bool quick);
 
 }  // namespace flashtq::cli
