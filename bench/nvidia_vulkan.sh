@@ -2,7 +2,7 @@
 # Source this on an NVIDIA machine whose container has the driver's Vulkan library but no Vulkan
 # ICD manifest (common where only compute was set up): writes a manifest for libGLX_nvidia.so.0 and
 # points the Vulkan loader at it. Does nothing where a manifest for NVIDIA is already installed.
-if ! ls /usr/share/vulkan/icd.d/nvidia* /etc/vulkan/icd.d/nvidia* >/dev/null 2>&1; then
+if ! ls /usr/share/vulkan/icd.d/nvidia* >/dev/null 2>&1 && ! ls /etc/vulkan/icd.d/nvidia* >/dev/null 2>&1; then
   glx=$(ldconfig -p 2>/dev/null | awk '/libGLX_nvidia.so.0/ {print $NF; exit}')
   if [ -n "$glx" ]; then
     icd_dir=$(mktemp -d)

@@ -66,7 +66,10 @@ Backend& backend(const std::string& name) {
   std::string names;
   for (Backend* b : all_backends()) {
     if (b->name() == name) {
-      if (!b->available()) throw Error("backend", "'" + name + "' is compiled in but not available on this machine");
+      if (!b->available()) {
+        const std::string why = b->unavailable_reason();
+        throw Error("backend", "'" + name + "' is compiled in but not available on this machine" + (why.empty() ? "" : ": " + why));
+      }
       return *b;
     }
     names += (names.empty() ? "" : ", ") + b->name();

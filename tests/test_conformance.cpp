@@ -45,7 +45,7 @@ class Conformance : public ::testing::TestWithParam<SuiteCase> {
 
 TEST_P(Conformance, DenseForwardAndBackward) {
   Backend& b = under_test();
-  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device)";
+  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) " << b.unavailable_reason();
   const auto c = conformance::draw_dense_case(rng, b);
   expect_pass(conformance::check_forward(b, c));
   expect_pass(conformance::check_backward(b, c));
@@ -53,13 +53,13 @@ TEST_P(Conformance, DenseForwardAndBackward) {
 
 TEST_P(Conformance, DropoutBitExact) {
   Backend& b = under_test();
-  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device)";
+  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) " << b.unavailable_reason();
   expect_pass(conformance::check_dropout(b, std::uint32_t(rng()), 0.05f + 0.07f * float(GetParam().index)));
 }
 
 TEST_P(Conformance, TurboQuantEncodeRotateAttend) {
   Backend& b = under_test();
-  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device)";
+  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) " << b.unavailable_reason();
   const auto c = conformance::draw_tq_case(rng, b);
   expect_pass(conformance::check_tq_encode(b, c));
   expect_pass(conformance::check_tq_rotate(b, c));
@@ -68,7 +68,7 @@ TEST_P(Conformance, TurboQuantEncodeRotateAttend) {
 
 TEST_P(Conformance, TurboQuantDecodeShapes) {
   Backend& b = under_test();
-  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device)";
+  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) " << b.unavailable_reason();
   expect_pass(conformance::check_tq_attend(b, conformance::draw_tq_decode_case(rng)));
 }
 

@@ -23,6 +23,8 @@ class Backend {
   virtual Memory memory() const = 0;
   // False when the backend is compiled in but cannot run here (no GPU, no adapter).
   virtual bool available() const { return true; }
+  // Why it is not available (empty when it is, or when there is nothing more to say).
+  virtual std::string unavailable_reason() const { return {}; }
   // A reason when this backend cannot run the problem (head dim, dtype); empty when it can.
   virtual std::optional<std::string> unsupported(const DenseProblem&) const { return std::nullopt; }
   virtual std::optional<std::string> unsupported(const TqLayout&) const { return std::nullopt; }

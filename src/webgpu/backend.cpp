@@ -119,6 +119,7 @@ class WebGpuBackend final : public Backend {
   std::string description() const override { return Context::usable() ? Context::get().adapter_description() : "no adapter"; }
   Memory memory() const override { return Memory::webgpu; }
   bool available() const override { return Context::usable(); }
+  std::string unavailable_reason() const override { return Context::unusable_reason(); }
   std::optional<std::string> unsupported(const DenseProblem& p) const override {
     if (p.D % 4 != 0) return "the webgpu kernels need head_dim a multiple of 4";
     return std::nullopt;

@@ -185,16 +185,29 @@ Context& Context::get() {
   return *context;
 }
 
+namespace {
+std::string& unusable_reason_text() {
+  static std::string why;
+  return why;
+}
+}  // namespace
+
 bool Context::usable() {
   static const bool ok = [] {
     try {
       get();
       return true;
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      unusable_reason_text() = e.what();
       return false;
     }
   }();
   return ok;
+}
+
+std::string Context::unusable_reason() {
+  usable();
+  return unusable_reason_text();
 }
 
 std::string Context::adapter_description() const { return dev_->description; }

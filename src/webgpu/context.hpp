@@ -40,6 +40,8 @@ class Context {
   static Context& get();
   // Whether a context can be made here (library loadable, adapter found); never throws.
   static bool usable();
+  // Why not, when usable() is false.
+  static std::string unusable_reason();
 
   std::string adapter_description() const;
   bool is_cpu_adapter() const;
