@@ -101,6 +101,11 @@ std::size_t page_size() {
 
 std::uint64_t round_up(std::uint64_t x, std::uint64_t m) { return (x + m - 1) / m * m; }
 
+// Lets wgpu-native deliver callbacks (AllowProcessEvents mode) until `done` is set.
+void process_until(const Api& w, WGPUInstance instance, const bool& done) {
+  for (int i = 0; i < 100000 && !done; ++i) w.InstanceProcessEvents(instance);
+}
+
 }  // namespace
 
 Context::Context() {
@@ -133,7 +138,7 @@ Context::Context() {
   };
   acb.userdata1 = &ar;
   w.InstanceRequestAdapter(dev_->instance, &opts, acb);
-  for (int i = 0; i < 100000 && !ar.done; ++i) w.InstanceProcessEvents(dev_->instance);
+  process_until(w, dev_->instance, ar.done);
   if (!ar.adapter) throw Error("webgpu", "no WebGPU adapter: " + (ar.message.empty() ? std::string("none found") : ar.message));
   dev_->adapter = ar.adapter;
   WGPUAdapterInfo info{};
@@ -171,7 +176,7 @@ Context::Context() {
   };
   dcb.userdata1 = &dr;
   w.AdapterRequestDevice(dev_->adapter, &ddesc, dcb);
-  for (int i = 0; i < 100000 && !dr.done; ++i) w.InstanceProcessEvents(dev_->instance);
+  process_until(w, dev_->instance, dr.done);
   if (!dr.device) throw Error("webgpu", "requesting a device failed: " + dr.message);
   dev_->device = dr.device;
   dev_->limits = supported;
@@ -234,7 +239,7 @@ void Context::check_errors(const char* what) {
     };
     cb.userdata1 = &r;
     w.DevicePopErrorScope(dev_->device, cb);
-    for (int i = 0; i < 100000 && !r.done; ++i) w.InstanceProcessEvents(dev_->instance);
+    process_until(w, dev_->instance, r.done);
     if (r.type != WGPUErrorType_NoError && failure.empty()) {
       failure = std::string(r.type == WGPUErrorType_OutOfMemory ? "out of memory" : "error") + " in " + what + ": " + r.message;
     }

@@ -120,19 +120,15 @@ nlohmann::json bench_gpu_backends(bool quick) {
     if (b->memory() == Memory::host) continue;
     fmt::print(stderr, "gpu bench: {} on {}\n", b->name(), b->description());
     const int repeats = quick ? 3 : 10;
-    for (std::int64_t S : quick ? std::vector<std::int64_t>{512} : std::vector<std::int64_t>{1024, 4096}) {
-      nlohmann::json r = dense_forward(*b, S, repeats);
+    auto record = [&](nlohmann::json r) {
       r["backend"] = b->name();
       r["device"] = b->description();
       fmt::print(stderr, "{}\n", r.dump());
       rows.push_back(r);
-    }
+    };
+    for (std::int64_t S : quick ? std::vector<std::int64_t>{512} : std::vector<std::int64_t>{1024, 4096}) record(dense_forward(*b, S, repeats));
     for (std::int64_t ctx : quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{8192, 32768}) {
-      nlohmann::json r = turboquant_decode(*b, ctx, repeats);
-      r["backend"] = b->name();
-      r["device"] = b->description();
-      fmt::print(stderr, "{}\n", r.dump());
-      rows.push_back(r);
+      record(turboquant_decode(*b, ctx, repeats));
     }
   }
   return rows;

@@ -43,6 +43,31 @@ fn boundary(i: u32) -> vec2<f32> {
   return select(vec2<f32>(v.x, v.y), vec2<f32>(v.z, v.w), (i & 1u) == 1u);
 }
 
+// One step of the tree sum of (hi, lo)[0..D): pairs (tid, tid + len). No barrier here: the
+// loops and their barriers stay in main (see the header).
+fn reduce_step(tid: u32, len: u32) {
+  if (tid < len && tid + len < P.D) {
+    let s = df_add(vec2<f32>(hi[tid], lo[tid]), vec2<f32>(hi[tid + len], lo[tid + len]));
+    hi[tid] = s.x;
+    lo[tid] = s.y;
+  }
+}
+
+// One round of Walsh-Hadamard butterflies over (hi, lo)[0..D), span `len`.
+fn butterfly_step(tid: u32, len: u32) {
+  if (tid < P.D / 2u) {
+    let i = (tid / len) * 2u * len + tid % len;
+    let a = vec2<f32>(hi[i], lo[i]);
+    let b = vec2<f32>(hi[i + len], lo[i + len]);
+    let s = df_add(a, b);
+    let t = df_sub(a, b);
+    hi[i] = s.x;
+    lo[i] = s.y;
+    hi[i + len] = t.x;
+    lo[i + len] = t.y;
+  }
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   df_one = P.one;
@@ -66,11 +91,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   lo[tid] = sq.y;
   workgroupBarrier();
   for (var len = 128u; len > 0u; len >>= 1u) {  // tree sum of (hi, lo)[0..D) into total
-    if (tid < len && tid + len < D) {
-      let s = df_add(vec2<f32>(hi[tid], lo[tid]), vec2<f32>(hi[tid + len], lo[tid + len]));
-      hi[tid] = s.x;
-      lo[tid] = s.y;
-    }
+    reduce_step(tid, len);
     workgroupBarrier();
   }
   if (tid == 0u) { total = vec2<f32>(hi[0], lo[0]); }
@@ -88,17 +109,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   lo[tid] = u.y;
   workgroupBarrier();
   for (var len = 1u; len < D; len <<= 1u) {  // Walsh-Hadamard butterflies over (hi, lo)[0..D)
-    if (tid < D / 2u) {
-      let i = (tid / len) * 2u * len + tid % len;
-      let a = vec2<f32>(hi[i], lo[i]);
-      let b = vec2<f32>(hi[i + len], lo[i + len]);
-      let s = df_add(a, b);
-      let t = df_sub(a, b);
-      hi[i] = s.x;
-      lo[i] = s.y;
-      hi[i + len] = t.x;
-      lo[i + len] = t.y;
-    }
+    butterfly_step(tid, len);
     workgroupBarrier();
   }
   var e = vec2<f32>(0.0, 0.0);
@@ -125,11 +136,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     lo[tid] = sq_e.y;
     workgroupBarrier();
     for (var len = 128u; len > 0u; len >>= 1u) {  // tree sum of (hi, lo)[0..D) into total
-      if (tid < len && tid + len < D) {
-        let s = df_add(vec2<f32>(hi[tid], lo[tid]), vec2<f32>(hi[tid + len], lo[tid + len]));
-        hi[tid] = s.x;
-        lo[tid] = s.y;
-      }
+      reduce_step(tid, len);
       workgroupBarrier();
     }
     if (tid == 0u) { total = vec2<f32>(hi[0], lo[0]); }
@@ -142,17 +149,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     lo[tid] = f.y;
     workgroupBarrier();
     for (var len = 1u; len < D; len <<= 1u) {  // Walsh-Hadamard butterflies over (hi, lo)[0..D)
-      if (tid < D / 2u) {
-        let i = (tid / len) * 2u * len + tid % len;
-        let a = vec2<f32>(hi[i], lo[i]);
-        let b = vec2<f32>(hi[i + len], lo[i + len]);
-        let s = df_add(a, b);
-        let t = df_sub(a, b);
-        hi[i] = s.x;
-        lo[i] = s.y;
-        hi[i + len] = t.x;
-        lo[i + len] = t.y;
-      }
+      butterfly_step(tid, len);
       workgroupBarrier();
     }
     if (in_range && !zero && !df_lt(gamma, vec2<f32>(ZERO_NORM, 0.0)) && df_ge(vec2<f32>(hi[tid], lo[tid]), vec2<f32>(0.0, 0.0))) {
