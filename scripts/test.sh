@@ -30,7 +30,9 @@ cmake --build build/consumer -j "$jobs"
 ./build/consumer/readme_example
 
 echo "== flashtq check --json --cases 200"
-report=$("$flashtq" check --json --cases 200)
+status=0
+report=$("$flashtq" check --json --cases 200) || status=$?
 echo "$report"
+[ "$status" -eq 0 ] || { echo "flashtq check exited with status $status"; exit 1; }
 python3 -c 'import json,sys; r=json.loads(sys.argv[1]); bad={k:v for k,v in r["backends"].items() if v["failed"]}; sys.exit(1 if bad or not r["backends"] else 0)' "$report"
 echo "== all tests passed"

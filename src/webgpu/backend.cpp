@@ -66,6 +66,42 @@ Placed place(const void* data, std::int64_t elements, std::size_t element_bytes,
 
 Placed place(const TensorView& t, const char* what) { return place(t.data, extent_elements(t), dtype_size(t.dtype), what); }
 
+// WebGPU lets a writable binding share its buffer with no other binding of a dispatch. An output
+// whose buffer also holds an input, or an earlier output (tensors packed in one allocation), is
+// computed in a scratch copy of its byte range (copied in first, so the bytes between a strided
+// view's elements keep their values) and copied back after the dispatch.
+class Outputs {
+ public:
+  explicit Outputs(std::vector<void*> inputs) : taken_(std::move(inputs)) {}
+  Placed add(const Placed& out, std::int64_t elements, std::size_t element_bytes) {
+    const bool shared = std::find(taken_.begin(), taken_.end(), out.buffer) != taken_.end();
+    taken_.push_back(out.buffer);
+    if (!shared) return out;
+    Context& ctx = Context::get();
+    const std::uint64_t first = std::uint64_t(out.offset) * element_bytes;
+    const std::uint64_t begin = first & ~std::uint64_t(3);
+    const std::uint64_t end = (first + std::uint64_t(elements) * element_bytes + 3) & ~std::uint64_t(3);
+    void* scratch = ctx.scratch(kFirstSlot + int(back_.size()), end - begin);
+    ctx.copy(out.buffer, begin, scratch, 0, end - begin);
+    back_.push_back({scratch, out.buffer, begin, end - begin});
+    return {scratch, std::int64_t((first - begin) / element_bytes)};
+  }
+  // After the dispatches: the redirected outputs back into place.
+  void finish() {
+    for (const auto& b : back_) Context::get().copy(b.scratch, 0, b.buffer, b.offset, b.bytes);
+  }
+
+ private:
+  static constexpr int kFirstSlot = 8;  // scratch slots below are the operations' own
+  struct Back {
+    void* scratch;
+    void* buffer;
+    std::uint64_t offset, bytes;
+  };
+  std::vector<void*> taken_;
+  std::vector<Back> back_;
+};
+
 int dtype_code(DType t) { return t == DType::f32 ? 0 : t == DType::f16 ? 1 : 2; }
 
 std::uint32_t groups(std::int64_t n, std::int64_t per) { return std::uint32_t((n + per - 1) / per); }
@@ -100,15 +136,15 @@ void add_view(Params& P, const Placed& at, const TensorView& t, const char* what
   P.u(at.offset, what).u(t.strides[0], what).u(t.strides[1], what).u(t.strides[2], what);
 }
 
-void add_mask(Params& P, const DenseProblem& p, Placed& mask) {
-  if (p.mask) {
-    std::int64_t last = 0;
-    const std::int64_t dims[4] = {p.B, p.H, p.Sq, p.Sk};
-    for (int d = 0; d < 4; ++d) last += (dims[d] - 1) * p.mask_strides[std::size_t(d)];
-    mask = place(p.mask, last + 1, 4, "mask");
-  } else {
-    mask = {Context::get().dummy_buffer(0), 0};
-  }
+Placed place_mask(const DenseProblem& p) {
+  if (!p.mask) return {Context::get().dummy_buffer(0), 0};
+  std::int64_t last = 0;
+  const std::int64_t dims[4] = {p.B, p.H, p.Sq, p.Sk};
+  for (int d = 0; d < 4; ++d) last += (dims[d] - 1) * p.mask_strides[std::size_t(d)];
+  return place(p.mask, last + 1, 4, "mask");
+}
+
+void add_mask(Params& P, const DenseProblem& p, const Placed& mask) {
   P.u(mask.offset, "mask").u(p.mask_strides[0], "mask_strides").u(p.mask_strides[1], "mask_strides")
       .u(p.mask_strides[2], "mask_strides").u(p.mask_strides[3], "mask_strides");
 }
@@ -140,9 +176,11 @@ class WebGpuBackend final : public Backend {
   void forward(const ForwardCall& c) override {
     const DenseProblem& p = c.p;
     Context& ctx = Context::get();
-    const Placed q = place(c.q, "q"), k = place(c.k, "k"), v = place(c.v, "v"), out = place(c.out, "out");
-    Placed lse{ctx.dummy_buffer(1), 0}, mask;
-    if (c.lse) lse = place(c.lse, p.B * p.H * p.Sq, 4, "lse");
+    const Placed q = place(c.q, "q"), k = place(c.k, "k"), v = place(c.v, "v"), mask = place_mask(p);
+    Outputs outputs({q.buffer, k.buffer, v.buffer, mask.buffer});
+    const Placed out = outputs.add(place(c.out, "out"), extent_elements(c.out), dtype_size(c.out.dtype));
+    Placed lse{ctx.dummy_buffer(1), 0};
+    if (c.lse) lse = outputs.add(place(c.lse, p.B * p.H * p.Sq, 4, "lse"), p.B * p.H * p.Sq, 4);
     Params P = dense_params(p);
     P.u(c.lse ? 1 : 0).u(tile_rows(p.D));
     add_view(P, q, c.q, "q");
@@ -155,17 +193,21 @@ class WebGpuBackend final : public Backend {
     P.u(0).u(0);
     dispatch_chunked("dense_forward", P, y0, {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}},
                      {groups(p.Sq, 64), p.B * p.H, 1}, 1);
+    outputs.finish();
   }
 
   void backward(const BackwardCall& c) override {
     const DenseProblem& p = c.p;
     Context& ctx = Context::get();
     const Placed q = place(c.q, "q"), k = place(c.k, "k"), v = place(c.v, "v"), out = place(c.out, "out"),
-                 dout = place(c.dout, "dout"), dq = place(c.dq, "dq"), dk = place(c.dk, "dk"), dv = place(c.dv, "dv");
+                 dout = place(c.dout, "dout"), mask = place_mask(p);
     const Placed lse = place(c.lse, p.B * p.H * p.Sq, 4, "lse");
-    Placed mask;
     // delta_i = <dout_i, out_i> per row, computed by the dq kernel for the dk/dv kernel.
     void* delta = ctx.scratch(0, std::uint64_t(p.B * p.H * p.Sq) * 4);
+    Outputs outputs({q.buffer, k.buffer, v.buffer, out.buffer, dout.buffer, lse.buffer, mask.buffer, delta});
+    const Placed dq = outputs.add(place(c.dq, "dq"), extent_elements(c.dq), dtype_size(c.dq.dtype));
+    const Placed dk = outputs.add(place(c.dk, "dk"), extent_elements(c.dk), dtype_size(c.dk.dtype));
+    const Placed dv = outputs.add(place(c.dv, "dv"), extent_elements(c.dv), dtype_size(c.dv.dtype));
     Params P = dense_params(p);
     P.u(tile_rows(p.D)).u(lse.offset, "lse");
     add_view(P, q, c.q, "q");
@@ -185,6 +227,7 @@ class WebGpuBackend final : public Backend {
     dispatch_chunked("dense_backward#dkdv", P, y0,
                      {{q.buffer}, {k.buffer}, {v.buffer}, {out.buffer}, {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}, {dk.buffer}, {dv.buffer}},
                      {groups(p.Sk, 64), p.B * p.Hkv, 1}, 1);
+    outputs.finish();
   }
 
   void tq_encode_keys(const TqEncodeArgs& c) override { encode(c, true); }
@@ -223,7 +266,9 @@ void WebGpuBackend::encode(const TqEncodeArgs& c, bool keys) {
   const std::int64_t D = l.head_dim, T = c.x.shape[1];
   const int bits = keys ? l.key_bits : l.value_bits;
   const Placed x = place(c.x, "x");
-  const Placed cache = place(c.cache, keys ? l.key_words() : l.value_words(), 4, "cache");
+  Outputs outputs({x.buffer});
+  const std::int64_t cache_words = keys ? l.key_words() : l.value_words();
+  const Placed cache = outputs.add(place(c.cache, cache_words, 4, "cache"), cache_words, 4);
   const core::Codebook& cb = core::codebook(D, bits);
   Params P;
   P.u(D).u(l.n_kv_heads).u(l.capacity).u(bits).u(keys ? 1 : 0).u(dtype_code(c.x.dtype)).u(c.start_pos).u(T);
@@ -240,12 +285,15 @@ void WebGpuBackend::encode(const TqEncodeArgs& c, bool keys) {
   for (int i = 0; i < 16; ++i) add_double(P, i < (1 << bits) ? cb.centroids[std::size_t(i)] : 0.0);
   for (int i = 0; i < 16; ++i) add_double(P, i < (1 << bits) - 1 ? cb.boundaries[std::size_t(i)] : 0.0);
   dispatch_chunked("tq_encode", P, t0, {{x.buffer}, {cache.buffer}}, {T, l.n_kv_heads, 1}, 0);
+  outputs.finish();
 }
 
 void WebGpuBackend::tq_rotate_queries(const TqRotateArgs& c) {
   const std::int64_t D = c.tables.head_dim, B = c.q.shape[0], nq = c.q.shape[1], H = c.q.shape[2];
   const Placed q = place(c.q, "q");
-  const Placed scratch = place(c.scratch, tq_scratch_floats(c.q_cap, H, D), 4, "scratch");
+  Outputs outputs({q.buffer});
+  const std::int64_t scratch_floats = tq_scratch_floats(c.q_cap, H, D);
+  const Placed scratch = outputs.add(place(c.scratch, scratch_floats, 4, "scratch"), scratch_floats, 4);
   Params P;
   P.u(D).u(nq).u(H).u(dtype_code(c.q.dtype)).u(c.q_cap * H * D, "q_cap").u(scratch.offset, "scratch");
   const std::size_t row0 = P.size();
@@ -254,6 +302,7 @@ void WebGpuBackend::tq_rotate_queries(const TqRotateArgs& c) {
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
   dispatch_chunked("tq_rotate", P, row0, {{q.buffer}, {scratch.buffer}}, {B * nq, H, 1}, 0);
+  outputs.finish();
 }
 
 std::size_t WebGpuBackend::tq_attend_workspace(const TqAttendArgs& c) const {
@@ -267,10 +316,12 @@ void WebGpuBackend::tq_attend(const TqAttendArgs& c) {
   const Placed scratch = place(c.scratch, tq_scratch_floats(c.q_cap, c.n_heads, D), 4, "scratch");
   const Placed keys = place(c.k_cache, c.batch * l.key_words(), 4, "k_cache");
   const Placed values = place(c.v_cache, c.batch * l.value_words(), 4, "v_cache");
-  const Placed out = place(c.out, "out");
-  const Placed ws = place(c.workspace, std::int64_t(tq_attend_workspace(c) / 4), 4, "workspace");
   Placed starts{ctx.dummy_buffer(0), 0};
   if (c.start_positions) starts = place(c.start_positions, c.batch, 4, "start_positions");
+  Outputs outputs({scratch.buffer, keys.buffer, values.buffer, starts.buffer});
+  const std::int64_t ws_floats = std::int64_t(tq_attend_workspace(c) / 4);
+  const Placed ws = outputs.add(place(c.workspace, ws_floats, 4, "workspace"), ws_floats, 4);
+  const Placed out = outputs.add(place(c.out, "out"), extent_elements(c.out), 4);
   Params P;
   P.u(D).u(l.n_kv_heads).u(l.capacity).u(l.key_bits).u(l.value_bits).u(c.n_heads).u(c.n_queries).u(c.batch);
   P.i(c.start_pos, "start_pos").i(std::min<std::int64_t>(*c.max_seq, std::numeric_limits<std::int32_t>::max()), "max_seq")
@@ -289,6 +340,7 @@ void WebGpuBackend::tq_attend(const TqAttendArgs& c) {
                    {splits, c.n_heads, rows}, 2);
   dispatch_chunked("tq_attend#merge", P, row0, {{nullptr}, {nullptr}, {nullptr}, {nullptr}, {ws.buffer}, {out.buffer}},
                    {c.n_heads, rows, 1}, 1);
+  outputs.finish();
 }
 
 }  // namespace

@@ -495,6 +495,27 @@ void Context::dispatch(const std::string& kernel, const std::vector<std::uint32_
   w.CommandBufferRelease(cmd);
 }
 
+void Context::copy(void* src, std::uint64_t src_offset, void* dst, std::uint64_t dst_offset, std::uint64_t bytes) {
+  if (bytes == 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Api& w = *api_;
+  ErrorScopes scopes(w, dev_->device);
+  WGPUCommandEncoderDescriptor edesc{};
+  WGPUCommandEncoder enc = w.DeviceCreateCommandEncoder(dev_->device, &edesc);
+  w.CommandEncoderCopyBufferToBuffer(enc, static_cast<WGPUBuffer>(src), src_offset, static_cast<WGPUBuffer>(dst), dst_offset, bytes);
+  WGPUCommandBufferDescriptor cdesc{};
+  WGPUCommandBuffer cmd = w.CommandEncoderFinish(enc, &cdesc);
+  w.CommandEncoderRelease(enc);
+  try {
+    check_errors("copy");
+  } catch (...) {
+    w.CommandBufferRelease(cmd);
+    throw;
+  }
+  w.QueueSubmit(dev_->queue, 1, &cmd);
+  w.CommandBufferRelease(cmd);
+}
+
 void Context::wait_idle() {
   std::lock_guard<std::mutex> lock(mutex_);
   api_->DevicePoll(dev_->device, 1, nullptr);

@@ -62,6 +62,8 @@ class Context {
   // workgroups; binding 0 is a uniform buffer holding `params`, bindings 1.. are `buffers`.
   void dispatch(const std::string& kernel, const std::vector<std::uint32_t>& params, const std::vector<Binding>& buffers,
                 std::uint32_t groups_x, std::uint32_t groups_y, std::uint32_t groups_z);
+  // Copies `bytes` (multiples of 4, as the offsets) between buffers, in queue order.
+  void copy(void* src, std::uint64_t src_offset, void* dst, std::uint64_t dst_offset, std::uint64_t bytes);
   // Waits until every submitted dispatch has finished.
   void wait_idle();
   std::uint32_t max_groups_per_dimension() const;

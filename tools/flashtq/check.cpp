@@ -22,7 +22,8 @@ Command add_check(CLI::App& app) {
   sub->add_option("--backend", opts->backend, "Backend to check (default: every available one)");
   sub->add_option("--cases", opts->cases, "Random cases per operation")->check(CLI::Range(1, 100000));
   sub->add_option("--seed", opts->seed, "Seed for drawing the cases (default: fresh)");
-  sub->add_flag("--json", opts->json, "Print {\"backends\": {NAME: {\"cases\": N, \"failed\": F}}}");
+  sub->add_flag("--json", opts->json,
+                "Print {\"backends\": {NAME: {\"cases\": N, \"failed\": F, \"failures\": [...]}}, \"seed\": S}");
   return {sub, [opts] {
             std::vector<Backend*> targets;
             if (opts->backend.empty()) {
@@ -37,9 +38,14 @@ Command add_check(CLI::App& app) {
             for (Backend* b : targets) {
               const auto results = conformance::run_suite(*b, opts->cases, seed);
               int failed = 0;
+              nlohmann::json failures = nlohmann::json::array();
               for (const auto& r : results) {
                 if (r.passed) continue;
                 ++failed;
+                if (failures.size() < 10) {
+                  failures.push_back({{"op", r.op}, {"case", r.description}, {"error", r.error}, {"tolerance", r.tolerance},
+                                      {"detail", r.detail}});
+                }
                 if (!opts->json) {
                   fmt::print("FAIL {} {} [{}] error {:.3g} > {:.3g} {}\n", b->name(), r.op, r.description, r.error,
                              r.tolerance, r.detail);
@@ -47,8 +53,10 @@ Command add_check(CLI::App& app) {
               }
               failed_total += failed;
               report["backends"][b->name()] = {{"cases", results.size()}, {"failed", failed}};
+              if (failed) report["backends"][b->name()]["failures"] = failures;
               if (!opts->json) fmt::print("{:<10} {:>6} checks {:>4} failed (seed {})\n", b->name(), results.size(), failed, seed);
             }
+            report["seed"] = seed;
             if (opts->json) fmt::print("{}\n", report.dump());
             return failed_total == 0 ? 0 : 1;
           }};
