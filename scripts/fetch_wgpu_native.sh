@@ -9,8 +9,12 @@ dest=build/third_party/wgpu-native
 if [ -f "$dest/VERSION" ] && [ "$(cat "$dest/VERSION")" = "$version" ]; then exit 0; fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-  --platform manylinux_2_28_x86_64 --python-version 3.11 "wgpu==$version" -d "$tmp"
+for attempt in 1 2 3; do  # a registry hiccup should not fail the set-up
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --platform manylinux_2_28_x86_64 --python-version 3.11 "wgpu==$version" -d "$tmp" && break
+  [ "$attempt" -lt 3 ] || { echo "fetch_wgpu_native: could not download wgpu==$version" >&2; exit 1; }
+  sleep 5
+done
 mkdir -p "$dest/include" "$dest/lib"
 python3 - "$tmp" "$dest" <<'PY'
 import glob, sys, zipfile
