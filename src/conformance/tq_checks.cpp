@@ -10,7 +10,6 @@
 #include "conformance/host_tensor.hpp"
 #include "core/codebook.hpp"
 #include "core/packing.hpp"
-#include "core/rht.hpp"
 #include "core/validate.hpp"
 #include "reference/turboquant.hpp"
 
@@ -84,27 +83,17 @@ struct OracleRotations {
 };
 OracleRotations oracle_rotations(const TqLayout& l, const TqTables& tables, const HostTensor& x, std::int64_t start, bool keys) {
   const std::int64_t D = l.head_dim, T = x.view.shape[1];
-  const core::Codebook& cb = core::codebook(D, keys ? l.key_bits : l.value_bits);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   OracleRotations o{std::vector<double>(std::size_t(l.slots() * D), nan), std::vector<double>(std::size_t(l.slots() * D), nan)};
   const std::vector<double> v = x.values();
-  std::vector<double> r(static_cast<std::size_t>(D));
   for (std::int64_t t = 0; t < T; ++t) {
     for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
+      const auto row = v.begin() + (t * l.n_kv_heads + h) * D;
+      const reference::EncodedRow e =
+          reference::encode_row(std::vector<double>(row, row + D), tables, keys ? l.key_bits : l.value_bits, keys);
       const std::int64_t slot = h * l.capacity + start + t;
-      double n = 0;
-      for (std::int64_t d = 0; d < D; ++d) n += v[std::size_t((t * l.n_kv_heads + h) * D + d)] * v[std::size_t((t * l.n_kv_heads + h) * D + d)];
-      n = std::sqrt(n);
-      if (n < 1e-12) continue;
-      for (std::int64_t d = 0; d < D; ++d) r[std::size_t(d)] = v[std::size_t((t * l.n_kv_heads + h) * D + d)] / n;
-      core::rht(r.data(), D, tables.polar_sign_bits);
-      std::copy(r.begin(), r.end(), o.rotated.begin() + slot * D);
-      if (!keys) continue;
-      for (std::int64_t d = 0; d < D; ++d) {
-        r[std::size_t(d)] -= cb.centroids[std::size_t(core::quantize(r[std::size_t(d)], cb.boundaries.data(), int(cb.boundaries.size())))];
-      }
-      core::rht(r.data(), D, tables.jl_sign_bits);
-      std::copy(r.begin(), r.end(), o.projected.begin() + slot * D);
+      std::copy(e.rotated.begin(), e.rotated.end(), o.rotated.begin() + slot * D);
+      std::copy(e.projected.begin(), e.projected.end(), o.projected.begin() + slot * D);
     }
   }
   return o;

@@ -32,22 +32,38 @@ double norm(const std::vector<double>& x) {
 std::uint32_t f16_bits(double x) { return core::f32_to_f16(float(x)); }
 double f16_value(std::uint32_t bits) { return double(core::f16_to_f32(std::uint16_t(bits & 0xFFFFu))); }
 
-// Quantizes unit vector u after the polar rotation: codes into `codes`, rotated vector into r.
-void quantize_rotated(std::vector<double>& r, const TqTables& t, const core::Codebook& cb, int bits,
-                      std::uint32_t* codes) {
-  core::rht(r.data(), std::int64_t(r.size()), t.polar_sign_bits);
-  for (std::size_t d = 0; d < r.size(); ++d) {
-    const int idx = core::quantize(r[d], cb.boundaries.data(), int(cb.boundaries.size()));
-    core::put_code(codes, std::int64_t(d), bits, std::uint32_t(idx));
-    r[d] -= cb.centroids[idx];  // r becomes the residual
+}  // namespace
+
+EncodedRow encode_row(std::vector<double> x, const TqTables& t, int bits, bool keys) {
+  const std::int64_t D = std::int64_t(x.size());
+  const core::Codebook& cb = core::codebook(D, bits);
+  EncodedRow e;
+  e.norm = norm(x);
+  if (e.norm < kZeroNorm) return e;  // a zero vector: every word of its slot is 0
+  for (double& v : x) v /= e.norm;
+  core::rht(x.data(), D, t.polar_sign_bits);
+  e.rotated = x;
+  e.codes.resize(x.size());
+  for (std::size_t d = 0; d < x.size(); ++d) {
+    e.codes[d] = core::quantize(x[d], cb.boundaries.data(), int(cb.boundaries.size()));
+    x[d] -= cb.centroids[std::size_t(e.codes[d])];  // x becomes the residual
   }
+  if (!keys) return e;
+  e.gamma = norm(x);
+  if (e.gamma >= kZeroNorm) {
+    // Only the signs of H diag(s_jl) e matter, so the 1/sqrt(D) of the RHT is irrelevant.
+    core::rht(x.data(), D, t.jl_sign_bits);
+    e.projected = x;
+  }
+  return e;
 }
+
+namespace {
 
 void encode(const TqEncodeArgs& a, bool keys) {
   const TqLayout& l = a.layout;
   const std::int64_t D = l.head_dim;
   const int bits = keys ? l.key_bits : l.value_bits;
-  const core::Codebook& cb = core::codebook(D, bits);
   const std::int64_t code_words = keys ? l.key_code_words() : l.value_code_words();
   const std::int64_t norm_off = keys ? l.key_norm_offset() : l.value_norm_offset();
   std::vector<double> r(D);
@@ -60,21 +76,15 @@ void encode(const TqEncodeArgs& a, bool keys) {
       if (keys) for (std::int64_t w = 0; w < l.jl_words(); ++w) jl[w] = 0;
       a.cache[norm_off + slot] = 0;
       read_row(a.x, t, h, r);
-      const double n = norm(r);
-      if (n < kZeroNorm) continue;  // a zero vector: every word of its slot is 0
-      for (double& e : r) e /= n;
-      quantize_rotated(r, a.tables, cb, bits, codes);
-      std::uint32_t word = f16_bits(n);
+      const EncodedRow e = encode_row(r, a.tables, bits, keys);
+      if (e.codes.empty()) continue;  // a zero vector
+      for (std::int64_t d = 0; d < D; ++d) core::put_code(codes, d, bits, std::uint32_t(e.codes[std::size_t(d)]));
+      std::uint32_t word = f16_bits(e.norm);
       if (keys) {
-        const double gamma = norm(r);
-        if (gamma >= kZeroNorm) {
-          // Only the signs of H diag(s_jl) e matter, so the 1/sqrt(D) of the RHT is irrelevant.
-          core::rht(r.data(), D, a.tables.jl_sign_bits);
-          for (std::int64_t d = 0; d < D; ++d) {
-            if (r[d] >= 0) jl[d / 32] |= 1u << (d % 32);
-          }
+        for (std::size_t d = 0; d < e.projected.size(); ++d) {
+          if (e.projected[d] >= 0) jl[d / 32] |= 1u << (d % 32);
         }
-        word |= f16_bits(gamma) << 16;
+        word |= f16_bits(e.gamma) << 16;
       }
       a.cache[norm_off + slot] = word;
     }

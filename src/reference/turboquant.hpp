@@ -2,6 +2,8 @@
 // with the exact Lloyd–Max codebooks. Host memory; arguments already validated.
 #pragma once
 
+#include <vector>
+
 #include "flashtq/turboquant.hpp"
 
 namespace flashtq::reference {
@@ -10,6 +12,16 @@ void tq_encode_keys(const TqEncodeArgs& a);
 void tq_encode_values(const TqEncodeArgs& a);
 void tq_rotate_queries(const TqRotateArgs& a);
 void tq_attend(const TqAttendArgs& a);
+
+// One row's encoding as tq_encode_* computes it: its norm; the polar-rotated unit vector and its codes;
+// for keys, the residual's norm and its QJL projection H diag(s_jl) e, whose signs are the bits.
+// rotated and codes are empty for a zero vector, projected when the residual is zero.
+struct EncodedRow {
+  double norm = 0, gamma = 0;
+  std::vector<double> rotated, projected;
+  std::vector<int> codes;
+};
+EncodedRow encode_row(std::vector<double> x, const TqTables& tables, int bits, bool keys);
 
 // Pieces of the above that other host backends run in parallel: scratch rows [first, end) of a
 // rotation (row = b * n_queries + j), and one (row, head) of an attention.
