@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/packing.hpp"
+#include "core/validate.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
@@ -199,7 +200,7 @@ std::int64_t split_tokens_of(const TqAttendArgs& c) {
     FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
     return count;
   }();
-  const std::int64_t longest = c.start_positions ? *c.max_seq : std::min(c.start_pos + c.n_queries, *c.max_seq);
+  const std::int64_t longest = core::tq_longest_row(c);
   const std::int64_t units = c.batch * c.n_queries * c.n_heads / 4;  // blocks per split index
   std::int64_t per = kMmaSplitTokens;
   while (per < kMmaMaxSplitTokens && units * ((longest + 2 * per - 1) / (2 * per)) >= 4 * std::int64_t(sms)) per *= 2;
@@ -207,9 +208,8 @@ std::int64_t split_tokens_of(const TqAttendArgs& c) {
 }
 
 int n_splits_of(const TqAttendArgs& c) {
-  const std::int64_t longest = c.start_positions ? *c.max_seq : std::min(c.start_pos + c.n_queries, *c.max_seq);
   const std::int64_t per_split = split_tokens_of(c);
-  return int(std::max<std::int64_t>(1, (longest + per_split - 1) / per_split));
+  return int(std::max<std::int64_t>(1, (core::tq_longest_row(c) + per_split - 1) / per_split));
 }
 
 int head_tile(std::int64_t group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1; }

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "core/codebook.hpp"
+#include "core/validate.hpp"
 #include "flashtq/error.hpp"
 #include "webgpu/context.hpp"
 
@@ -248,17 +249,10 @@ void add_double(Params& P, double x) {
   P.f(hi).f(float(x - double(hi)));
 }
 
-std::int64_t split_tokens(const TqAttendArgs& c) {
-  (void)c;
-  return 256;
-}
-
-std::int64_t longest_row(const TqAttendArgs& c) {
-  return c.start_positions ? *c.max_seq : std::min(c.start_pos + c.n_queries, *c.max_seq);
-}
+constexpr std::int64_t kSplitTokens = 256;  // timesteps per workgroup of the attention kernel
 
 std::int64_t n_splits(const TqAttendArgs& c) {
-  return std::max<std::int64_t>(1, (std::min(longest_row(c), c.layout.capacity) + split_tokens(c) - 1) / split_tokens(c));
+  return std::max<std::int64_t>(1, (core::tq_longest_row(c) + kSplitTokens - 1) / kSplitTokens);
 }
 
 void WebGpuBackend::encode(const TqEncodeArgs& c, bool keys) {
@@ -326,7 +320,7 @@ void WebGpuBackend::tq_attend(const TqAttendArgs& c) {
   P.u(D).u(l.n_kv_heads).u(l.capacity).u(l.key_bits).u(l.value_bits).u(c.n_heads).u(c.n_queries).u(c.batch);
   P.i(c.start_pos, "start_pos").i(std::min<std::int64_t>(*c.max_seq, std::numeric_limits<std::int32_t>::max()), "max_seq")
       .u(c.start_positions ? 1 : 0).u(starts.offset, "start_positions");
-  P.f(*c.scale).f(*c.qjl_scale).u(splits).u(split_tokens(c));
+  P.f(*c.scale).f(*c.qjl_scale).u(splits).u(kSplitTokens);
   P.u(scratch.offset, "scratch").u(c.q_cap * c.n_heads * D, "q_cap").u(keys.offset, "k_cache").u(values.offset, "v_cache");
   P.u(l.key_words(), "k_cache").u(l.value_words(), "v_cache").u(l.key_jl_offset(), "k_cache").u(l.key_norm_offset(), "k_cache");
   P.u(l.value_norm_offset(), "v_cache").u(ws.offset, "workspace").u(out.offset, "out").u(c.out.strides[0], "out");
