@@ -170,8 +170,6 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
   }
 }
 
-var<workgroup> y: array<f32, 256>;
-
 @compute @workgroup_size(256)
 fn merge(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   let d = lid.x;
@@ -192,16 +190,10 @@ fn merge(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wi
       if (d < D) { x = fma(WS[at + 2u + d], f, x); }
     }
   }
-  if (d < D) { y[d] = select(0.0, x / L, L > 0.0); }  // a row that sees nothing writes zeros
+  if (d < D) { fwht_x[d] = select(0.0, x / L, L > 0.0); }  // a row that sees nothing writes zeros
   workgroupBarrier();
   for (var len = 1u; len < D; len <<= 1u) {  // inverse RHT: butterflies, then 1/sqrt(D) and the signs
-    if (d < D / 2u) {
-      let i = (d / len) * 2u * len + d % len;
-      let a = y[i];
-      let c = y[i + len];
-      y[i] = a + c;
-      y[i + len] = a - c;
-    }
+    fwht_round(d, len, D);
     workgroupBarrier();
   }
   if (d < D) {
@@ -209,6 +201,6 @@ fn merge(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wi
     let sign = select(1.0, -1.0, ((P.polar[w / 4u][w % 4u] >> (d % 32u)) & 1u) != 0u);
     let b = row / P.nq;
     let j = row % P.nq;
-    OUT[P.out_off + b * P.out_sb + j * P.out_ss + h * P.out_sh + d] = y[d] * (1.0 / sqrt(f32(D))) * sign;
+    OUT[P.out_off + b * P.out_sb + j * P.out_ss + h * P.out_sh + d] = fwht_x[d] * (1.0 / sqrt(f32(D))) * sign;
   }
 }

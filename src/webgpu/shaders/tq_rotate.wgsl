@@ -14,8 +14,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> Q: array<u32>;
 @group(0) @binding(2) var<storage, read_write> SCRATCH: array<f32>;
 
-var<workgroup> x: array<f32, 256>;
-
 fn sign_of(signs: array<vec4<u32>, 2>, d: u32) -> f32 {
   let w = d / 32u;
   return select(1.0, -1.0, ((signs[w / 4u][w % 4u] >> (d % 32u)) & 1u) != 0u);
@@ -32,31 +30,25 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   let inv = 1.0 / sqrt(f32(D));
   if (tid < D) {
     let i = P.q_off + b * P.q_sb + j * P.q_ss + h * P.q_sh + tid;
-    x[tid] = widen(Q[word_of(i, P.dtype)], i, P.dtype) * sign_of(P.polar, tid);
+    fwht_x[tid] = widen(Q[word_of(i, P.dtype)], i, P.dtype) * sign_of(P.polar, tid);
   }
   workgroupBarrier();
   for (var stage = 0u; stage < 2u; stage++) {  // RHT_polar, then RHT_jl of its result
     for (var len = 1u; len < D; len <<= 1u) {
-      if (tid < D / 2u) {
-        let i = (tid / len) * 2u * len + tid % len;
-        let a = x[i];
-        let c = x[i + len];
-        x[i] = a + c;
-        x[i + len] = a - c;
-      }
+      fwht_round(tid, len, D);
       workgroupBarrier();
     }
     if (tid < D) {
-      let y = x[tid] * inv;
+      let y = fwht_x[tid] * inv;
       let at = P.scratch_off + stage * P.region + (row * P.H + h) * D + tid;
       SCRATCH[at] = y;
-      x[tid] = y * select(1.0, sign_of(P.jl, tid), stage == 0u);
+      fwht_x[tid] = y * select(1.0, sign_of(P.jl, tid), stage == 0u);
     }
     workgroupBarrier();
   }
   if (tid == 0u) {
     var s = 0.0;
-    for (var d = 0u; d < D; d++) { s += x[d]; }  // x holds q_jl after the second stage
+    for (var d = 0u; d < D; d++) { s += fwht_x[d]; }  // fwht_x holds q_jl after the second stage
     SCRATCH[P.scratch_off + 2u * P.region + row * P.H + h] = s;
   }
 }
