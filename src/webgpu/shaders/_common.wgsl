@@ -50,6 +50,15 @@ fn bf16_bits(x: f32) -> u32 {
   return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
 }
 
+// Storing element `i` = x of a 16-bit buffer touches only its half of the word: returns the mask that
+// keeps the other half (for atomicAnd) and x's bits in place (for atomicOr), so neighbours that share
+// the word, possibly from other invocations, never race.
+fn half_store(i: u32, x: f32, dtype: u32) -> vec2<u32> {
+  let shift = 16u * (i & 1u);
+  let bits = select(bf16_bits(x), f16_bits(x), dtype == 1u);
+  return vec2<u32>(~(0xffffu << shift), bits << shift);
+}
+
 // The seed's hash (SPEC 1): bit-exact across backends.
 fn hash3(x: u32, y: u32, z: u32) -> f32 {
   var a = x * 1664525u + 1013904223u;

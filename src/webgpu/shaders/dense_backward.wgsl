@@ -51,19 +51,17 @@ fn ld4(sel: u32, i: u32) -> vec4<f32> {
   return vec4<f32>(ld(sel, i), ld(sel, i + 1u), ld(sel, i + 2u), ld(sel, i + 3u));
 }
 
-fn bits_of(x: f32) -> u32 { return select(bf16_bits(x), f16_bits(x), P.dtype == 1u); }
-
 fn store_g1(i: u32, x: f32) {
   if (P.dtype == 0u) { atomicStore(&G1[i], bitcast<u32>(x)); return; }
-  let shift = 16u * (i & 1u);
-  atomicAnd(&G1[i >> 1u], ~(0xffffu << shift));
-  atomicOr(&G1[i >> 1u], bits_of(x) << shift);
+  let h = half_store(i, x, P.dtype);
+  atomicAnd(&G1[i >> 1u], h.x);
+  atomicOr(&G1[i >> 1u], h.y);
 }
 fn store_g2(i: u32, x: f32) {
   if (P.dtype == 0u) { atomicStore(&G2[i], bitcast<u32>(x)); return; }
-  let shift = 16u * (i & 1u);
-  atomicAnd(&G2[i >> 1u], ~(0xffffu << shift));
-  atomicOr(&G2[i >> 1u], bits_of(x) << shift);
+  let h = half_store(i, x, P.dtype);
+  atomicAnd(&G2[i >> 1u], h.x);
+  atomicOr(&G2[i >> 1u], h.y);
 }
 
 fn score(qk: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {

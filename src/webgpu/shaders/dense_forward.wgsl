@@ -39,17 +39,15 @@ fn ld4_v(i: u32) -> vec4<f32> {
                    widen(V[word_of(i + 2u, P.dtype)], i + 2u, P.dtype), widen(V[word_of(i + 3u, P.dtype)], i + 3u, P.dtype));
 }
 
-// 16-bit outputs share words between neighbours (possibly of different rows): each element is
-// written by clearing and setting only its own half, atomically.
+// 16-bit outputs share words between neighbours (possibly of different rows): see half_store.
 fn store_out(i: u32, x: f32) {
   if (P.dtype == 0u) {
     atomicStore(&OUT[i], bitcast<u32>(x));
     return;
   }
-  let bits = select(bf16_bits(x), f16_bits(x), P.dtype == 1u);
-  let shift = 16u * (i & 1u);
-  atomicAnd(&OUT[i >> 1u], ~(0xffffu << shift));
-  atomicOr(&OUT[i >> 1u], bits << shift);
+  let h = half_store(i, x, P.dtype);
+  atomicAnd(&OUT[i >> 1u], h.x);
+  atomicOr(&OUT[i >> 1u], h.y);
 }
 
 var<workgroup> k_tile: array<vec4<f32>, 512>;  // tile_k keys x D / 4
