@@ -259,6 +259,16 @@ struct ErrorScopes {
 };
 }  // namespace
 
+void* Context::create_storage_buffer(std::uint64_t bytes, const char* what) {
+  ErrorScopes scopes(*api_, dev_->device);
+  WGPUBufferDescriptor desc{};
+  desc.usage = WGPUBufferUsage_Storage | WGPUBufferUsage_CopySrc | WGPUBufferUsage_CopyDst;
+  desc.size = bytes;
+  WGPUBuffer buffer = api_->DeviceCreateBuffer(dev_->device, &desc);
+  check_errors(what);
+  return buffer;
+}
+
 void* Context::allocate(std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::uint64_t padded = round_up(std::max<std::uint64_t>(bytes, 4), 4);
@@ -266,12 +276,7 @@ void* Context::allocate(std::size_t bytes) {
     throw Error("bytes", std::to_string(bytes) + " exceeds the adapter's largest buffer (" + std::to_string(dev_->limits.maxBufferSize) + ")");
   }
   const Api& w = *api_;
-  ErrorScopes scopes(w, dev_->device);
-  WGPUBufferDescriptor desc{};
-  desc.usage = WGPUBufferUsage_Storage | WGPUBufferUsage_CopySrc | WGPUBufferUsage_CopyDst;
-  desc.size = padded;
-  WGPUBuffer buffer = w.DeviceCreateBuffer(dev_->device, &desc);
-  check_errors("allocate");
+  auto buffer = static_cast<WGPUBuffer>(create_storage_buffer(padded, "allocate"));
   const std::size_t reserved = std::size_t(round_up(std::max<std::uint64_t>(bytes, 1), page_size()));
   void* base = mmap(nullptr, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
@@ -319,17 +324,10 @@ void* Context::dummy_buffer(int slot) {
 void* Context::scratch(int slot, std::uint64_t bytes) {
   auto& s = scratch_[slot];
   if (s.second < bytes) {
-    if (s.first) {
-      api_->BufferDestroy(static_cast<WGPUBuffer>(s.first));
-      api_->BufferRelease(static_cast<WGPUBuffer>(s.first));
-    }
-    ErrorScopes scopes(*api_, dev_->device);
-    WGPUBufferDescriptor desc{};
-    desc.usage = WGPUBufferUsage_Storage | WGPUBufferUsage_CopySrc | WGPUBufferUsage_CopyDst;
-    desc.size = round_up(std::max<std::uint64_t>(bytes, 16), 16);
-    s.first = api_->DeviceCreateBuffer(dev_->device, &desc);
-    s.second = desc.size;
-    check_errors("scratch buffer");
+    // Released, not destroyed: dispatches already queued may still use the old one.
+    if (s.first) api_->BufferRelease(static_cast<WGPUBuffer>(s.first));
+    s.second = round_up(std::max<std::uint64_t>(bytes, 16), 16);
+    s.first = create_storage_buffer(s.second, "scratch buffer");
   }
   return s.first;
 }

@@ -72,6 +72,8 @@ class Context {
   Context();
   ~Context();
   void* pipeline(const std::string& kernel);
+  // A storage buffer (also a copy source and destination); an Error naming `what` when it fails.
+  void* create_storage_buffer(std::uint64_t bytes, const char* what);
   void check_errors(const char* what);
 
   std::unique_ptr<Api> api_;
