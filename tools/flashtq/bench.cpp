@@ -11,27 +11,12 @@
 #include <random>
 
 #include "commands.hpp"
+#include "timing.hpp"
 #include "cpu/kernels.hpp"
 #include "flashtq/flashtq.hpp"
 
 namespace flashtq::cli {
 namespace {
-
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-// Median seconds of `repeats` runs after one warm-up.
-template <typename F>
-double median_s(F&& f, int repeats) {
-  f();
-  std::vector<double> t;
-  for (int i = 0; i < repeats; ++i) {
-    const double t0 = now();
-    f();
-    t.push_back(now() - t0);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 double fma_peak_gflops(int threads) {
   double flops = 0;
