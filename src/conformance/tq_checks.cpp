@@ -1,8 +1,10 @@
 // Conformance checks of TurboQuant encode, query rotation and attention against the oracle.
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "conformance/conformance.hpp"
@@ -102,8 +104,9 @@ OracleRotations oracle_rotations(const TqLayout& l, const TqTables& tables, cons
 // Compares a backend's words with the oracle's: norm words and untouched words exactly; codes and
 // QJL bits at >= 99.9 % agreement, not counting flips at a boundary (see OracleRotations). Returns
 // the fraction of codes and bits that differ otherwise.
+// `rotations` is called (once) only when a code or bit differs.
 double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, const std::vector<std::uint32_t>& got,
-                     bool keys, const OracleRotations& rot, std::string& detail) {
+                     bool keys, const std::function<OracleRotations()>& rotations, std::string& detail) {
   constexpr double kRounding = 1e-9;  // far above the arithmetic's error, far below the codebook's spacing
   const int bits = keys ? l.key_bits : l.value_bits;
   const core::Codebook& cb = core::codebook(l.head_dim, bits);
@@ -113,6 +116,11 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
     for (double b : cb.boundaries)
       if (std::fabs(x - b) < kRounding) return true;
     return false;
+  };
+  std::optional<OracleRotations> rot_storage;
+  auto rot = [&]() -> const OracleRotations& {
+    if (!rot_storage) rot_storage = rotations();
+    return *rot_storage;
   };
   std::int64_t codes = 0, differ = 0, flips = 0;
   for (std::int64_t slot = 0; slot < l.slots(); ++slot) {
@@ -134,7 +142,7 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
     for (std::int64_t d = 0; d < l.head_dim; ++d) {
       ++codes;
       if (core::get_code(r, d, bits) != core::get_code(g, d, bits)) {
-        if (at_boundary(rot.rotated[std::size_t(slot * l.head_dim + d)])) {
+        if (at_boundary(rot().rotated[std::size_t(slot * l.head_dim + d)])) {
           ++flips;
           flipped = true;
         } else {
@@ -148,7 +156,7 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
     for (std::int64_t d = 0; d < l.head_dim; ++d) {
       ++codes;
       if (((rj[d / 32] ^ gj[d / 32]) >> (d % 32)) & 1u) {
-        if (flipped || std::fabs(rot.projected[std::size_t(slot * l.head_dim + d)]) < kRounding) {
+        if (flipped || std::fabs(rot().projected[std::size_t(slot * l.head_dim + d)]) < kRounding) {
           ++flips;
         } else {
           ++differ;
@@ -195,8 +203,11 @@ CheckResult check_tq_encode(Backend& backend, const TqCase& c) {
   tq_encode_values(backend, {l, tables, v.on(dv.get(), mem), encode_start(c), static_cast<std::uint32_t*>(vc.get()), nullptr});
   backend.synchronize();
   r.seconds = seconds_since(t0);
-  r.error = std::max(compare_words(l, ref.keys, kc.read<std::uint32_t>(), true, oracle_rotations(l, tables, k, encode_start(c), true), r.detail),
-                     compare_words(l, ref.values, vc.read<std::uint32_t>(), false, oracle_rotations(l, tables, v, encode_start(c), false), r.detail));
+  auto rotations = [&](const HostTensor& x, bool keys) {
+    return [&l, &tables, &c, rows = &x, keys] { return oracle_rotations(l, tables, *rows, encode_start(c), keys); };
+  };
+  r.error = std::max(compare_words(l, ref.keys, kc.read<std::uint32_t>(), true, rotations(k, true), r.detail),
+                     compare_words(l, ref.values, vc.read<std::uint32_t>(), false, rotations(v, false), r.detail));
   r.passed = r.error <= r.tolerance;
   return r;
 }
