@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_timing.hpp"
@@ -137,7 +138,17 @@ AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows,
 
 }  // namespace
 
-int main() {
+// `cuda_turboquant_bench --decode B CTX` times that one decode shape and prints its time only (for
+// profilers and quick comparisons); without arguments, the whole benchmark as JSON.
+int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "--decode") {
+    std::mt19937_64 rng(7);
+    const std::int64_t batch = std::atoll(argv[2]), ctx = std::atoll(argv[3]);
+    Sequences s = make_sequences(batch, ctx, 8, 128, rng);
+    const AttendTimes t = attend_ms(s, 32, 1, rng);
+    std::printf("decode B=%lld ctx=%lld: graph %.4f ms, eager %.4f ms\n", (long long)batch, (long long)ctx, t.graph_ms, t.eager_ms);
+    return 0;
+  }
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "device");
   std::mt19937_64 rng(7);

@@ -217,6 +217,10 @@ int head_tile(std::int64_t group) { return group % 4 == 0 ? 4 : group % 2 == 0 ?
 template <int D>
 void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, cudaStream_t stream) {
   const std::int64_t rows = all_rows.batch * all_rows.n_queries;
+  if (mma_decode_supported(all_rows)) {
+    launch_mma_prepare(all_rows, stream);
+    FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant query fragment kernel");
+  }
   for (std::int64_t first = 0; first < rows; first += kMaxGridZ) {  // grid z holds at most 65535 rows
     AttendParams a = all_rows;
     a.first_row = first;
@@ -235,10 +239,19 @@ void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, cud
   FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant merge kernel");
 }
 
+// The workspace: the splits' partials (max, sum, D accumulators per row, head and split), then, for
+// the tensor-core decode, the query fragments of every (row, group of 4 heads), 16-byte aligned.
+std::size_t partial_bytes(const TqAttendArgs& c) {
+  return std::size_t(c.batch * c.n_queries * c.n_heads * n_splits_of(c) * (c.layout.head_dim + 2)) * sizeof(float);
+}
+
+std::size_t fragment_offset(const TqAttendArgs& c) { return (partial_bytes(c) + 15) / 16 * 16; }
+
 }  // namespace
 
 std::size_t tq_attend_workspace(const TqAttendArgs& c) {
-  return std::size_t(c.batch * c.n_queries * c.n_heads * n_splits_of(c) * (c.layout.head_dim + 2)) * sizeof(float);
+  if (!mma_decode_supported(c)) return partial_bytes(c);
+  return fragment_offset(c) + std::size_t(c.batch * c.n_queries * (c.n_heads / 4)) * kKeyFragmentBytes;
 }
 
 void launch_tq_attend(const TqAttendArgs& c) {
@@ -261,6 +274,7 @@ void launch_tq_attend(const TqAttendArgs& c) {
   a.starts = c.start_positions;
   a.out_head_stride = c.out.strides[2];
   a.ws = static_cast<float*>(c.workspace);
+  a.key_fragments = static_cast<char*>(c.workspace) + fragment_offset(c);
   a.n_splits = n_splits_of(c);
   a.split_tokens = int(split_tokens_of(c));
   const int ht = head_tile(c.n_heads / c.layout.n_kv_heads);

@@ -27,6 +27,7 @@ struct AttendParams {
   const std::int32_t* starts;  // per sequence, or null: start_pos for all
   std::int64_t first_row;      // first batch row of this launch (grids hold at most 65535 rows in z)
   float* ws;
+  void* key_fragments;  // the tensor-core decode's per (row, head group) query fragments, in the workspace
   int n_splits, n_tiles;
   int split_tokens;  // timesteps per block (split)
   float key_centroids[16], value_centroids[16];
@@ -55,6 +56,10 @@ constexpr std::int64_t kMaxGridZ = 65535;
 // The tensor-core decode path: head_dim 128, keys 2+1 bits, values 2 bits, GQA groups of 4k heads.
 bool mma_decode_supported(const TqAttendArgs& c);
 bool mma_decode_supported(const AttendParams& a);
+// Bytes of the prepared query fragments per (query row, group of 4 heads).
+constexpr std::size_t kKeyFragmentBytes = 6208;
+// Builds the query fragments of every row of the batch (once per call, before the decode launches).
+void launch_mma_prepare(const AttendParams& a, cudaStream_t stream);
 void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream);
 
 }  // namespace flashtq::cuda

@@ -11,12 +11,14 @@
 // only rounding is the queries' fixed point (about 2^-24 of the head's largest element).
 //   scores [4 limbs x 4 heads][8 tokens] = q_fix [16 x 32] . bits [32 x 8], one k-step per cache word
 //
-// Values (f16 tensor cores): the bits fed as f16 +-2^-14 (two instructions per register) against the
-// weights split into f16 hi + lo parts:
+// Values (bf16 tensor cores): the bits fed as bf16 +-1 (two instructions per register) against the
+// weights split into bf16 hi + lo parts (bf16's exponent range needs no scaling of the weights):
 //   values [128 dims x (4 heads x hi/lo)] += signs [128 x 32] . w [32 x 8]    (16 mma.m16n8k16)
-// with an online softmax per head in between. Each block covers a.split_tokens tokens of one
-// (sequence, kv head, group of 4 query heads); its 4 warps combine in shared memory and write one
-// partial for the merge kernel (LSE merge and the single inverse rotation).
+// with an online softmax per head in between (in base 2). Each block covers a.split_tokens tokens of
+// one (sequence, kv head, group of 4 query heads); its 4 warps combine in shared memory and write one
+// partial for the merge kernel (LSE merge and the single inverse rotation). The queries' fixed-point
+// A fragments depend only on (query row, head group): a prepare kernel builds them once per decode
+// step instead of once per block.
 #include <cuda_fp16.h>
 
 #include "cuda/common.cuh"
@@ -32,7 +34,7 @@ constexpr int kWarps = 4;
 __device__ __forceinline__ void mma16816(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
                                          std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
@@ -45,8 +47,8 @@ __device__ __forceinline__ void imma16832(int (&d)[4], const uint4& a, std::uint
       : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
 
-// Bits p and p + 16 of a word as an f16 pair of +-2^-14 (set bit: +), given the word inverted and
-// `magnitude` = 0x04000400 in a register: one shift and one LOP3 (with both constants immediate the
+// Bits p and p + 16 of a word as a bf16 pair of +-1 (set bit: +), given the word inverted and
+// `magnitude` = 0x3F803F80 in a register: one shift and one LOP3 (with both constants immediate the
 // compiler needs two LOP3s, since LOP3 takes a single immediate).
 __device__ __forceinline__ std::uint32_t bit_pair(std::uint32_t inverted, int p, std::uint32_t magnitude) {
   std::uint32_t r;
@@ -54,15 +56,22 @@ __device__ __forceinline__ std::uint32_t bit_pair(std::uint32_t inverted, int p,
   return r;
 }
 
-// The f16 hi part (part 0) or lo remainder (part 1) of x.
+// The bf16 hi part (part 0) or lo remainder (part 1) of x: hi + lo carries 16 significant bits.
 __device__ __forceinline__ float split_part(float x, int part) {
-  const float hi = __half2float(__float2half_rn(x));
+  const float hi = __bfloat162float(__float2bfloat16_rn(x));
   return part ? x - hi : hi;
 }
 
 __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&h);
+}
+
+// 2^x (MUFU.EX2; relative error about 2^-22): the online softmax runs in base 2.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
 }
 
 // Max and sum over the 4 threads of a group (lanes 4g .. 4g + 3: the tokens of one head).
@@ -77,44 +86,24 @@ __device__ __forceinline__ float group_sum(float x) {
 
 constexpr int kKeySteps = 12;  // k-steps of the key product: 8 code words, then 4 QJL words
 
-// One 16-token tile of the cache, staged in shared memory.
-struct TileStage {
-  uint4 key[16][3];  // token i: code words 0-3, 4-7, QJL words 0-3
-  std::uint32_t value[16][8];
-  std::uint32_t key_norm[16], value_norm[16];
+// What the prepare kernel builds for one (query row, group of 4 heads): the A fragments of the key
+// product (lane `lane` of k-step `step` loads a[step][lane]) and per head the constants that turn
+// the integer products back into dot products.
+struct KeyFragments {
+  uint4 a[kKeySteps][32];
+  float key_unscale[4], key_offset[4], jl_unscale[4], jl_sum[4];
 };
+static_assert(sizeof(KeyFragments) == kKeyFragmentBytes, "the workspace query counts these bytes");
 
-__global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams a) {
+// One block per (query row, group of 4 heads).
+__global__ void __launch_bounds__(32 * kWarps) prepare_key_fragments(AttendParams a) {
   __shared__ float q_rot[4][kD], q_jl[4][kD];
   __shared__ int fix_exp[4], jl_exp[4];
-  __shared__ float key_unscale[4], key_offset[4], jl_unscale[4], jl_sum[4];
-  __shared__ float w_tile[kWarps][16][4];
-  __shared__ float part_m[kWarps][4], part_l[kWarps][4];
-  __shared__ float part_acc[kWarps][4][kD];
-  __shared__ uint4 a_frag[kKeySteps][32];
   __shared__ __align__(16) std::uint32_t digits[kKeySteps][4][32];
-  __shared__ TileStage stages[kWarps][2];
-
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int row = lane / 4, tig = lane % 4;  // mma fragment coordinates
-  const int split = blockIdx.x;
-  const std::int64_t kvh = blockIdx.y / a.n_tiles, j = a.first_row + blockIdx.z;  // row b * n_queries + j of the batch
-  const std::uint32_t* keys = keys_of(a, j);
-  const std::uint32_t* values = values_of(a, j);
-  const std::int64_t h0 = kvh * (a.H / a.l.n_kv_heads) + (blockIdx.y % a.n_tiles) * 4;
-  const std::int64_t seq = seq_len_of(a, j);
-  const std::int64_t t_begin = std::int64_t(split) * a.split_tokens;
-  float* ws = a.ws + ((j * a.H + h0) * a.n_splits + split) * (kD + 2);
-  const std::int64_t ws_head = std::int64_t(a.n_splits) * (kD + 2);
-  if (t_begin >= seq) {
-    if (tid < 4) {
-      ws[tid * ws_head] = -INFINITY;
-      ws[tid * ws_head + 1] = 0.0f;
-    }
-    return;
-  }
+  const std::int64_t groups = a.H / 4, j = blockIdx.x / groups, h0 = (blockIdx.x % groups) * 4;
+  KeyFragments& out = reinterpret_cast<KeyFragments*>(a.key_fragments)[blockIdx.x];
   const float kc0 = a.key_centroids[2], kc1 = a.key_centroids[3];
-  const float vc0 = a.value_centroids[2], vc1 = a.value_centroids[3];
   const float lo_coef = kc1 - kc0, hi_coef = kc0 + kc1;  // centroid = -c1 + lo_coef lo + hi_coef hi
   const std::int64_t region = a.q_cap * a.H * kD;
   for (int i = tid; i < 4 * kD; i += 32 * kWarps) {
@@ -145,16 +134,15 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       const int je = min(100, 30 - e);
       fix_exp[warp] = fe;
       jl_exp[warp] = je;
-      key_unscale[warp] = ldexpf(1.0f, -fe);
-      key_offset[warp] = -kc1 * sx;
-      jl_unscale[warp] = ldexpf(2.0f, -je);
-      jl_sum[warp] = sj;
+      out.key_unscale[warp] = ldexpf(1.0f, -fe);
+      out.key_offset[warp] = -kc1 * sx;
+      out.jl_unscale[warp] = ldexpf(2.0f, -je);
+      out.jl_sum[warp] = sj;
     }
   }
   __syncthreads();
-  // A fragments of the key product, built once per block (every warp uses the same). Element k of a
-  // k-step meets the word bit 8 (k % 4) + 4 (k / 16) + (k % 16) / 4, which B carries scaled by
-  // 2^sigma, sigma = 4 (k / 16) + (k % 16) / 4; the query element is pre-divided by 2^sigma.
+  // Element k of a k-step meets the word bit 8 (k % 4) + 4 (k / 16) + (k % 16) / 4, which B carries
+  // scaled by 2^sigma, sigma = 4 (k / 16) + (k % 16) / 4; the query element is pre-divided by 2^sigma.
   // First each element's fixed-point value with its four balanced base-256 digits as bytes: with
   // digits d_i in [-128, 127], x + 0x80808080 has bytes d_i + 128, so the digit bytes are that ^ 0x80.
   for (int e = tid; e < kKeySteps * 4 * 32; e += 32 * kWarps) {
@@ -173,20 +161,60 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     const uint4 d = *reinterpret_cast<const uint4*>(&digits[step][head][k0]);
     const std::uint32_t sel = std::uint32_t(limb) | std::uint32_t(limb + 4) << 4;  // byte `limb` of each word
     const std::uint32_t lo = __byte_perm(d.x, d.y, sel), hi = __byte_perm(d.z, d.w, sel);
-    reinterpret_cast<std::uint32_t*>(&a_frag[step][ln])[i] = __byte_perm(lo, hi, 0x5410u);
+    reinterpret_cast<std::uint32_t*>(&out.a[step][ln])[i] = __byte_perm(lo, hi, 0x5410u);
   }
-  __syncthreads();
+}
+
+// One 16-token tile of the cache, staged in shared memory.
+struct TileStage {
+  uint4 key[16][3];  // token i: code words 0-3, 4-7, QJL words 0-3
+  std::uint32_t value[16][8];
+  std::uint32_t key_norm[16], value_norm[16];
+};
+
+__global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams a) {
+  __shared__ KeyFragments frag;
+  __shared__ float w_tile[kWarps][16][4];
+  __shared__ float part_m[kWarps][4], part_l[kWarps][4];
+  __shared__ float part_acc[kWarps][4][kD];
+  __shared__ TileStage stages[kWarps][2];
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int row = lane / 4, tig = lane % 4;  // mma fragment coordinates
+  const int split = blockIdx.x;
+  const std::int64_t kvh = blockIdx.y / a.n_tiles, j = a.first_row + blockIdx.z;  // row b * n_queries + j of the batch
+  const std::uint32_t* keys = keys_of(a, j);
+  const std::uint32_t* values = values_of(a, j);
+  const std::int64_t h0 = kvh * (a.H / a.l.n_kv_heads) + (blockIdx.y % a.n_tiles) * 4;
+  // Token positions fit in 32 bits (the validator caps a cache below 2^32 words).
+  const int seq = int(seq_len_of(a, j));
+  const int t_begin = split * a.split_tokens;
+  float* ws = a.ws + ((j * a.H + h0) * a.n_splits + split) * (kD + 2);
+  const std::int64_t ws_head = std::int64_t(a.n_splits) * (kD + 2);
+  if (t_begin >= seq) {
+    if (tid < 4) {
+      ws[tid * ws_head] = -INFINITY;
+      ws[tid * ws_head + 1] = 0.0f;
+    }
+    return;
+  }
+  {  // this (row, head group)'s key fragments, from the prepare kernel
+    const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const KeyFragments*>(a.key_fragments) + j * (a.H / 4) + h0 / 4);
+    for (int i = tid; i < int(sizeof(KeyFragments) / 16); i += 32 * kWarps) cp_async16(reinterpret_cast<uint4*>(&frag) + i, src + i);
+    cp_async_commit();
+  }
+  const float vc0 = a.value_centroids[2], vc1 = a.value_centroids[3];
 
   const TqLayout& l = a.l;
   const std::int64_t slot0 = kvh * l.capacity;
-  const std::int64_t warp_tokens = a.split_tokens / kWarps;
-  const std::int64_t w_begin = t_begin + warp * warp_tokens;
-  const std::int64_t w_end = min(w_begin + warp_tokens, seq);
+  const int warp_tokens = a.split_tokens / kWarps;
+  const int w_begin = t_begin + warp * warp_tokens;
+  const int w_end = min(w_begin + warp_tokens, seq);
   const int head = row & 3;  // the head whose scores this thread holds after the limb combination
   float m = -INFINITY, lsum = 0.0f;
-  // 2^-14 as an f16 pair, kept in a register (the zero term is opaque to the compiler, so it cannot
+  // +-1 as a bf16 pair, kept in a register (the zero term is opaque to the compiler, so it cannot
   // fold the constant back into an immediate).
-  const std::uint32_t mag = 0x04000400u | (std::uint32_t(a.l.key_bits) >> 8);
+  const std::uint32_t mag = 0x3F803F80u | (std::uint32_t(a.l.key_bits) >> 8);
   const std::uint32_t keep_lo = 0x01010101u << tig, keep_hi = 0x10101010u << tig;  // this thread's bits of a word
   float acc[8][4] = {};
   // The words of one tile that a thread uses.
@@ -196,7 +224,6 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     std::uint32_t kn[2][2], vn[2][2];  // key and value norm words of tokens 8 nt + 2 tig + x
     std::uint32_t va[2], vb[2];        // value word `row` of tokens 8 ks + tig, 8 ks + tig + 4 (inverted)
   };
-  // Word indices fit in 32 bits (the validator caps a cache below 2^32 words).
   const std::uint32_t jl_off = std::uint32_t(l.key_jl_offset()), k_norm_off = std::uint32_t(l.key_norm_offset());
   const std::uint32_t v_norm_off = std::uint32_t(l.value_norm_offset());
   const std::uint32_t slot_base = std::uint32_t(slot0), last = std::uint32_t(w_end - 1);
@@ -223,10 +250,9 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   const std::uint32_t* value_src = values + (first + lane / 2) * 8 + 4 * (lane % 2);
   const std::uint32_t* norm_src = lane < 16 ? keys + k_norm_off + first + lane : values + v_norm_off + first + lane - 16;
   const std::uint32_t key_step_a = pa < 2 ? 128 : 64, key_step_b = pb < 2 ? 128 : 64;  // words per 16 tokens
-  auto fill = [&](std::int64_t t0_64, TileStage& st) {
-    const std::uint32_t t0 = std::uint32_t(t0_64);
-    if (t0_64 + 16 <= w_end && k_aligned && v_aligned) {
-      const std::uint32_t tile = (t0 - std::uint32_t(w_begin)) / 16;
+  auto fill = [&](int t0, TileStage& st) {
+    if (t0 + 16 <= w_end && k_aligned && v_aligned) {
+      const std::uint32_t tile = std::uint32_t(t0 - w_begin) / 16;
       cp_async16(&st.key[ka][pa], key_src_a + tile * key_step_a);
       if (lane < 16) cp_async16(&st.key[kb][pb], key_src_b + tile * key_step_b);
       cp_async16(&st.value[lane / 2][4 * (lane % 2)], value_src + tile * 128);
@@ -234,7 +260,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       cp_async_commit();
       return;
     }
-    auto slot_of = [&](int i) { return slot_base + min(t0 + std::uint32_t(i), last); };  // the partial last tile repeats `last`
+    auto slot_of = [&](int i) { return slot_base + min(std::uint32_t(t0 + i), last); };  // the partial last tile repeats `last`
     for (int c = lane; c < 48; c += 32) {
       const int i = c / 3, part = c % 3;
       const std::uint32_t slot = slot_of(i);
@@ -268,26 +294,18 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     }
     return w;
   };
-  // The weights w = p * |v| feed the tensor cores as f16 hi + lo parts: scale them by a power of two
-  // so that the largest is near 2^14 and the lo parts stay normal (tiny value norms would otherwise
-  // leave them subnormal, with too few bits).
-  float v_max = 0.0f;
-  for (std::int64_t t = w_begin + lane; t < w_end; t += 32) v_max = fmaxf(v_max, fabsf(f16_low(values[v_norm_off + slot_base + std::uint32_t(t)])));
-  v_max = warp_max(v_max) * (vc0 + vc1);
-  int w_exp;
-  frexpf(v_max, &w_exp);
-  const float w_scale = v_max > 0.0f ? ldexpf(1.0f, 14 - w_exp) : 1.0f;
-  const float k_unscale = key_unscale[head], k_offset = key_offset[head], j_unscale = jl_unscale[head], j_sum = jl_sum[head];
   // Limb rows: this thread's C rows are limbs row / 4 and 2 + row / 4; the partner lane (lane ^ 16)
   // holds the other two.
   const float limb_weight = row < 4 ? 1.0f : 256.0f;
-  auto process_tile = [&](const TileWords& cur, std::int64_t t0) {
+  const float score_scale = a.scale * 1.4426950408889634f;  // base-2 scores
+  float k_unscale = 0.0f, k_offset = 0.0f, j_unscale = 0.0f, j_sum = 0.0f;  // read once the fragments have landed
+  auto process_tile = [&](const TileWords& cur, int t0) {
     // ---- integer key products: tokens t0 + 8 nt + row are the columns ----
     // Separate accumulators for even and odd code words shorten the dependent mma chains.
     int P2[2][2][4] = {}, J[2][4] = {};
 #pragma unroll
     for (int step = 0; step < kKeySteps; ++step) {
-      const uint4 af = a_frag[step][lane];
+      const uint4 af = frag.a[step][lane];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const uint4 q4 = step < 8 ? cur.code[nt][step / 4] : cur.jl[nt];
@@ -300,7 +318,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int c = 0; c < 4; ++c) P[nt][c] = P2[nt][0][c] + P2[nt][1][c];
-    // ---- scores of head `head`, tokens t0 + 8 nt + 2 tig + x ----
+    // ---- base-2 scores of head `head`, tokens t0 + 8 nt + 2 tig + x ----
     const float qjl = a.qjl_scale;
     float score[2][2];
 #pragma unroll
@@ -313,20 +331,20 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
         q += __shfl_xor_sync(0xFFFFFFFFu, q, 16);
         const float polar = fmaf(p, k_unscale, k_offset), jl = fmaf(q, j_unscale, -j_sum);
         const std::uint32_t nw = cur.kn[nt][x];
-        const float s = a.scale * f16_low(nw) * fmaf(f16_low(nw >> 16) * qjl, jl, polar);
+        const float s = score_scale * f16_low(nw) * fmaf(f16_low(nw >> 16) * qjl, jl, polar);
         score[nt][x] = (t0 + 8 * nt + 2 * tig + x < w_end) ? s : -INFINITY;
       }
     }
     // ---- online softmax of head `head` over the tile ----
     const float m_new = fmaxf(m, group_max(fmaxf(fmaxf(score[0][0], score[0][1]), fmaxf(score[1][0], score[1][1]))));
-    const float corr = expf(m - m_new);
+    const float corr = exp2_approx(m - m_new);
     lsum *= corr;
     m = m_new;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
-        const float p = expf(score[nt][x] - m_new);
+        const float p = exp2_approx(score[nt][x] - m_new);
         lsum += p;
         if (row < 4) w_tile[warp][8 * nt + 2 * tig + x][head] = p * f16_low(cur.vn[nt][x]);
       }
@@ -346,7 +364,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       const std::uint32_t va = cur.va[ks], vb = cur.vb[ks];
       const std::uint32_t lo_half = (va & 0xFFFFu) | (vb << 16), hi_half = (va >> 16) | (vb & 0xFFFF0000u);
       const int vhead = row >> 1, part = row & 1;
-      const float x0 = w_tile[warp][8 * ks + tig][vhead] * w_scale, x1 = w_tile[warp][8 * ks + tig + 4][vhead] * w_scale;
+      const float x0 = w_tile[warp][8 * ks + tig][vhead], x1 = w_tile[warp][8 * ks + tig + 4][vhead];
       const float lo = 0.5f * (vc1 - vc0), hi = 0.5f * (vc0 + vc1);
       const std::uint32_t b0 = pack(split_part(x0 * lo, part), split_part(x1 * lo, part));
       const std::uint32_t b1 = pack(split_part(x0 * hi, part), split_part(x1 * hi, part));
@@ -361,7 +379,13 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   };
   int buf = 0;
   if (w_begin < w_end) fill(w_begin, stages[warp][0]);
-  for (std::int64_t t0 = w_begin; t0 < w_end; t0 += 16, buf ^= 1) {
+  cp_async_wait<1>();  // the key fragments (the first tile may still be in flight)
+  __syncthreads();
+  k_unscale = frag.key_unscale[head];
+  k_offset = frag.key_offset[head];
+  j_unscale = frag.jl_unscale[head];
+  j_sum = frag.jl_sum[head];
+  for (int t0 = w_begin; t0 < w_end; t0 += 16, buf ^= 1) {
     if (t0 + 16 < w_end) {
       fill(t0 + 16, stages[warp][buf ^ 1]);
     } else {
@@ -379,25 +403,26 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    part_acc[warp][tig][16 * row + 2 * i] = 16384.0f / w_scale * (acc[i][0] + acc[i][1]);
-    part_acc[warp][tig][16 * row + 2 * i + 1] = 16384.0f / w_scale * (acc[i][2] + acc[i][3]);
+    part_acc[warp][tig][16 * row + 2 * i] = acc[i][0] + acc[i][1];
+    part_acc[warp][tig][16 * row + 2 * i + 1] = acc[i][2] + acc[i][3];
   }
   __syncthreads();
-  // Combine the 4 warps: thread tid owns dim tid of every head.
+  // Combine the 4 warps: thread tid owns dim tid of every head. The maxima are base 2; the merge
+  // kernel takes natural-log maxima.
   for (int h = 0; h < 4; ++h) {
     float M = -INFINITY;
     for (int w = 0; w < kWarps; ++w) M = fmaxf(M, part_m[w][h]);
     float L = 0.0f, x = 0.0f;
     for (int w = 0; w < kWarps; ++w) {
       if (part_l[w][h] == 0.0f) continue;
-      const float f = expf(part_m[w][h] - M);
+      const float f = exp2_approx(part_m[w][h] - M);
       L = fmaf(part_l[w][h], f, L);
       x = fmaf(part_acc[w][h][tid], f, x);
     }
     float* out = ws + h * ws_head;
     out[2 + tid] = x;
     if (tid == 0) {
-      out[0] = M;
+      out[0] = M * 0.6931471805599453f;
       out[1] = L;
     }
   }
@@ -412,6 +437,10 @@ bool mma_decode_supported(const TqAttendArgs& c) {
 
 bool mma_decode_supported(const AttendParams& a) {
   return a.l.head_dim == kD && a.l.key_bits == 2 && a.l.value_bits == 2 && (a.H / a.l.n_kv_heads) % 4 == 0;
+}
+
+void launch_mma_prepare(const AttendParams& a, cudaStream_t stream) {
+  prepare_key_fragments<<<unsigned(a.batch * a.n_queries * (a.H / 4)), 32 * kWarps, 0, stream>>>(a);
 }
 
 void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream) {
