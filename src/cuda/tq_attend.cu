@@ -131,47 +131,45 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   }
 }
 
-// One block per (query row, head): merge the splits by LSE, normalise, rotate back, store. Four
-// groups of D threads share the splits, each keeping many independent loads in flight, so a long
-// context's hundreds of partials cost a few memory latencies rather than one per split.
-constexpr int kMergeGroups = 4;
+// One block per (query row, head): merge the splits by LSE, normalise, rotate back, store. The
+// block's maximum comes first, from all its threads at once; then kMergeThreads / D groups of D
+// threads share the splits, every split's load independent of the others, so a long context's
+// hundreds of partials cost a few memory latencies rather than one per split.
+constexpr int kMergeThreads = 1024;
 
 template <int D>
-__global__ void __launch_bounds__(kMergeGroups * D) attend_merge(AttendParams a) {
-  __shared__ float x[kMergeGroups][D];
-  __shared__ float group_max[kMergeGroups], group_sum[kMergeGroups];
+__global__ void __launch_bounds__(kMergeThreads) attend_merge(AttendParams a) {
+  constexpr int kGroups = kMergeThreads / D;
+  __shared__ float x[kGroups][D];
+  __shared__ float warp_best[kMergeThreads / 32], group_sum[kGroups];
   const int d = threadIdx.x % D, g = threadIdx.x / D;
   const std::int64_t row = blockIdx.x, z = row / a.H, h = row % a.H;
   const std::int64_t b = z / a.n_queries, j = z % a.n_queries;
   const float* ws = a.ws + row * a.n_splits * (D + 2);
-  // Each group's own maximum and weighted sums over splits g, g + 4, ...
-  float m = -INFINITY;
-  for (int s = g; s < a.n_splits; s += kMergeGroups) m = fmaxf(m, ws[s * (D + 2)]);
+  float best = -INFINITY;
+  for (int s = threadIdx.x; s < a.n_splits; s += kMergeThreads) best = fmaxf(best, ws[s * (D + 2)]);
+  best = warp_max(best);
+  if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+  __syncthreads();
+  float M = -INFINITY;
+  for (int i = 0; i < kMergeThreads / 32; ++i) M = fmaxf(M, warp_best[i]);
   float l = 0.0f, acc = 0.0f;
-  if (m != -INFINITY) {
+  if (M != -INFINITY) {
 #pragma unroll 8
-    for (int s = g; s < a.n_splits; s += kMergeGroups) {
+    for (int s = g; s < a.n_splits; s += kGroups) {
       const float* w = ws + s * (D + 2);
-      const float f = w[1] == 0.0f ? 0.0f : expf(w[0] - m);
+      const float f = w[1] == 0.0f ? 0.0f : expf(w[0] - M);
       l = fmaf(w[1], f, l);
       acc = fmaf(w[2 + d], f, acc);
     }
   }
-  if (d == 0) {
-    group_max[g] = m;
-    group_sum[g] = l;
-  }
-  __syncthreads();
-  float M = -INFINITY;
-  for (int i = 0; i < kMergeGroups; ++i) M = fmaxf(M, group_max[i]);
-  const float f = m == -INFINITY ? 0.0f : expf(m - M);
-  x[g][d] = acc * f;
+  if (d == 0) group_sum[g] = l;
+  x[g][d] = acc;
   __syncthreads();
   if (g != 0) return;
   float L = 0.0f, total = 0.0f;
-  for (int i = 0; i < kMergeGroups; ++i) {
-    const float fi = group_max[i] == -INFINITY ? 0.0f : expf(group_max[i] - M);
-    L = fmaf(group_sum[i], fi, L);
+  for (int i = 0; i < kGroups; ++i) {
+    L += group_sum[i];
     total += x[i][d];
   }
   // Group 0 alone from here on: its D threads rotate back with named barriers of D threads.
@@ -235,7 +233,7 @@ void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, cud
     FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant attend kernel");
   }
   const AttendParams& a = all_rows;
-  attend_merge<D><<<unsigned(a.batch * a.n_queries * a.H), kMergeGroups * D, 0, stream>>>(a);
+  attend_merge<D><<<unsigned(a.batch * a.n_queries * a.H), kMergeThreads, 0, stream>>>(a);
   FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant merge kernel");
 }
 
