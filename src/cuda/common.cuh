@@ -90,4 +90,19 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int pending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(pending)); }
 
+// Programmatic dependent launch (sm_90+; no-ops on older targets and for kernels launched without
+// the attribute). A kernel launched with launch_dependent() may start while the kernel before it in
+// the stream is still running: it must call wait_for_previous_grid() before it reads what that kernel
+// wrote or writes what it may still read. allow_next_grid() lets the next kernel start launching.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 }  // namespace flashtq::cuda

@@ -11,6 +11,7 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.hpp"
 #include "cuda/tq_attend.cuh"
 
 namespace flashtq::cuda {
@@ -142,6 +143,7 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge(AttendParams a) {
   constexpr int kGroups = kMergeThreads / D;
   __shared__ float x[kGroups][D];
   __shared__ float warp_best[kMergeThreads / 32], group_sum[kGroups];
+  wait_for_previous_grid();  // the partials
   const int d = threadIdx.x % D, g = threadIdx.x / D;
   const std::int64_t row = blockIdx.x, z = row / a.H, h = row % a.H;
   const std::int64_t b = z / a.n_queries, j = z % a.n_queries;
@@ -233,8 +235,8 @@ void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, cud
     FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant attend kernel");
   }
   const AttendParams& a = all_rows;
-  attend_merge<D><<<unsigned(a.batch * a.n_queries * a.H), kMergeThreads, 0, stream>>>(a);
-  FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant merge kernel");
+  launch_dependent(attend_merge<D>, dim3(unsigned(a.batch * a.n_queries * a.H)), dim3(kMergeThreads), stream,
+                   "TurboQuant merge kernel", a);
 }
 
 // The workspace: the splits' partials (max, sum, D accumulators per row, head and split), then, for

@@ -23,6 +23,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
+#include "cuda/launch.hpp"
 #include "cuda/tq_attend.cuh"
 
 namespace flashtq::cuda {
@@ -95,24 +96,28 @@ struct KeyFragments {
 };
 static_assert(sizeof(KeyFragments) == kKeyFragmentBytes, "the workspace query counts these bytes");
 
-// One block per (query row, group of 4 heads).
-__global__ void __launch_bounds__(32 * kWarps) prepare_key_fragments(AttendParams a) {
+// One block per (query row, group of 4 heads); many threads, as it sits on the decode step's critical path.
+constexpr int kPrepareThreads = 512;
+
+__global__ void __launch_bounds__(kPrepareThreads) prepare_key_fragments(AttendParams a) {
   __shared__ float q_rot[4][kD], q_jl[4][kD];
   __shared__ int fix_exp[4], jl_exp[4];
   __shared__ __align__(16) std::uint32_t digits[kKeySteps][4][32];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  wait_for_previous_grid();  // the rotated queries
+  allow_next_grid();
   const std::int64_t groups = a.H / 4, j = blockIdx.x / groups, h0 = (blockIdx.x % groups) * 4;
   KeyFragments& out = reinterpret_cast<KeyFragments*>(a.key_fragments)[blockIdx.x];
   const float kc0 = a.key_centroids[2], kc1 = a.key_centroids[3];
   const float lo_coef = kc1 - kc0, hi_coef = kc0 + kc1;  // centroid = -c1 + lo_coef lo + hi_coef hi
   const std::int64_t region = a.q_cap * a.H * kD;
-  for (int i = tid; i < 4 * kD; i += 32 * kWarps) {
+  for (int i = tid; i < 4 * kD; i += kPrepareThreads) {
     const std::int64_t at = (j * a.H + h0 + i / kD) * kD + i % kD;
     q_rot[i / kD][i % kD] = a.scratch[at];
     q_jl[i / kD][i % kD] = a.scratch[region + at];
   }
   __syncthreads();
-  {  // warp w: the fixed-point exponents and constant terms of head w
+  if (warp < 4) {  // warp w: the fixed-point exponents and constant terms of head w
     float mx = 0.0f, mj = 0.0f, sx = 0.0f, sj = 0.0f;
     for (int d = lane; d < kD; d += 32) {
       mx = fmaxf(mx, fabsf(q_rot[warp][d]));
@@ -145,7 +150,7 @@ __global__ void __launch_bounds__(32 * kWarps) prepare_key_fragments(AttendParam
   // scaled by 2^sigma, sigma = 4 (k / 16) + (k % 16) / 4; the query element is pre-divided by 2^sigma.
   // First each element's fixed-point value with its four balanced base-256 digits as bytes: with
   // digits d_i in [-128, 127], x + 0x80808080 has bytes d_i + 128, so the digit bytes are that ^ 0x80.
-  for (int e = tid; e < kKeySteps * 4 * 32; e += 32 * kWarps) {
+  for (int e = tid; e < kKeySteps * 4 * 32; e += kPrepareThreads) {
     const int step = e / 128, head = (e / 32) % 4, k = e % 32;
     const int sigma = 4 * (k / 16) + (k % 16) / 4, bit = 8 * (k % 4) + sigma;
     const float x = step < 8 ? q_rot[head][16 * step + bit / 2] * ((bit & 1) ? hi_coef : lo_coef) : q_jl[head][32 * (step - 8) + bit];
@@ -155,7 +160,7 @@ __global__ void __launch_bounds__(32 * kWarps) prepare_key_fragments(AttendParam
   }
   __syncthreads();
   // Register i of lane (g, t): row g + 8 (i & 1) (limb row / 4 of head row % 4), k = 16 (i >> 1) + 4 t + byte.
-  for (int e = tid; e < kKeySteps * 32 * 4; e += 32 * kWarps) {
+  for (int e = tid; e < kKeySteps * 32 * 4; e += kPrepareThreads) {
     const int step = e / 128, ln = (e / 4) % 32, i = e % 4;
     const int r = ln / 4 + 8 * (i & 1), limb = r / 4, head = r % 4, k0 = 16 * (i >> 1) + 4 * (ln % 4);
     const uint4 d = *reinterpret_cast<const uint4*>(&digits[step][head][k0]);
@@ -179,6 +184,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   __shared__ float part_acc[kWarps][4][kD];
   __shared__ TileStage stages[kWarps][2];
 
+  allow_next_grid();  // the merge kernel's blocks wait for this grid to finish
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int row = lane / 4, tig = lane % 4;  // mma fragment coordinates
   const int split = blockIdx.x;
@@ -197,11 +203,6 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       ws[tid * ws_head + 1] = 0.0f;
     }
     return;
-  }
-  {  // this (row, head group)'s key fragments, from the prepare kernel
-    const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const KeyFragments*>(a.key_fragments) + j * (a.H / 4) + h0 / 4);
-    for (int i = tid; i < int(sizeof(KeyFragments) / 16); i += 32 * kWarps) cp_async16(reinterpret_cast<uint4*>(&frag) + i, src + i);
-    cp_async_commit();
   }
   const float vc0 = a.value_centroids[2], vc1 = a.value_centroids[3];
 
@@ -377,9 +378,17 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     }
     __syncwarp();
   };
+  // Started early (dependent launch): the first tile of the cache is staged before the prepare kernel
+  // has finished; its fragments are read only after it has.
   int buf = 0;
   if (w_begin < w_end) fill(w_begin, stages[warp][0]);
-  cp_async_wait<1>();  // the key fragments (the first tile may still be in flight)
+  wait_for_previous_grid();
+  {  // this (row, head group)'s key fragments, from the prepare kernel
+    const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const KeyFragments*>(a.key_fragments) + j * (a.H / 4) + h0 / 4);
+    for (int i = tid; i < int(sizeof(KeyFragments) / 16); i += 32 * kWarps) cp_async16(reinterpret_cast<uint4*>(&frag) + i, src + i);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();  // the first tile and the key fragments
   __syncthreads();
   k_unscale = frag.key_unscale[head];
   k_offset = frag.key_offset[head];
@@ -440,11 +449,12 @@ bool mma_decode_supported(const AttendParams& a) {
 }
 
 void launch_mma_prepare(const AttendParams& a, cudaStream_t stream) {
-  prepare_key_fragments<<<unsigned(a.batch * a.n_queries * (a.H / 4)), 32 * kWarps, 0, stream>>>(a);
+  launch_dependent(prepare_key_fragments, dim3(unsigned(a.batch * a.n_queries * (a.H / 4))), dim3(kPrepareThreads), stream,
+                   "TurboQuant query fragment kernel", a);
 }
 
 void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream) {
-  mma_decode_kernel<<<grid, 32 * kWarps, 0, stream>>>(a);
+  launch_dependent(mma_decode_kernel, grid, dim3(32 * kWarps), stream, "TurboQuant decode kernel", a);
 }
 
 }  // namespace flashtq::cuda

@@ -103,6 +103,7 @@ __global__ void __launch_bounds__(32 * kWarps) encode_kernel(TqLayout l, TqTable
 
 template <typename T, int E>
 __global__ void __launch_bounds__(32 * kWarps) rotate_kernel(TqTables tables, TensorView q, std::int64_t q_cap, float* scratch) {
+  allow_next_grid();  // the attention's first kernel may start launching (it waits for this one's output)
   const int lane = threadIdx.x % 32;
   const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   const std::int64_t n = q.shape[1], H = q.shape[2], D = 32 * E;
