@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "cuda_timing.hpp"
@@ -25,11 +26,13 @@ double median_ms(F&& f, int repeats) {
 
 }  // namespace
 
-int main() {
+// `cuda_dense_bench --half` runs the f16/bf16 forward rows only (a quick comparison while tuning).
+int main(int argc, char** argv) {
+  const bool half_only = argc > 1 && std::string(argv[1]) == "--half";
   flashtq::Backend& cuda = flashtq::backend("cuda");
   nlohmann::json report;
   const std::int64_t H = 16, D = 128;
-  for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+  for (DType dtype : half_only ? std::vector<DType>{DType::bf16, DType::f16} : std::vector<DType>{DType::bf16, DType::f16, DType::f32}) {
     for (std::int64_t S : {1024, 4096}) {
       const std::int64_t B = 16384 / S;
       const std::size_t n = std::size_t(B * S * H * D), bytes = n * flashtq::dtype_size(dtype);
@@ -50,7 +53,7 @@ int main() {
         const double fwd = median_ms([&] { flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(o), lse}, params); }, 3);
         nlohmann::json row = {{"dtype", flashtq::dtype_name(dtype)}, {"S", S}, {"B", B}, {"causal", causal},
                               {"fwd_ms", fwd}, {"fwd_tflops", flops / (fwd * 1e-3) / 1e12}};
-        if (dtype == DType::bf16 && S == 1024) {
+        if (dtype == DType::bf16 && S == 1024 && !half_only) {
           const double bwd = median_ms(
               [&] {
                 flashtq::attention_backward(

@@ -76,6 +76,14 @@ __device__ __forceinline__ void warp_rht(double (&x)[E], const std::uint32_t* si
   for (int e = 0; e < E; ++e) x[e] *= inv;
 }
 
+// 2^x on the special-function unit (ex2.approx.ftz: relative error about 2^-22, subnormal results
+// flushed to zero); the softmaxes run in base 2.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
 // Asynchronous global -> shared copies (sm_80+): 16 bytes (both addresses 16-byte aligned) or 4.
 __device__ __forceinline__ void cp_async16(void* smem, const void* global) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));

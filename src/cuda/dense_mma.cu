@@ -4,8 +4,8 @@
 // S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators, P staying in registers
 // between the two (its C fragments are the next product's A fragments); the softmax runs on exp2.
 // Every feature of SPEC §1 (strides, GQA, causal offset, window, mask, dropout, LSE); tiles no row
-// of the block can see are skipped, and per-element checks run only on boundary tiles. V's B
-// fragments come from its row-major tile through ldmatrix .trans.
+// of the block can see are skipped, and per-element checks run only on boundary tiles. K's and V's
+// B fragments come from their row-major tiles through ldmatrix (.trans for V), four 8x8 matrices a time.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -51,6 +51,7 @@ __device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float lo, float hi
 
 __device__ __forceinline__ std::uint32_t load_pair(const void* p) { return *static_cast<const std::uint32_t*>(p); }
 
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv,
                                                                TensorView ov, float* lse) {
@@ -83,6 +84,7 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, T
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
   const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+  const float scale_log2 = p.scale * 1.4426950408889634f;  // the softmax runs on exp2
   // Issues the asynchronous copy of the tile at j0 into `stage` (rows past Sk are zero-filled).
   auto issue = [&](std::int64_t j0, int stage) {
     for (int e = tid; e < kKeys * D / 8; e += kThreads) {
@@ -112,34 +114,51 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, T
     __syncthreads();  // this stage's tile is visible to every warp
     const Tile& k_tile = k_stage[stage];
     const Tile& v_tile = v_stage[stage];
-    // S = Q K^T for this warp's 16 rows x 64 keys (8 n-tiles).
+    // S = Q K^T for this warp's 16 rows x 64 keys (8 n-tiles). K's B fragments for two k-steps come
+    // from one ldmatrix .x4: lanes 8 m .. 8 m + 7 address key rows of matrix m (dims 8 m .. 8 m + 7
+    // of the pair), and lane (g, tig) receives keys g, dims 2 tig, 2 tig + 1 of each.
     float s[8][4] = {};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        const T* krow = &k_tile[nt * 8 + g][16 * ks + 2 * tig];
-        mma<T>(s[nt], qa[ks], load_pair(krow), load_pair(krow + 8));
+      for (int ks = 0; ks < KS; ks += 2) {
+        std::uint32_t b[4];
+        const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(&k_tile[nt * 8 + lane % 8][16 * ks + 8 * (lane / 8)]));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "r"(addr));
+        mma<T>(s[nt], qa[ks], b[0], b[1]);
+        mma<T>(s[nt], qa[ks + 1], b[2], b[3]);
       }
     }
     // Scale, visibility, mask; then the online softmax of rows r0 (c0, c1) and r1 (c2, c3).
     const bool interior = j0 >= range.begin && j0 + kKeys <= p.Sk &&
                           core::tile_fully_visible(p, i0, min(i0 + kRows, p.Sq), j0, j0 + kKeys);
     float tile_max[2] = {-INFINITY, -INFINITY};
+    if (interior && p.mask == nullptr) {  // the common case: one multiply per score
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+      for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const std::int64_t i = e < 2 ? r0 : r1, j = j0 + nt * 8 + 2 * tig + (e & 1);
-        float v = s[nt][e] * p.scale;
-        if (!interior && (i >= p.Sq || !core::key_visible(p, i, j))) v = -INFINITY;
-        if (p.mask != nullptr && v != -INFINITY) {
-          v += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
-          if (v <= -1e30f) v = -INFINITY;
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] *= scale_log2;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
         }
-        v *= 1.4426950408889634f;  // log2(e): the softmax below runs on exp2
-        s[nt][e] = v;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], v);
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const std::int64_t i = e < 2 ? r0 : r1, j = j0 + nt * 8 + 2 * tig + (e & 1);
+          float v = s[nt][e] * p.scale;
+          if (!interior && (i >= p.Sq || !core::key_visible(p, i, j))) v = -INFINITY;
+          if (p.mask != nullptr && v != -INFINITY) {
+            v += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
+            if (v <= -1e30f) v = -INFINITY;
+          }
+          v *= 1.4426950408889634f;  // log2(e): the softmax below runs on exp2
+          s[nt][e] = v;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], v);
+        }
       }
     }
     float corr[2];
@@ -148,20 +167,22 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, T
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 1));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 2));
       const float m_new = fmaxf(m[r], tile_max[r]);
-      corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
+      corr[r] = m_new == -INFINITY ? 1.0f : exp2_approx(m[r] - m_new);
       m[r] = m_new;
       l[r] *= corr[r];
     }
+    if (__any_sync(0xFFFFFFFFu, corr[0] != 1.0f || corr[1] != 1.0f)) {  // the running maxima settle early
 #pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-      o[nt][0] *= corr[0], o[nt][1] *= corr[0], o[nt][2] *= corr[1], o[nt][3] *= corr[1];
+      for (int nt = 0; nt < D / 8; ++nt) {
+        o[nt][0] *= corr[0], o[nt][1] *= corr[0], o[nt][2] *= corr[1], o[nt][3] *= corr[1];
+      }
     }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float mr = m[e / 2];
-        const float pr = s[nt][e] == -INFINITY ? 0.0f : exp2f(s[nt][e] - mr);
+        const float pr = s[nt][e] == -INFINITY ? 0.0f : exp2_approx(s[nt][e] - mr);
         l[e / 2] += pr;
         float w = pr;
         if (p.dropout_p > 0.0f && pr != 0.0f) {
@@ -177,13 +198,17 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, T
       const std::uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
                                    pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) {
-        // B fragments of V straight from its row-major tile: ldmatrix .trans hands lane (g, tig) the keys
-        // 2 tig, 2 tig + 1 (and + 8) of dim g; lanes 0-15 give the 16 key rows' addresses.
-        std::uint32_t b0, b1;
-        const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(&v_tile[16 * kk + (lane % 16)][nt * 8]));
-        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
-        mma<T>(o[nt], pa, b0, b1);
+      for (int nt = 0; nt < D / 8; nt += 2) {
+        // B fragments of V for two n-tiles straight from its row-major tile: ldmatrix .x4 .trans hands
+        // lane (g, tig) the keys 2 tig, 2 tig + 1 (and + 8) of dim g; lanes 8 m .. 8 m + 7 address the
+        // key rows of matrix m (keys + 8 for odd m, the second n-tile for m >= 2).
+        std::uint32_t b[4];
+        const unsigned addr = static_cast<unsigned>(
+            __cvta_generic_to_shared(&v_tile[16 * kk + lane % 8 + 8 * ((lane / 8) & 1)][(nt + lane / 16) * 8]));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "r"(addr));
+        mma<T>(o[nt], pa, b[0], b[1]);
+        mma<T>(o[nt + 1], pa, b[2], b[3]);
       }
     }
     __syncthreads();  // every warp is done with this stage before it is refilled

@@ -68,12 +68,6 @@ __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
   return *reinterpret_cast<const std::uint32_t*>(&h);
 }
 
-// 2^x (MUFU.EX2; relative error about 2^-22): the online softmax runs in base 2.
-__device__ __forceinline__ float exp2_approx(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
 
 // Max and sum over the 4 threads of a group (lanes 4g .. 4g + 3: the tokens of one head).
 __device__ __forceinline__ float group_max(float x) {
