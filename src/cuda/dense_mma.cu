@@ -1,5 +1,5 @@
 // Dense forward on tensor cores (f16/bf16, head_dim 32/64/96/128), FlashAttention-2 style: a block of
-// 8 warps owns 128 query rows (16 per warp, Q held as mma fragments); K and V tiles of 64 keys go
+// 4 warps owns 128 query rows (32 per warp, Q staged in shared memory); K and V tiles of 64 keys go
 // through shared memory, double-buffered with cp.async so the next tile loads during this one's math.
 // S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators, P staying in registers
 // between the two (its C fragments are the next product's A fragments); the softmax runs on exp2.
@@ -18,7 +18,12 @@
 namespace flashtq::cuda {
 namespace {
 
-constexpr int kRows = 128, kKeys = 64, kThreads = 256;  // 8 warps x 16 rows share each K/V tile
+// A block of 4 warps owns 128 query rows: each warp two 16-row mma atoms (rows 16 w + [0, 16) and
+// 64 + 16 w + [0, 16)), so every K and V fragment read from shared memory feeds two products.
+constexpr int kRows = 128, kAtomRows = 64, kThreads = 128;
+// Keys per K/V tile: 64, or 32 for head_dim 96 and 128 (the S fragments then fit beside O's registers).
+template <int D>
+constexpr int kKeysFor = D >= 96 ? 32 : 64;
 
 template <typename T>
 __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);
@@ -49,60 +54,57 @@ __device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float lo, float hi
   return *reinterpret_cast<const std::uint32_t*>(&v);
 }
 
-__device__ __forceinline__ std::uint32_t load_pair(const void* p) { return *static_cast<const std::uint32_t*>(p); }
 
+// Copies rows [row0, row0 + rows) of one head of `t` into a padded shared tile with cp.async, 16 bytes
+// per copy; rows at or past `limit` are zero-filled.
+template <typename T, int D>
+__device__ __forceinline__ void stage_rows(T (*tile)[D + 8], const TensorView& t, std::int64_t b, std::int64_t h,
+                                           std::int64_t row0, int rows, std::int64_t limit, int tid) {
+  for (int e = tid; e < rows * D / 8; e += kThreads) {
+    const int r = e / (D / 8), d0 = (e % (D / 8)) * 8;
+    const bool inside = row0 + r < limit;
+    const T* src = static_cast<const T*>(t.data) + row_offset(t, b, inside ? row0 + r : 0, h) + d0;
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(&tile[r][d0]));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(inside ? 16 : 0));
+  }
+}
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv,
-                                                               TensorView ov, float* lse) {
-  // Two stages of K and V tiles (rows padded by 8 elements so rows fall 16 bytes apart in the banks):
-  // the copy engine fills one stage (cp.async) while the warps compute on the other.
+__global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv,
+                                                                  TensorView ov, float* lse) {
+  // Shared memory: the block's Q tile, then two stages of K and V tiles (rows padded by 8 elements
+  // so that the 8 rows an ldmatrix reads fall in distinct banks): the copy engine fills one stage
+  // (cp.async) while the warps compute on the other.
+  constexpr int kKeys = kKeysFor<D>, NT = kKeys / 8;  // keys per tile, their n-tiles in S
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  using Tile = T[kKeys][D + 8];
-  Tile* k_stage = reinterpret_cast<Tile*>(smem_raw);
-  Tile* v_stage = k_stage + 2;
+  using Row = T[D + 8];
+  Row* q_tile = reinterpret_cast<Row*>(smem_raw);
+  Row* const k_stages = q_tile + kRows;           // stage s at k_stages + s * kKeys
+  Row* const v_stages = k_stages + 2 * kKeys;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tig = lane % 4;
   const std::int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group();
   const std::int64_t i0 = std::int64_t(blockIdx.x) * kRows;
-  const std::int64_t r0 = i0 + warp * 16 + g, r1 = r0 + 8;  // this lane's two rows
-  constexpr int KS = D / 16;                               // k-steps of S = Q K^T
-  // Q fragments (rows beyond Sq are zero).
-  std::uint32_t qa[KS][4];
-  {
-    const T* q0 = static_cast<const T*>(qv.data) + row_offset(qv, b, r0 < p.Sq ? r0 : 0, h);
-    const T* q1 = static_cast<const T*>(qv.data) + row_offset(qv, b, r1 < p.Sq ? r1 : 0, h);
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      const int d0 = 16 * ks + 2 * tig;
-      qa[ks][0] = r0 < p.Sq ? load_pair(q0 + d0) : 0u;
-      qa[ks][1] = r1 < p.Sq ? load_pair(q1 + d0) : 0u;
-      qa[ks][2] = r0 < p.Sq ? load_pair(q0 + d0 + 8) : 0u;
-      qa[ks][3] = r1 < p.Sq ? load_pair(q1 + d0 + 8) : 0u;
-    }
-  }
-  float o[D / 8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  // This warp's two 16-row atoms: rows kAtomRows * a + 16 warp + [0, 16) of the block; lane (g, tig)
+  // holds rows g and g + 8 of each.
+  auto row_of = [&](int a, int half) { return i0 + kAtomRows * a + 16 * warp + g + 8 * half; };
+  constexpr int KS = D / 16;  // k-steps of S = Q K^T
+  float o[2][D / 8][4] = {};
+  float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {};
   const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
   const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
   const float scale_log2 = p.scale * 1.4426950408889634f;  // the softmax runs on exp2
-  // Issues the asynchronous copy of the tile at j0 into `stage` (rows past Sk are zero-filled).
   auto issue = [&](std::int64_t j0, int stage) {
-    for (int e = tid; e < kKeys * D / 8; e += kThreads) {
-      const int key = e / (D / 8), d0 = (e % (D / 8)) * 8;
-      const bool inside = j0 + key < p.Sk;
-      const std::int64_t row = inside ? j0 + key : 0;
-      const T* ksrc = static_cast<const T*>(kv.data) + row_offset(kv, b, row, hk) + d0;
-      const T* vsrc = static_cast<const T*>(vv.data) + row_offset(vv, b, row, hk) + d0;
-      const unsigned kdst = static_cast<unsigned>(__cvta_generic_to_shared(&k_stage[stage][key][d0]));
-      const unsigned vdst = static_cast<unsigned>(__cvta_generic_to_shared(&v_stage[stage][key][d0]));
-      const int bytes = inside ? 16 : 0;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kdst), "l"(ksrc), "r"(bytes));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vdst), "l"(vsrc), "r"(bytes));
-    }
+    stage_rows<T, D>(k_stages + stage * kKeys, kv, b, hk, j0, kKeys, p.Sk, tid);
+    stage_rows<T, D>(v_stages + stage * kKeys, vv, b, hk, j0, kKeys, p.Sk, tid);
     asm volatile("cp.async.commit_group;\n" ::);
   };
+  stage_rows<T, D>(q_tile, qv, b, h, i0, kRows, p.Sq, tid);  // committed with the first K/V tile
   const std::int64_t first = range.begin / kKeys * kKeys;
-  if (first < range.end) issue(first, 0);
+  if (first < range.end) {
+    issue(first, 0);
+  } else {
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
   int stage = 0;
   for (std::int64_t j0 = first; j0 < range.end; j0 += kKeys, stage ^= 1) {
     if (j0 + kKeys < range.end) {
@@ -111,128 +113,163 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(DenseProblem p, T
     } else {
       asm volatile("cp.async.wait_group 0;\n" ::);
     }
-    __syncthreads();  // this stage's tile is visible to every warp
-    const Tile& k_tile = k_stage[stage];
-    const Tile& v_tile = v_stage[stage];
-    // S = Q K^T for this warp's 16 rows x 64 keys (8 n-tiles). K's B fragments for two k-steps come
-    // from one ldmatrix .x4: lanes 8 m .. 8 m + 7 address key rows of matrix m (dims 8 m .. 8 m + 7
-    // of the pair), and lane (g, tig) receives keys g, dims 2 tig, 2 tig + 1 of each.
-    float s[8][4] = {};
+    __syncthreads();  // this stage's tile (and, the first time, Q) is visible to every warp
+    const Row* k_tile = k_stages + stage * kKeys;
+    const Row* v_tile = v_stages + stage * kKeys;
+    // S = Q K^T for this warp's 2 x 16 rows x 64 keys (8 n-tiles), two k-steps at a time: Q's A
+    // fragments by ldmatrix .x4 (matrices: rows 0-7 / 8-15 x dims 0-7 / 8-15 of the step), K's B
+    // fragments by one ldmatrix .x4 per n-tile (lanes 8 m .. 8 m + 7 address key rows of matrix m,
+    // dims 8 m .. 8 m + 7 of the pair), each used by both atoms.
+    float s[2][NT][4] = {};
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int ks = 0; ks < KS; ks += 2) {
+      std::uint32_t qa[2][2][4];
 #pragma unroll
-      for (int ks = 0; ks < KS; ks += 2) {
-        std::uint32_t b[4];
+      for (int a = 0; a < 2; ++a) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(
+              &q_tile[kAtomRows * a + 16 * warp + lane % 8 + 8 * ((lane / 8) & 1)][16 * (ks + x) + 8 * (lane / 16)]));
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(qa[a][x][0]), "=r"(qa[a][x][1]), "=r"(qa[a][x][2]), "=r"(qa[a][x][3]) : "r"(addr));
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        std::uint32_t kb[4];
         const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(&k_tile[nt * 8 + lane % 8][16 * ks + 8 * (lane / 8)]));
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "r"(addr));
-        mma<T>(s[nt], qa[ks], b[0], b[1]);
-        mma<T>(s[nt], qa[ks + 1], b[2], b[3]);
+                     : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3]) : "r"(addr));
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+          mma<T>(s[a][nt], qa[a][0], kb[0], kb[1]);
+          mma<T>(s[a][nt], qa[a][1], kb[2], kb[3]);
+        }
       }
     }
-    // Scale, visibility, mask; then the online softmax of rows r0 (c0, c1) and r1 (c2, c3).
+    // Scale, visibility, mask; then the online softmax of each atom's rows (c0, c1: row g; c2, c3: g + 8).
     const bool interior = j0 >= range.begin && j0 + kKeys <= p.Sk &&
                           core::tile_fully_visible(p, i0, min(i0 + kRows, p.Sq), j0, j0 + kKeys);
-    float tile_max[2] = {-INFINITY, -INFINITY};
-    if (interior && p.mask == nullptr) {  // the common case: one multiply per score
+    float tile_max[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
+    for (int a = 0; a < 2; ++a) {
+      if (interior && p.mask == nullptr) {  // the common case: one multiply per score
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] *= scale_log2;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
-        }
-      }
-    } else {
+        for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const std::int64_t i = e < 2 ? r0 : r1, j = j0 + nt * 8 + 2 * tig + (e & 1);
-          float v = s[nt][e] * p.scale;
-          if (!interior && (i >= p.Sq || !core::key_visible(p, i, j))) v = -INFINITY;
-          if (p.mask != nullptr && v != -INFINITY) {
-            v += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
-            if (v <= -1e30f) v = -INFINITY;
+          for (int e = 0; e < 4; ++e) {
+            s[a][nt][e] *= scale_log2;
+            tile_max[a][e / 2] = fmaxf(tile_max[a][e / 2], s[a][nt][e]);
           }
-          v *= 1.4426950408889634f;  // log2(e): the softmax below runs on exp2
-          s[nt][e] = v;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], v);
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const std::int64_t i = row_of(a, e / 2), j = j0 + nt * 8 + 2 * tig + (e & 1);
+            float v = s[a][nt][e] * p.scale;
+            if (!interior && (i >= p.Sq || !core::key_visible(p, i, j))) v = -INFINITY;
+            if (p.mask != nullptr && v != -INFINITY) {
+              v += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
+              if (v <= -1e30f) v = -INFINITY;
+            }
+            v *= 1.4426950408889634f;  // log2(e)
+            s[a][nt][e] = v;
+            tile_max[a][e / 2] = fmaxf(tile_max[a][e / 2], v);
+          }
         }
       }
     }
-    float corr[2];
+    float corr[2][2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 2));
-      const float m_new = fmaxf(m[r], tile_max[r]);
-      corr[r] = m_new == -INFINITY ? 1.0f : exp2_approx(m[r] - m_new);
-      m[r] = m_new;
-      l[r] *= corr[r];
-    }
-    if (__any_sync(0xFFFFFFFFu, corr[0] != 1.0f || corr[1] != 1.0f)) {  // the running maxima settle early
+    for (int a = 0; a < 2; ++a) {
 #pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) {
-        o[nt][0] *= corr[0], o[nt][1] *= corr[0], o[nt][2] *= corr[1], o[nt][3] *= corr[1];
+      for (int r = 0; r < 2; ++r) {
+        float t = fmaxf(tile_max[a][r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[a][r], 1));
+        t = fmaxf(t, __shfl_xor_sync(0xFFFFFFFFu, t, 2));
+        const float m_new = fmaxf(m[a][r], t);
+        corr[a][r] = m_new == -INFINITY ? 1.0f : exp2_approx(m[a][r] - m_new);
+        m[a][r] = m_new;
+        l[a][r] *= corr[a][r];
       }
     }
+    if (__any_sync(0xFFFFFFFFu, corr[0][0] != 1.0f || corr[0][1] != 1.0f || corr[1][0] != 1.0f || corr[1][1] != 1.0f)) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+      for (int a = 0; a < 2; ++a) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float mr = m[e / 2];
-        const float pr = s[nt][e] == -INFINITY ? 0.0f : exp2_approx(s[nt][e] - mr);
-        l[e / 2] += pr;
-        float w = pr;
-        if (p.dropout_p > 0.0f && pr != 0.0f) {
-          const std::int64_t i = e < 2 ? r0 : r1, j = j0 + nt * 8 + 2 * tig + (e & 1);
-          w = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j)) ? pr * keep_scale : 0.0f;
+        for (int nt = 0; nt < D / 8; ++nt) {
+          o[a][nt][0] *= corr[a][0], o[a][nt][1] *= corr[a][0], o[a][nt][2] *= corr[a][1], o[a][nt][3] *= corr[a][1];
         }
-        s[nt][e] = w;
       }
     }
-    // O += P V: P's C fragments become A fragments (keys 16 kk .. 16 kk + 15).
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const std::uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                                   pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+    for (int a = 0; a < 2; ++a) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float mr = m[a][e / 2];
+          const float pr = s[a][nt][e] == -INFINITY ? 0.0f : exp2_approx(s[a][nt][e] - mr);
+          l[a][e / 2] += pr;
+          float w = pr;
+          if (p.dropout_p > 0.0f && pr != 0.0f) {
+            const std::int64_t i = row_of(a, e / 2), j = j0 + nt * 8 + 2 * tig + (e & 1);
+            w = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j)) ? pr * keep_scale : 0.0f;
+          }
+          s[a][nt][e] = w;
+        }
+      }
+    }
+    // O += P V: P's C fragments become A fragments (keys 16 kk .. 16 kk + 15); V's B fragments for two
+    // n-tiles by one ldmatrix .x4 .trans (lanes 8 m .. 8 m + 7 address the key rows of matrix m: keys
+    // + 8 for odd m, the second n-tile for m >= 2), each used by both atoms.
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      std::uint32_t pa[2][4];
+#pragma unroll
+      for (int a = 0; a < 2; ++a) {
+        pa[a][0] = pack2<T>(s[a][2 * kk][0], s[a][2 * kk][1]);
+        pa[a][1] = pack2<T>(s[a][2 * kk][2], s[a][2 * kk][3]);
+        pa[a][2] = pack2<T>(s[a][2 * kk + 1][0], s[a][2 * kk + 1][1]);
+        pa[a][3] = pack2<T>(s[a][2 * kk + 1][2], s[a][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int nt = 0; nt < D / 8; nt += 2) {
-        // B fragments of V for two n-tiles straight from its row-major tile: ldmatrix .x4 .trans hands
-        // lane (g, tig) the keys 2 tig, 2 tig + 1 (and + 8) of dim g; lanes 8 m .. 8 m + 7 address the
-        // key rows of matrix m (keys + 8 for odd m, the second n-tile for m >= 2).
-        std::uint32_t b[4];
+        std::uint32_t vb[4];
         const unsigned addr = static_cast<unsigned>(
             __cvta_generic_to_shared(&v_tile[16 * kk + lane % 8 + 8 * ((lane / 8) & 1)][(nt + lane / 16) * 8]));
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "r"(addr));
-        mma<T>(o[nt], pa, b[0], b[1]);
-        mma<T>(o[nt + 1], pa, b[2], b[3]);
+                     : "=r"(vb[0]), "=r"(vb[1]), "=r"(vb[2]), "=r"(vb[3]) : "r"(addr));
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+          mma<T>(o[a][nt], pa[a], vb[0], vb[1]);
+          mma<T>(o[a][nt + 1], pa[a], vb[2], vb[3]);
+        }
       }
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
-  // Normalise and store rows r0, r1; LSE.
+  // Normalise and store; LSE.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xFFFFFFFFu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xFFFFFFFFu, l[r], 2);
-  }
+  for (int a = 0; a < 2; ++a) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const std::int64_t i = r == 0 ? r0 : r1;
-    if (i >= p.Sq) continue;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    T* out = static_cast<T*>(ov.data) + row_offset(ov, b, i, h);
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[a][r] + __shfl_xor_sync(0xFFFFFFFFu, l[a][r], 1);
+      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
+      const std::int64_t i = row_of(a, r);
+      if (i >= p.Sq) continue;
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      T* out = static_cast<T*>(ov.data) + row_offset(ov, b, i, h);
 #pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-      const int d0 = nt * 8 + 2 * tig;
-      out[d0] = from_float<T>(o[nt][2 * r] * inv);
-      out[d0 + 1] = from_float<T>(o[nt][2 * r + 1] * inv);
-    }
-    if (lse != nullptr && tig == 0) {  // m is in log2 units
-      lse[(b * p.H + h) * p.Sq + i] = l[r] > 0.0f ? m[r] * 0.6931471805599453f + logf(l[r]) : -INFINITY;
+      for (int nt = 0; nt < D / 8; ++nt) {
+        const int d0 = nt * 8 + 2 * tig;
+        out[d0] = from_float<T>(o[a][nt][2 * r] * inv);
+        out[d0 + 1] = from_float<T>(o[a][nt][2 * r + 1] * inv);
+      }
+      if (lse != nullptr && tig == 0) {  // m is in log2 units
+        lse[(b * p.H + h) * p.Sq + i] = sum > 0.0f ? m[a][r] * 0.6931471805599453f + logf(sum) : -INFINITY;
+      }
     }
   }
 }
@@ -244,7 +281,7 @@ bool aligned16(const TensorView& t) {
 
 template <typename T, int D>
 void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
-  constexpr int smem = 4 * kKeys * (D + 8) * int(sizeof(T));  // K and V, two stages each
+  constexpr int smem = (kRows + 4 * kKeysFor<D>) * (D + 8) * int(sizeof(T));  // Q, and K and V in two stages each
   static const bool configured = [] {
     FLASHTQ_CUDA_CHECK(cudaFuncSetAttribute(forward_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
