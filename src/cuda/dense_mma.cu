@@ -58,16 +58,31 @@ __device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float lo, float hi
 
 
 // Copies rows [row0, row0 + rows) of one head of `t` into a padded shared tile with cp.async, 16 bytes
-// per copy; rows at or past `limit` are zero-filled.
+// per copy; rows at or past `limit` are zero-filled. Where the block's threads tile a row evenly, each
+// thread copies the same 16 bytes of every (kThreads / (D / 8))-th row, walking one pointer.
 template <typename T, int D>
 __device__ __forceinline__ void stage_rows(T (*tile)[D + 8], const TensorView& t, std::int64_t b, std::int64_t h,
                                            std::int64_t row0, int rows, std::int64_t limit, int tid) {
-  for (int e = tid; e < rows * D / 8; e += kThreads) {
-    const int r = e / (D / 8), d0 = (e % (D / 8)) * 8;
-    const bool inside = row0 + r < limit;
-    const T* src = static_cast<const T*>(t.data) + row_offset(t, b, inside ? row0 + r : 0, h) + d0;
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(&tile[r][d0]));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(inside ? 16 : 0));
+  auto copy = [](T* dst, const T* src, bool inside) {
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(inside ? 16 : 0));
+  };
+  constexpr int per_row = D / 8;
+  if constexpr (kThreads % per_row == 0) {
+    constexpr int pass_rows = kThreads / per_row;
+    const int r0 = tid / per_row, d0 = (tid % per_row) * 8;
+    const std::int64_t step = pass_rows * t.strides[1];
+    const T* src = static_cast<const T*>(t.data) + row_offset(t, b, row0 + r0, h) + d0;
+    for (int r = r0; r < rows; r += pass_rows, src += step) {
+      const bool inside = row0 + r < limit;
+      copy(&tile[r][d0], inside ? src : static_cast<const T*>(t.data), inside);
+    }
+  } else {
+    for (int e = tid; e < rows * per_row; e += kThreads) {
+      const int r = e / per_row, d0 = (e % per_row) * 8;
+      const bool inside = row0 + r < limit;
+      copy(&tile[r][d0], static_cast<const T*>(t.data) + row_offset(t, b, inside ? row0 + r : 0, h) + d0, inside);
+    }
   }
 }
 
