@@ -189,9 +189,9 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge(AttendParams a) {
   a.out[b * a.out_batch_stride + j * a.out_row_stride + h * a.out_head_stride + d] = y[d] * (1.0f / sqrtf(float(D))) * sign;
 }
 
-// Timesteps per block. The tensor-core decode kernel pays a fixed set-up per block (the queries'
-// fixed-point fragments, the cross-warp combine), so it takes longer splits while the grid still
-// gives every SM at least 4 blocks; the scalar kernel keeps kSplitTokens.
+// Timesteps per block. The tensor-core decode kernel pays a fixed cost per block (copying the query
+// fragments, the cross-warp combine, one partial for the merge), so it takes longer splits while the
+// grid still gives every SM at least 4 blocks; the scalar kernel keeps kSplitTokens.
 std::int64_t split_tokens_of(const TqAttendArgs& c) {
   if (!mma_decode_supported(c)) return kSplitTokens;
   static const int sms = [] {
