@@ -273,5 +273,64 @@ TEST(TqBadInput, AttendArgumentsAreChecked) {
   expect_arg(a, "q_cap");
 }
 
+// The reference backend, but asking tq_attend for a workspace as the GPU backends do: the workspace
+// rules are checked on every machine, not only where a GPU is.
+class WorkspaceBackend final : public Backend {
+ public:
+  static constexpr std::size_t kBytes = 256;
+  std::string name() const override { return "reference-with-workspace"; }
+  Memory memory() const override { return inner_.memory(); }
+  void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
+  void release(void* ptr) override { inner_.release(ptr); }
+  void upload(void* dst, const void* src, std::size_t bytes) override { inner_.upload(dst, src, bytes); }
+  void download(void* dst, const void* src, std::size_t bytes) override { inner_.download(dst, src, bytes); }
+  void forward(const ForwardCall& call) override { inner_.forward(call); }
+  void backward(const BackwardCall& call) override { inner_.backward(call); }
+  void tq_encode_keys(const TqEncodeArgs& call) override { inner_.tq_encode_keys(call); }
+  void tq_encode_values(const TqEncodeArgs& call) override { inner_.tq_encode_values(call); }
+  void tq_rotate_queries(const TqRotateArgs& call) override { inner_.tq_rotate_queries(call); }
+  void tq_attend(const TqAttendArgs& call) override { inner_.tq_attend(call); }
+  std::size_t tq_attend_workspace(const TqAttendArgs&) const override { return kBytes; }
+
+ private:
+  Backend& inner_ = backend("reference");
+};
+
+TEST(TqBadInput, WorkspaceMustBeLargeEnoughAndAligned) {
+  Fixture f(64, 2, 8);
+  f.encode();
+  WorkspaceBackend ws_backend;
+  std::vector<float> scratch(std::size_t(tq_scratch_floats(1, 4, 64)), 0.0f);
+  HostTensor out({1, 1, 4, 64}, DType::f32, false);
+  alignas(16) static unsigned char workspace[WorkspaceBackend::kBytes + 16];
+  TqAttendArgs a;
+  a.layout = f.l;
+  a.tables = f.t;
+  a.scratch = scratch.data();
+  a.n_heads = 4;
+  a.start_pos = 3;
+  a.k_cache = f.keys.data();
+  a.v_cache = f.values.data();
+  a.out = out.view;
+  ASSERT_EQ(tq_attend_workspace_bytes(ws_backend, a), WorkspaceBackend::kBytes);
+  auto expect_workspace_error = [&](void* ptr, std::size_t bytes) {
+    TqAttendArgs b = a;
+    b.workspace = ptr;
+    b.workspace_bytes = bytes;
+    try {
+      tq_attend(ws_backend, b);
+      ADD_FAILURE() << "accepted workspace " << ptr << ", " << bytes << " bytes";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "workspace") << e.what();
+    }
+  };
+  expect_workspace_error(nullptr, 0);
+  expect_workspace_error(workspace, WorkspaceBackend::kBytes - 1);
+  expect_workspace_error(workspace + 4, WorkspaceBackend::kBytes);  // large enough, not 16-byte aligned
+  a.workspace = workspace;
+  a.workspace_bytes = WorkspaceBackend::kBytes;
+  EXPECT_NO_THROW(tq_attend(ws_backend, a));  // the same call with a proper workspace goes through
+}
+
 }  // namespace
 }  // namespace flashtq

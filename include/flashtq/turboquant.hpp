@@ -110,7 +110,7 @@ struct TqAttendArgs {
   const std::uint32_t* k_cache = nullptr;
   const std::uint32_t* v_cache = nullptr;
   TensorView out;  // f32 [batch, n_queries, n_heads, head_dim]
-  void* workspace = nullptr;      // in the backend's memory, tq_attend_workspace_bytes() large
+  void* workspace = nullptr;      // in the backend's memory, tq_attend_workspace_bytes() large, 16-byte aligned
   std::size_t workspace_bytes = 0;
   void* stream = nullptr;
 };

@@ -299,6 +299,7 @@ TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
       throw Error("workspace", "needs " + std::to_string(need) + " bytes (tq_attend_workspace_bytes), got " +
                                    std::to_string(a.workspace == nullptr ? 0 : a.workspace_bytes));
     }
+    if (need > 0) check_pointer("workspace", a.workspace, 16);  // the kernels read it in 16-byte pieces
   }
   return c;
 }

@@ -37,11 +37,11 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   const std::int64_t t0 = std::int64_t(split) * kSplitTokens;
   const std::int64_t visible = seq_len_of(a, j) - t0;
   const int n = visible <= 0 ? 0 : visible >= kSplitTokens ? kSplitTokens : int(visible);
-  float* ws = a.ws + ((j * a.H + h0) * a.n_splits + split) * (D + 2);
+  float* ws = a.ws + ((j * a.H + h0) * a.n_splits + split) * partial_stride(D);
   if (n == 0) {  // nothing to see in this split: an empty partial
     if (tid < HT) {
-      ws[tid * a.n_splits * (D + 2)] = -INFINITY;
-      ws[tid * a.n_splits * (D + 2) + 1] = 0.0f;
+      ws[tid * a.n_splits * partial_stride(D)] = -INFINITY;
+      ws[tid * a.n_splits * partial_stride(D) + 1] = 0.0f;
     }
     return;
   }
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   }
 #pragma unroll
   for (int g = 0; g < HT; ++g) {
-    float* w = ws + g * a.n_splits * (D + 2);
+    float* w = ws + g * a.n_splits * partial_stride(D);
     if (tid == 0) {
       w[0] = row_max[g];
       w[1] = row_sum[g];
@@ -127,56 +127,76 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int d = tid + r * kThreads;
-      if (d < D) w[2 + d] = acc[g][r];
+      if (d < D) w[kPartialHeader + d] = acc[g][r];
     }
   }
 }
 
 // One block per (query row, head): merge the splits by LSE, normalise, rotate back, store. The
-// block's maximum comes first, from all its threads at once; then kMergeThreads / D groups of D
-// threads share the splits, every split's load independent of the others, so a long context's
-// hundreds of partials cost a few memory latencies rather than one per split.
-constexpr int kMergeThreads = 1024;
+// block's maximum comes first, from all its threads at once; then each warp takes every 32nd split,
+// its lanes reading the accumulators as float4, so a long context's hundreds of partials cost a few
+// memory latencies rather than one per split.
+constexpr int kMergeThreads = 1024, kMergeWarps = kMergeThreads / 32;
 
 template <int D>
 __global__ void __launch_bounds__(kMergeThreads) attend_merge(AttendParams a) {
-  constexpr int kGroups = kMergeThreads / D;
-  __shared__ float x[kGroups][D];
-  __shared__ float warp_best[kMergeThreads / 32], group_sum[kGroups];
+  constexpr int kVectors = D / 4, kPerLane = (kVectors + 31) / 32;  // float4s of a partial, per lane
+  constexpr int kStride = partial_stride(D);
+  __shared__ __align__(16) float x[kMergeWarps][D];
+  __shared__ float warp_best[kMergeWarps], warp_sum_l[kMergeWarps], block_max;
   wait_for_previous_grid();  // the partials
-  const int d = threadIdx.x % D, g = threadIdx.x / D;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const std::int64_t row = blockIdx.x, z = row / a.H, h = row % a.H;
   const std::int64_t b = z / a.n_queries, j = z % a.n_queries;
-  const float* ws = a.ws + row * a.n_splits * (D + 2);
+  const float* ws = a.ws + row * a.n_splits * kStride;
   float best = -INFINITY;
-  for (int s = threadIdx.x; s < a.n_splits; s += kMergeThreads) best = fmaxf(best, ws[s * (D + 2)]);
+  for (int s = tid; s < a.n_splits; s += kMergeThreads) best = fmaxf(best, ws[s * kStride]);
   best = warp_max(best);
-  if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+  if (lane == 0) warp_best[warp] = best;
   __syncthreads();
-  float M = -INFINITY;
-  for (int i = 0; i < kMergeThreads / 32; ++i) M = fmaxf(M, warp_best[i]);
-  float l = 0.0f, acc = 0.0f;
+  if (warp == 0) {
+    const float m = warp_max(warp_best[lane]);
+    if (lane == 0) block_max = m;
+  }
+  __syncthreads();
+  const float M = block_max;
+  // Lane l owns float4s l, l + 32, ... (dims 4 l .. 4 l + 3, ...) of this warp's splits.
+  float l = 0.0f;
+  float4 acc[kPerLane];
+  for (float4& v : acc) v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (M != -INFINITY) {
-#pragma unroll 8
-    for (int s = g; s < a.n_splits; s += kGroups) {
-      const float* w = ws + s * (D + 2);
-      const float f = w[1] == 0.0f ? 0.0f : expf(w[0] - M);
+#pragma unroll 4
+    for (int s = warp; s < a.n_splits; s += kMergeWarps) {
+      const float* w = ws + s * kStride;
+      const float f = w[1] == 0.0f ? 0.0f : __expf(w[0] - M);
       l = fmaf(w[1], f, l);
-      acc = fmaf(w[2 + d], f, acc);
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int c = lane + 32 * i;
+        if (c < kVectors) {
+          const float4 v = reinterpret_cast<const float4*>(w + kPartialHeader)[c];
+          acc[i].x = fmaf(v.x, f, acc[i].x), acc[i].y = fmaf(v.y, f, acc[i].y);
+          acc[i].z = fmaf(v.z, f, acc[i].z), acc[i].w = fmaf(v.w, f, acc[i].w);
+        }
+      }
     }
   }
-  if (d == 0) group_sum[g] = l;
-  x[g][d] = acc;
+  if (lane == 0) warp_sum_l[warp] = l;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    if (lane + 32 * i < kVectors) reinterpret_cast<float4*>(x[warp])[lane + 32 * i] = acc[i];
+  }
   __syncthreads();
-  if (g != 0) return;
+  if (tid >= D) return;
+  const int d = tid;
   float L = 0.0f, total = 0.0f;
-  for (int i = 0; i < kGroups; ++i) {
-    L += group_sum[i];
+  for (int i = 0; i < kMergeWarps; ++i) {
+    L += warp_sum_l[i];
     total += x[i][d];
   }
-  // Group 0 alone from here on: its D threads rotate back with named barriers of D threads.
+  // The first D threads alone from here on: they rotate back with named barriers of D threads (row 0
+  // of x is theirs once every thread has read its column above).
   float* y = x[0];
-  __syncwarp();
   asm volatile("bar.sync 1, %0;" ::"r"(D));
   y[d] = L > 0.0f ? total / L : 0.0f;  // a row that sees no timestep writes zeros
   for (int len = 1; len < D; len <<= 1) {
@@ -242,7 +262,7 @@ void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, cud
 // The workspace: the splits' partials (max, sum, D accumulators per row, head and split), then, for
 // the tensor-core decode, the query fragments of every (row, group of 4 heads), 16-byte aligned.
 std::size_t partial_bytes(const TqAttendArgs& c) {
-  return std::size_t(c.batch * c.n_queries * c.n_heads * n_splits_of(c) * (c.layout.head_dim + 2)) * sizeof(float);
+  return std::size_t(c.batch * c.n_queries * c.n_heads * n_splits_of(c) * partial_stride(int(c.layout.head_dim))) * sizeof(float);
 }
 
 std::size_t fragment_offset(const TqAttendArgs& c) { return (partial_bytes(c) + 15) / 16 * 16; }

@@ -53,6 +53,12 @@ __device__ __forceinline__ const std::uint32_t* values_of(const AttendParams& a,
 
 constexpr std::int64_t kMaxGridZ = 65535;
 
+// A split's partial in the workspace, per (row, head, split): the running maximum (natural log), the
+// sum of weights, two unused floats, then the D accumulators, so that every partial's accumulators
+// start on a 16-byte boundary (the merge reads them as float4).
+constexpr int kPartialHeader = 4;
+__host__ __device__ constexpr int partial_stride(int head_dim) { return head_dim + kPartialHeader; }
+
 // The tensor-core decode path: head_dim 128, keys 2+1 bits, values 2 bits, GQA groups of 4k heads.
 bool mma_decode_supported(const TqAttendArgs& c);
 bool mma_decode_supported(const AttendParams& a);

@@ -104,8 +104,8 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   // Token positions fit in 32 bits (the validator caps a cache below 2^32 words).
   const int seq = int(seq_len_of(a, j));
   const int t_begin = split * a.split_tokens;
-  float* ws = a.ws + ((j * a.H + h0) * a.n_splits + split) * (kD + 2);
-  const std::int64_t ws_head = std::int64_t(a.n_splits) * (kD + 2);
+  float* ws = a.ws + ((j * a.H + h0) * a.n_splits + split) * partial_stride(kD);
+  const std::int64_t ws_head = std::int64_t(a.n_splits) * partial_stride(kD);
   if (t_begin >= seq) {
     if (tid < 4) {
       ws[tid * ws_head] = -INFINITY;
@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       x = fmaf(part_acc[w][h][tid], f, x);
     }
     float* out = ws + h * ws_head;
-    out[2 + tid] = x;
+    out[kPartialHeader + tid] = x;
     if (tid == 0) {
       out[0] = M * 0.6931471805599453f;
       out[1] = L;
