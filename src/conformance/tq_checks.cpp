@@ -262,7 +262,8 @@ CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
   a.k_cache = static_cast<const std::uint32_t*>(dk.get());
   a.v_cache = static_cast<const std::uint32_t*>(dv.get());
   a.out = out.on(dout.get(), backend.memory());
-  DeviceBuffer workspace(backend, tq_attend_workspace_bytes(backend, a));
+  // The workspace is poisoned too (all bytes 0xFF: NaN floats): nothing may read what no kernel wrote.
+  DeviceBuffer workspace(backend, std::vector<std::uint8_t>(tq_attend_workspace_bytes(backend, a), 0xFF));
   a.workspace = workspace.get();
   a.workspace_bytes = tq_attend_workspace_bytes(backend, a);
   const auto t0 = std::chrono::steady_clock::now();

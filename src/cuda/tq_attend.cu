@@ -168,7 +168,8 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge(AttendParams a) {
 #pragma unroll 4
     for (int s = warp; s < a.n_splits; s += kMergeWarps) {
       const float* w = ws + s * kStride;
-      const float f = w[1] == 0.0f ? 0.0f : __expf(w[0] - M);
+      if (w[1] == 0.0f) continue;  // an empty split writes only its header: its accumulators are garbage
+      const float f = __expf(w[0] - M);
       l = fmaf(w[1], f, l);
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
