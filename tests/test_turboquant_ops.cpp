@@ -226,12 +226,14 @@ INSTANTIATE_TEST_SUITE_P(
                       BadTq{"capacity_overflow", "capacity", [](TqEncodeArgs& a) { a.layout.capacity = std::int64_t(1) << 62; }}),
     [](const auto& info) { return std::string(info.param.name); });
 
-TEST(TqBadInput, AttendArgumentsAreChecked) {
-  Fixture f(64, 2, 8);
-  f.encode();
-  std::vector<float> scratch(std::size_t(tq_scratch_floats(1, 4, 64)), 0.0f);
-  HostTensor out({1, 1, 4, 64}, DType::f32, false);
-  auto base = [&] {
+// A small valid decode call on host memory (head_dim 64, 4 query heads over 2 kv heads, 8 timesteps),
+// for the bad-input tests to break one argument at a time.
+struct AttendCall {
+  Fixture f{64, 2, 8};
+  std::vector<float> scratch = std::vector<float>(std::size_t(tq_scratch_floats(1, 4, 64)), 0.0f);
+  HostTensor out{{1, 1, 4, 64}, DType::f32, false};
+  AttendCall() { f.encode(); }
+  TqAttendArgs args() const {
     TqAttendArgs a;
     a.layout = f.l;
     a.tables = f.t;
@@ -242,15 +244,23 @@ TEST(TqBadInput, AttendArgumentsAreChecked) {
     a.v_cache = f.values.data();
     a.out = out.view;
     return a;
-  };
-  auto expect_arg = [&](TqAttendArgs a, const std::string& arg) {
-    try {
-      tq_attend(backend("reference"), a);
-      ADD_FAILURE() << "accepted: " << arg;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.argument(), arg) << e.what();
-    }
-  };
+  }
+};
+
+// tq_attend(b, a) must throw an Error naming `arg`.
+void expect_rejected(Backend& b, const TqAttendArgs& a, const std::string& arg) {
+  try {
+    tq_attend(b, a);
+    ADD_FAILURE() << "accepted: " << arg;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), arg) << e.what();
+  }
+}
+
+TEST(TqBadInput, AttendArgumentsAreChecked) {
+  const AttendCall call;
+  auto base = [&] { return call.args(); };
+  auto expect_arg = [&](const TqAttendArgs& a, const std::string& arg) { expect_rejected(backend("reference"), a, arg); };
   auto a = base();
   a.n_heads = 3;
   expect_arg(a, "n_heads");
@@ -297,32 +307,16 @@ class WorkspaceBackend final : public Backend {
 };
 
 TEST(TqBadInput, WorkspaceMustBeLargeEnoughAndAligned) {
-  Fixture f(64, 2, 8);
-  f.encode();
+  const AttendCall call;
   WorkspaceBackend ws_backend;
-  std::vector<float> scratch(std::size_t(tq_scratch_floats(1, 4, 64)), 0.0f);
-  HostTensor out({1, 1, 4, 64}, DType::f32, false);
   alignas(16) static unsigned char workspace[WorkspaceBackend::kBytes + 16];
-  TqAttendArgs a;
-  a.layout = f.l;
-  a.tables = f.t;
-  a.scratch = scratch.data();
-  a.n_heads = 4;
-  a.start_pos = 3;
-  a.k_cache = f.keys.data();
-  a.v_cache = f.values.data();
-  a.out = out.view;
+  TqAttendArgs a = call.args();
   ASSERT_EQ(tq_attend_workspace_bytes(ws_backend, a), WorkspaceBackend::kBytes);
   auto expect_workspace_error = [&](void* ptr, std::size_t bytes) {
     TqAttendArgs b = a;
     b.workspace = ptr;
     b.workspace_bytes = bytes;
-    try {
-      tq_attend(ws_backend, b);
-      ADD_FAILURE() << "accepted workspace " << ptr << ", " << bytes << " bytes";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.argument(), "workspace") << e.what();
-    }
+    expect_rejected(ws_backend, b, "workspace");
   };
   expect_workspace_error(nullptr, 0);
   expect_workspace_error(workspace, WorkspaceBackend::kBytes - 1);
