@@ -76,6 +76,10 @@ __device__ __forceinline__ void warp_rht(double (&x)[E], const std::uint32_t* si
   for (int e = 0; e < E; ++e) x[e] *= inv;
 }
 
+// The softmaxes run in base 2: scores are multiplied by log2(e), maxima turned back by ln(2).
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
 // 2^x on the special-function unit (ex2.approx.ftz: relative error about 2^-22, subnormal results
 // flushed to zero); the softmaxes run in base 2.
 __device__ __forceinline__ float exp2_approx(float x) {

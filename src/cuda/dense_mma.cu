@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
   float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {};
   const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
   const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
-  const float scale_log2 = p.scale * 1.4426950408889634f;  // the softmax runs on exp2
+  const float scale_log2 = p.scale * kLog2e;  // the softmax runs on exp2
   auto issue = [&](std::int64_t j0, int stage) {
     stage_rows<T, D>(k_stages + stage * kKeys, kv, b, hk, j0, kKeys, p.Sk, tid);
     stage_rows<T, D>(v_stages + stage * kKeys, vv, b, hk, j0, kKeys, p.Sk, tid);
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
               v += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
               if (v <= -1e30f) v = -INFINITY;
             }
-            v *= 1.4426950408889634f;  // log2(e)
+            v *= kLog2e;
             s[a][nt][e] = v;
             tile_max[a][e / 2] = fmaxf(tile_max[a][e / 2], v);
           }
@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
         out[d0 + 1] = from_float<T>(o[a][nt][2 * r + 1] * inv);
       }
       if (lse != nullptr && tig == 0) {  // m is in log2 units
-        lse[(b * p.H + h) * p.Sq + i] = sum > 0.0f ? m[a][r] * 0.6931471805599453f + logf(sum) : -INFINITY;
+        lse[(b * p.H + h) * p.Sq + i] = sum > 0.0f ? m[a][r] * kLn2 + logf(sum) : -INFINITY;
       }
     }
   }

@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   // Limb rows: this thread's C rows are limbs row / 4 and 2 + row / 4; the partner lane (lane ^ 16)
   // holds the other two.
   const float limb_weight = row < 4 ? 1.0f : 256.0f;
-  const float score_scale = a.scale * 1.4426950408889634f;  // base-2 scores
+  const float score_scale = a.scale * kLog2e;  // base-2 scores
   float k_unscale = 0.0f, k_offset = 0.0f, j_unscale = 0.0f, j_sum = 0.0f;  // read once the fragments have landed
   auto process_tile = [&](const TileWords& cur, int t0) {
     // ---- integer key products: tokens t0 + 8 nt + row are the columns ----
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     float* out = ws + h * ws_head;
     out[kPartialHeader + tid] = x;
     if (tid == 0) {
-      out[0] = M * 0.6931471805599453f;
+      out[0] = M * kLn2;
       out[1] = L;
     }
   }
