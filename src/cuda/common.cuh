@@ -23,9 +23,30 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+// Two floats rounded to a packed pair of T (the low half first), as mma operands take them.
+template <typename T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ std::uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
 // Element offset of row (b, s, h) of a [B, S, H, D] view.
 __device__ __forceinline__ std::int64_t row_offset(const TensorView& t, std::int64_t b, std::int64_t s, std::int64_t h) {
   return b * t.strides[0] + s * t.strides[1] + h * t.strides[2];
+}
+
+// Whether 16-byte copies can move the rows of a view: its base and strides are multiples of 16 bytes
+// (of 8 elements of 16 bits).
+inline bool rows_aligned16(const TensorView& t) {
+  return reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 && t.strides[0] % 8 == 0 && t.strides[1] % 8 == 0 &&
+         t.strides[2] % 8 == 0;
 }
 
 template <typename T>

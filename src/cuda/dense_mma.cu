@@ -9,10 +9,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "core/hash3.hpp"
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
+#include "cuda/dense_softmax.cuh"
 #include "cuda/kernels.hpp"
 
 namespace flashtq::cuda {
@@ -42,20 +42,6 @@ __device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const std::uin
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-template <typename T>
-__device__ __forceinline__ std::uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ std::uint32_t pack2<__half>(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
-
 
 // Copies rows [row0, row0 + rows) of one head of `t` into a padded shared tile with cp.async, 16 bytes
 // per copy; rows at or past `limit` are zero-filled. Where the block's threads tile a row evenly, each
@@ -110,8 +96,8 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
   float o[2][D / 8][4] = {};
   float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {};
   const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
-  const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
-  const float scale_log2 = p.scale * kLog2e;  // the softmax runs on exp2
+  const ScoreTile<decltype(row_of)> tile{p, b, h, tig, row_of, p.scale * kLog2e,
+                                         p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f};
   auto issue = [&](std::int64_t j0, int stage) {
     stage_rows<T, D>(k_stages + stage * kKeys, kv, b, hk, j0, kKeys, p.Sk, tid);
     stage_rows<T, D>(v_stages + stage * kKeys, vv, b, hk, j0, kKeys, p.Sk, tid);
@@ -166,80 +152,9 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
         }
       }
     }
-    // Scale, visibility, mask; then the online softmax of each atom's rows (c0, c1: row g; c2, c3: g + 8).
     const bool interior = j0 >= range.begin && j0 + kKeys <= p.Sk &&
                           core::tile_fully_visible(p, i0, min(i0 + kRows, p.Sq), j0, j0 + kKeys);
-    float tile_max[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
-#pragma unroll
-    for (int a = 0; a < 2; ++a) {
-      if (interior && p.mask == nullptr) {  // the common case: one multiply per score
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[a][nt][e] *= scale_log2;
-            tile_max[a][e / 2] = fmaxf(tile_max[a][e / 2], s[a][nt][e]);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const std::int64_t i = row_of(a, e / 2), j = j0 + nt * 8 + 2 * tig + (e & 1);
-            float v = s[a][nt][e] * p.scale;
-            if (!interior && (i >= p.Sq || !core::key_visible(p, i, j))) v = -INFINITY;
-            if (p.mask != nullptr && v != -INFINITY) {
-              v += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
-              if (v <= -1e30f) v = -INFINITY;
-            }
-            v *= kLog2e;
-            s[a][nt][e] = v;
-            tile_max[a][e / 2] = fmaxf(tile_max[a][e / 2], v);
-          }
-        }
-      }
-    }
-    float corr[2][2];
-#pragma unroll
-    for (int a = 0; a < 2; ++a) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float t = fmaxf(tile_max[a][r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[a][r], 1));
-        t = fmaxf(t, __shfl_xor_sync(0xFFFFFFFFu, t, 2));
-        const float m_new = fmaxf(m[a][r], t);
-        corr[a][r] = m_new == -INFINITY ? 1.0f : exp2_approx(m[a][r] - m_new);
-        m[a][r] = m_new;
-        l[a][r] *= corr[a][r];
-      }
-    }
-    if (__any_sync(0xFFFFFFFFu, corr[0][0] != 1.0f || corr[0][1] != 1.0f || corr[1][0] != 1.0f || corr[1][1] != 1.0f)) {
-#pragma unroll
-      for (int a = 0; a < 2; ++a) {
-#pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt) {
-          o[a][nt][0] *= corr[a][0], o[a][nt][1] *= corr[a][0], o[a][nt][2] *= corr[a][1], o[a][nt][3] *= corr[a][1];
-        }
-      }
-    }
-#pragma unroll
-    for (int a = 0; a < 2; ++a) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float mr = m[a][e / 2];
-          const float pr = s[a][nt][e] == -INFINITY ? 0.0f : exp2_approx(s[a][nt][e] - mr);
-          l[a][e / 2] += pr;
-          float w = pr;
-          if (p.dropout_p > 0.0f && pr != 0.0f) {
-            const std::int64_t i = row_of(a, e / 2), j = j0 + nt * 8 + 2 * tig + (e & 1);
-            w = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j)) ? pr * keep_scale : 0.0f;
-          }
-          s[a][nt][e] = w;
-        }
-      }
-    }
+    softmax_tile(tile, j0, interior, s, m, l, o);
     // O += P V: P's C fragments become A fragments (keys 16 kk .. 16 kk + 15); V's B fragments for two
     // n-tiles by one ldmatrix .x4 .trans (lanes 8 m .. 8 m + 7 address the key rows of matrix m: keys
     // + 8 for odd m, the second n-tile for m >= 2), each used by both atoms.
@@ -269,33 +184,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
-  // Normalise and store; LSE.
-#pragma unroll
-  for (int a = 0; a < 2; ++a) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float sum = l[a][r] + __shfl_xor_sync(0xFFFFFFFFu, l[a][r], 1);
-      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
-      const std::int64_t i = row_of(a, r);
-      if (i >= p.Sq) continue;
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      T* out = static_cast<T*>(ov.data) + row_offset(ov, b, i, h);
-#pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) {
-        const int d0 = nt * 8 + 2 * tig;
-        out[d0] = from_float<T>(o[a][nt][2 * r] * inv);
-        out[d0 + 1] = from_float<T>(o[a][nt][2 * r + 1] * inv);
-      }
-      if (lse != nullptr && tig == 0) {  // m is in log2 units
-        lse[(b * p.H + h) * p.Sq + i] = sum > 0.0f ? m[a][r] * kLn2 + logf(sum) : -INFINITY;
-      }
-    }
-  }
-}
-
-bool aligned16(const TensorView& t) {
-  return reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 && t.strides[0] % 8 == 0 && t.strides[1] % 8 == 0 &&
-         t.strides[2] % 8 == 0;
+  store_rows<T>(tile, ov, lse, o, m, l);
 }
 
 template <typename T, int D>
@@ -327,7 +216,7 @@ bool launch_for(const ForwardCall& c) {
 }  // namespace
 
 bool launch_dense_forward_mma(const ForwardCall& c) {
-  if (!aligned16(c.q) || !aligned16(c.k) || !aligned16(c.v)) return false;
+  if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v)) return false;
   if (c.p.B * c.p.H > 65535) return false;  // grid y; the warp-per-row kernel takes these
   if (c.p.dtype == DType::f16) return launch_for<__half>(c);
   if (c.p.dtype == DType::bf16) return launch_for<__nv_bfloat16>(c);
