@@ -1,9 +1,14 @@
-// Dense forward on Hopper's warpgroup tensor cores (wgmma, sm_90a), f16/bf16, head_dim 64 and 128.
-// A block of two warpgroups owns 128 query rows (64 each). Q, K and V tiles sit in shared memory in
-// wgmma's 128-byte-swizzled layout; K/V tiles of 128 keys are double-buffered by cp.async. S = Q K^T
-// reads both operands from shared memory (no register fragments for Q or K); O += P V takes P from
-// registers (S's accumulators, converted in place) and V from shared memory as an N-major operand.
+// Dense forward on Hopper (sm_90a), f16/bf16, head_dim 64 and 128: warpgroup tensor cores (wgmma),
+// tiles fetched by the tensor memory accelerator (TMA), and two warpgroups taking turns on the tensor
+// cores (FlashAttention-3's "ping-pong"): while one runs its softmax the other's products run.
+// A block owns 128 query rows: warpgroups 0 and 1 hold 64 each; warpgroup 2 is the producer, whose
+// one thread streams K/V tiles of 128 keys into a ring of three shared-memory stages (mbarriers
+// "full" and "empty" per stage). Tiles sit in wgmma's 128-byte-swizzled layout, which TMA writes.
+// Each warpgroup runs the chain S_0; (O += P_0 V_0, S_1); (O += P_1 V_1, S_2); ...; (O += P_n V_n) as one
+// product group per turn: S = Q K^T reads both operands from shared memory; O += P V takes P from
+// registers (S's accumulators after the softmax) and V from shared memory as an N-major operand.
 // The softmax and every feature of SPEC §1 are the mma.sync kernel's (dense_softmax.cuh).
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -12,147 +17,187 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/dense_softmax.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/tensor_map.hpp"
+#include "cuda/tma.cuh"
 #include "cuda/wgmma.cuh"
 
 namespace flashtq::cuda {
 namespace {
 
-constexpr int kGroupRows = 64, kGroups = 2, kRows = kGroups * kGroupRows, kThreads = 128 * kGroups;
-constexpr int kKeys = 128;                 // keys per K/V tile
-constexpr unsigned kAtomRowBytes = 128;    // a swizzle atom's row: 64 elements of 16 bits
+constexpr int kGroupRows = 64, kGroups = 2, kRows = kGroups * kGroupRows;
+constexpr int kThreads = 128 * (kGroups + 1);  // the consumer warpgroups, then the producer warpgroup
+constexpr int kKeys = 128, kStages = 3;       // keys per K/V tile; tiles in flight
+constexpr unsigned kAtomRowBytes = 128;       // a swizzle atom's row: 64 elements of 16 bits
 constexpr unsigned kAtomBytes = 8 * kAtomRowBytes;
 
-// A tile of `rows` rows by D elements is stored as D / 64 column blocks of rows x 128 bytes.
+// A tile of `rows` rows by D elements is stored as D / 64 column blocks of rows x 128 bytes (one TMA box each).
 template <int D>
 constexpr unsigned tile_bytes(int rows) {
   return unsigned(D / 64) * unsigned(rows) * kAtomRowBytes;
 }
-
-// Copies rows [row0, row0 + rows) of one head of `t` into the swizzled tile at shared address `tile`
-// (1024-byte aligned) with cp.async: the 16-byte chunk c of row r goes to column block c / 8, at
-// r * 128 + ((c % 8) ^ (r % 8)) * 16 — wgmma's 128-byte swizzle. Rows at or past `limit` are zero-filled.
-template <typename T, int D>
-__device__ __forceinline__ void stage_swizzled(unsigned tile, const TensorView& t, std::int64_t b, std::int64_t h,
-                                               std::int64_t row0, int rows, std::int64_t limit, int tid) {
-  constexpr int per_row = D / 8, pass_rows = kThreads / per_row;
-  static_assert(pass_rows % 8 == 0, "each thread keeps one chunk column, so its swizzle is fixed");
-  const int r0 = tid / per_row, c = tid % per_row;
-  const std::int64_t step = pass_rows * t.strides[1];
-  const T* src = static_cast<const T*>(t.data) + row_offset(t, b, row0 + r0, h) + c * 8;
-  const unsigned dst0 = tile + unsigned(c / 8) * unsigned(rows) * kAtomRowBytes + (unsigned((c % 8) ^ (r0 % 8)) << 4);
-  for (int r = r0; r < rows; r += pass_rows, src += step) {
-    const bool inside = row0 + r < limit;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst0 + unsigned(r) * kAtomRowBytes),
-                 "l"(inside ? src : static_cast<const T*>(t.data)), "r"(inside ? 16 : 0));
-  }
+// Shared memory: Q, the K stages, the V stages (each 1024-byte aligned), then the barriers; plus
+// 1024 bytes to align the start.
+template <int D>
+constexpr unsigned shared_bytes() {
+  return tile_bytes<D>(kRows) + 2 * kStages * tile_bytes<D>(kKeys) + 8 * (1 + 2 * kStages) + kAtomBytes;
 }
 
+struct Maps {
+  CUtensorMap q, k, v;
+};
+
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem p, TensorView qv, TensorView kv,
-                                                                    TensorView vv, TensorView ov, float* lse) {
+__global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem p, const __grid_constant__ Maps maps,
+                                                                    TensorView ov, float* lse) {
 #ifdef FLASHTQ_WGMMA
-  constexpr int NT = kKeys / 8, DT = D / 8;  // n-tiles of S and of O
+  constexpr int NT = kKeys / 8, DT = D / 8, kBlocks = D / 64;  // n-tiles of S and of O; column blocks
   constexpr unsigned kQBytes = tile_bytes<D>(kRows), kKvBytes = tile_bytes<D>(kKeys);
-  // Shared memory: Q, then two stages of K, then two of V; the launch adds 1024 bytes to align them.
+  // Registers per thread once the producer gives its own back: a scheduler's file (512 per lane) holds
+  // one producer warp at 24 and two consumer warps at 240.
+  constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const unsigned q_tile = (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) + kAtomBytes - 1) & ~(kAtomBytes - 1);
-  const unsigned k_tiles = q_tile + kQBytes, v_tiles = k_tiles + 2 * kKvBytes;
-  const int tid = threadIdx.x, group = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, tig = lane % 4;
+  const unsigned k_tiles = q_tile + kQBytes, v_tiles = k_tiles + kStages * kKvBytes;
+  const unsigned q_full = v_tiles + kStages * kKvBytes, full = q_full + 8, empty = full + 8 * kStages;  // barriers
+  const int tid = threadIdx.x, group = tid / 128;
   const std::int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group();
   // The last row blocks first: under a causal mask they see the most keys.
   const std::int64_t i0 = std::int64_t(gridDim.x - 1 - blockIdx.x) * kRows;
+  const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
+  const std::int64_t first = range.begin / kKeys * kKeys;
+  const int tiles = first < range.end ? int((range.end - first + kKeys - 1) / kKeys) : 0;
+  if (tid == 0) {
+    tma::barrier_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      tma::barrier_init(full + 8 * s, 1);
+      tma::barrier_init(empty + 8 * s, 128 * kGroups);
+    }
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (group == kGroups) {  // the producer warpgroup: one thread issues every copy
+    wgmma::shrink_registers<kProducerRegisters>();
+    if (tid % 128 != 0 || tiles == 0) return;
+    tma::arrive_expect_bytes(q_full, kQBytes);
+    for (int c = 0; c < kBlocks; ++c) {
+      tma::load_4d(q_tile + c * (kQBytes / kBlocks), maps.q, q_full, 64 * c, int(h), int(i0), int(b));
+    }
+    for (int t = 0; t < tiles; ++t) {
+      const int s = t % kStages;
+      if (t >= kStages) tma::wait(empty + 8 * s, unsigned(t / kStages - 1) & 1u);  // both warpgroups are done with it
+      tma::arrive_expect_bytes(full + 8 * s, 2 * kKvBytes);
+      const int j0 = int(first) + t * kKeys;
+      for (int c = 0; c < kBlocks; ++c) {
+        tma::load_4d(k_tiles + s * kKvBytes + c * (kKvBytes / kBlocks), maps.k, full + 8 * s, 64 * c, int(hk), j0, int(b));
+        tma::load_4d(v_tiles + s * kKvBytes + c * (kKvBytes / kBlocks), maps.v, full + 8 * s, 64 * c, int(hk), j0, int(b));
+      }
+    }
+    return;
+  }
+
+  wgmma::grow_registers<kConsumerRegisters>();
+  const int warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, tig = lane % 4;
   // Warp w of warpgroup q holds rows 64 q + 16 w + g and + 8 of the block (one 16-row atom).
   auto row_of = [&](int, int half) { return i0 + kGroupRows * group + 16 * warp + g + 8 * half; };
   float o[1][DT][4] = {};
   float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {};
-  const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
   const ScoreTile<decltype(row_of)> tile{p, b, h, tig, row_of, p.scale * kLog2e,
                                          p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f};
   // Q and K are K-major (k-step kk: column block kk / 4, 32 bytes per step within it; 8-row groups
-  // 1024 bytes apart); V is N-major (k-step kk: 16 key rows further; its column blocks one tile apart).
+  // 1024 bytes apart); V is N-major (k-step kk: 16 key rows further; its column blocks a block apart).
   const std::uint64_t q_desc = wgmma::descriptor_sw128(q_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
-  auto issue = [&](std::int64_t j0, int stage) {
-    stage_swizzled<T, D>(k_tiles + stage * kKvBytes, kv, b, hk, j0, kKeys, p.Sk, tid);
-    stage_swizzled<T, D>(v_tiles + stage * kKvBytes, vv, b, hk, j0, kKeys, p.Sk, tid);
-    cp_async_commit();
-  };
-  stage_swizzled<T, D>(q_tile, qv, b, h, i0, kRows, p.Sq, tid);  // committed with the first K/V tile
-  const std::int64_t first = range.begin / kKeys * kKeys;
-  if (first < range.end) {
-    issue(first, 0);
-  } else {
-    cp_async_commit();
-  }
-  int stage = 0;
-  for (std::int64_t j0 = first; j0 < range.end; j0 += kKeys, stage ^= 1) {
-    if (j0 + kKeys < range.end) {
-      issue(j0 + kKeys, stage ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    wgmma::fence_shared_for_async();  // this thread's copies, visible to the tensor cores' reads
-    __syncthreads();                  // ... of every thread
+  auto scores = [&](float (&s)[1][NT][4], int stage) {  // S = Q K^T, issued
     const std::uint64_t k_desc = wgmma::descriptor_sw128(k_tiles + stage * kKvBytes, 16, kAtomBytes);
-    const std::uint64_t v_desc = wgmma::descriptor_sw128(v_tiles + stage * kKvBytes, kKvBytes / (D / 64), kAtomBytes);
-    float s[1][NT][4];
-    wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const unsigned step = unsigned(kk % 4) * 32;  // within the column block
-      wgmma::mma_ss<T, kKeys>(reinterpret_cast<float(&)[NT * 4]>(s[0]),
-                              wgmma::add_bytes(q_desc, unsigned(kk / 4) * kQBytes / (D / 64) + step),
-                              wgmma::add_bytes(k_desc, unsigned(kk / 4) * kKvBytes / (D / 64) + step), kk > 0);
+      wgmma::mma_ss<T, kKeys>(reinterpret_cast<float(&)[NT * 4]>(s[0]), wgmma::add_bytes(q_desc, unsigned(kk / 4) * (kQBytes / kBlocks) + step),
+                              wgmma::add_bytes(k_desc, unsigned(kk / 4) * (kKvBytes / kBlocks) + step), kk > 0);
     }
-    wgmma::commit();
-    wgmma::wait<0>();
+  };
+  auto accumulate = [&](const std::uint32_t (&pa)[kKeys / 16][4], int stage) {  // O += P V, issued
+    const std::uint64_t v_desc = wgmma::descriptor_sw128(v_tiles + stage * kKvBytes, kKvBytes / kBlocks, kAtomBytes);
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      wgmma::mma_rs_n_major<T, D>(reinterpret_cast<float(&)[DT * 4]>(o[0]), pa[kk], wgmma::add_bytes(v_desc, unsigned(kk) * 16 * kAtomRowBytes));
+    }
+  };
+  // Turns on the tensor cores: warpgroup q waits on named barrier 1 + q, then lets the other go.
+  auto my_turn = [&] { tma::named_sync(1 + group, 128 * kGroups); };
+  auto their_turn = [&] { tma::named_arrive(2 - group, 128 * kGroups); };
+  float s[1][NT][4];
+  std::uint32_t pa[kKeys / 16][4];
+  // Softmax of tile t (in s), then P packed as the A fragments of O += P V (keys 16 kk .. 16 kk + 15).
+  auto softmax = [&](int t) {
+    const std::int64_t j0 = first + std::int64_t(t) * kKeys;
     const bool interior = j0 >= range.begin && j0 + kKeys <= p.Sk &&
                           core::tile_fully_visible(p, i0, min(i0 + kRows, p.Sq), j0, j0 + kKeys);
     softmax_tile(tile, j0, interior, s, m, l, o);
-    // O += P V, 16 keys a step: P's accumulators for keys 16 kk .. 16 kk + 15 are the A fragment. All
-    // of P is packed before the first product (registers a wgmma reads must be written before the fence).
-    std::uint32_t pa[kKeys / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
 #pragma unroll
       for (int x = 0; x < 4; ++x) pa[kk][x] = pack2<T>(s[0][2 * kk + x / 2][2 * (x % 2)], s[0][2 * kk + x / 2][2 * (x % 2) + 1]);
     }
+  };
+  if (tiles > 0) {
+    if (group == 1) their_turn();  // warpgroup 0 goes first
+    tma::wait(q_full, 0);
+    tma::wait(full, 0);
+    my_turn();
     wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      wgmma::mma_rs_n_major<T, D>(reinterpret_cast<float(&)[DT * 4]>(o[0]), pa[kk],
-                                  wgmma::add_bytes(v_desc, unsigned(kk) * 16 * kAtomRowBytes));
-    }
+    scores(s, 0);
     wgmma::commit();
+    their_turn();
     wgmma::wait<0>();
-    __syncthreads();  // every warpgroup is done with this stage before it is refilled
+    softmax(0);
+    // One turn per tile: O += P_t V_t and S_{t+1} = Q K_{t+1}^T (the last turn only the former; no
+    // branch between products, which would make the compiler serialise them).
+    for (int t = 0; t + 1 < tiles; ++t) {
+      const int stage = t % kStages, next = (t + 1) % kStages;
+      tma::wait(full + 8 * next, unsigned((t + 1) / kStages) & 1u);
+      my_turn();
+      wgmma::fence();
+      accumulate(pa, stage);
+      scores(s, next);
+      wgmma::commit();
+      their_turn();
+      wgmma::wait<0>();
+      tma::arrive(empty + 8 * stage);
+      softmax(t + 1);
+    }
+    my_turn();
+    wgmma::fence();
+    accumulate(pa, (tiles - 1) % kStages);
+    wgmma::commit();
+    if (group == 0) their_turn();  // balanced: warpgroup 1 gave one turn away at the start
+    wgmma::wait<0>();
   }
   store_rows<T>(tile, ov, lse, o, m, l);
 #endif
 }
 
 template <typename T, int D>
-void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
-  constexpr int smem = int(tile_bytes<D>(kRows) + 4 * tile_bytes<D>(kKeys) + kAtomBytes);
+void launch_dim(const ForwardCall& c, const Maps& maps, dim3 grid, cudaStream_t stream) {
+  constexpr int smem = int(shared_bytes<D>());
   static const bool configured = [] {
     FLASHTQ_CUDA_CHECK(cudaFuncSetAttribute(forward_wgmma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)configured;
-  forward_wgmma_kernel<T, D><<<grid, kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
+  forward_wgmma_kernel<T, D><<<grid, kThreads, smem, stream>>>(c.p, maps, c.out, c.lse);
 }
 
 template <typename T>
-bool launch_for(const ForwardCall& c) {
+void launch_for(const ForwardCall& c, const Maps& maps) {
   const dim3 grid(unsigned((c.p.Sq + kRows - 1) / kRows), unsigned(c.p.B * c.p.H));
   auto stream = static_cast<cudaStream_t>(c.stream);
-  switch (c.p.D) {
-    case 64: launch_dim<T, 64>(c, grid, stream); break;
-    case 128: launch_dim<T, 128>(c, grid, stream); break;
-    default: return false;
+  if (c.p.D == 64) {
+    launch_dim<T, 64>(c, maps, grid, stream);
+  } else {
+    launch_dim<T, 128>(c, maps, grid, stream);
   }
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (wgmma)");
-  return true;
 }
 
 // wgmma exists on sm_90 only (this file's sm_90a code); other GPUs take the mma.sync kernel.
@@ -168,11 +213,19 @@ bool device_is_hopper() {
 
 bool launch_dense_forward_wgmma(const ForwardCall& c) {
   if (c.p.D != 64 && c.p.D != 128) return false;
-  if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v)) return false;
-  if (c.p.B * c.p.H > 65535 || !device_is_hopper()) return false;
-  if (c.p.dtype == DType::f16) return launch_for<__half>(c);
-  if (c.p.dtype == DType::bf16) return launch_for<__nv_bfloat16>(c);
-  return false;
+  if (c.p.dtype != DType::f16 && c.p.dtype != DType::bf16) return false;
+  // Grid y, and the TMA coordinates (32-bit signed).
+  if (c.p.B * c.p.H > 65535 || c.p.Sq >= (std::int64_t(1) << 31) || c.p.Sk >= (std::int64_t(1) << 31)) return false;
+  if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v) || !device_is_hopper()) return false;
+  const auto q = row_tile_map(c.q, kRows), k = row_tile_map(c.k, kKeys), v = row_tile_map(c.v, kKeys);
+  if (!q || !k || !v) return false;
+  const Maps maps{*q, *k, *v};
+  if (c.p.dtype == DType::f16) {
+    launch_for<__half>(c, maps);
+  } else {
+    launch_for<__nv_bfloat16>(c, maps);
+  }
+  return true;
 }
 
 }  // namespace flashtq::cuda

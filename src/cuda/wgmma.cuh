@@ -36,6 +36,13 @@ __device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.ali
 // Generic-proxy writes to shared memory (st.shared, cp.async) visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_shared_for_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// A warpgroup's per-thread register budget (setmaxnreg; all its warps execute it): a producer
+// warpgroup gives registers back so that the compute warpgroups can take more.
+template <int registers>
+__device__ __forceinline__ void shrink_registers() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(registers)); }
+template <int registers>
+__device__ __forceinline__ void grow_registers() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(registers)); }
+
 // D (+)= A B with A (64 x 16) and B (16 x N) both K-major in shared memory; D = A B when !accumulate.
 template <typename T, int N>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 2], std::uint64_t a, std::uint64_t b, bool accumulate);

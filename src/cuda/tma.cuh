@@ -1,0 +1,51 @@
+// Hopper's tensor memory accelerator (TMA) and shared-memory barriers (mbarrier), sm_90: the copy
+// engine fills a shared tile from a tensor map and signals an mbarrier with the bytes it wrote;
+// consumers wait on the barrier's phase. Device side only; the maps are made by tensor_map.hpp.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/wgmma.cuh"
+
+namespace flashtq::cuda::tma {
+
+#ifdef FLASHTQ_WGMMA
+__device__ __forceinline__ void barrier_init(unsigned bar, unsigned arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+// Makes initialised barriers visible to the copy engine (then a block barrier to the other threads).
+__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// One arrival that also tells the barrier to expect `bytes` more from the copy engine in this phase.
+__device__ __forceinline__ void arrive_expect_bytes(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Waits until the barrier's phase with the given parity (0 for its 1st, 3rd, ... completion) is over.
+__device__ __forceinline__ void wait(unsigned bar, unsigned parity) {
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  } while (!done);
+}
+// Copies the box at coordinates (c0, c1, c2, c3) (innermost first) of `map` to shared address `dst`,
+// completing `bytes` on barrier `bar`; parts of the box outside the tensor arrive as zeros.
+__device__ __forceinline__ void load_4d(unsigned dst, const CUtensorMap& map, unsigned bar, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+      ::"r"(dst), "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+// Named barriers 1..15 among `threads` threads: sync waits for all of them, arrive only counts itself.
+__device__ __forceinline__ void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+#endif  // FLASHTQ_WGMMA
+
+}  // namespace flashtq::cuda::tma
