@@ -1,5 +1,5 @@
 // bench/cuda_dense: dense attention on the `cuda` backend (forward bf16/f16/f32 and backward bf16),
-// D = 128, H = 16, B*S = 16k, timed with CUDA events (median). Prints JSON; bench/cuda_dense.sh
+// D = 128, H = 16, B*S = 16k with S = 1k, 4k, 16k, timed with CUDA events (median). Prints JSON; bench/cuda_dense.sh
 // runs it beside PyTorch SDPA in one run.
 #include <cuda_runtime.h>
 
@@ -18,22 +18,22 @@ using flashtq::DType;
 using flashtq::Memory;
 using flashtq::TensorView;
 
-// One warm-up call: the slow paths take a quarter of a second per call.
+// One warm-up call; few repeats for f32, whose exact kernel takes seconds per call at S = 16k.
 template <typename F>
-double median_ms(F&& f, int repeats) {
-  return flashtq::bench::time_ms(f, nullptr, repeats, 1);
+double median_ms(F&& f, DType dtype) {
+  return flashtq::bench::time_ms(f, nullptr, dtype == DType::f32 ? 3 : 20, 1);
 }
 
 }  // namespace
 
-// `cuda_dense_bench --half` runs the f16/bf16 forward rows only (a quick comparison while tuning).
+// `cuda_dense_bench --half` runs the f16/bf16 rows only (a quick comparison while tuning).
 int main(int argc, char** argv) {
   const bool half_only = argc > 1 && std::string(argv[1]) == "--half";
   flashtq::Backend& cuda = flashtq::backend("cuda");
   nlohmann::json report;
   const std::int64_t H = 16, D = 128;
   for (DType dtype : half_only ? std::vector<DType>{DType::bf16, DType::f16} : std::vector<DType>{DType::bf16, DType::f16, DType::f32}) {
-    for (std::int64_t S : {1024, 4096}) {
+    for (std::int64_t S : {1024, 4096, 16384}) {
       const std::int64_t B = 16384 / S;
       const std::size_t n = std::size_t(B * S * H * D), bytes = n * flashtq::dtype_size(dtype);
       std::vector<std::uint8_t> host(bytes);
@@ -50,16 +50,16 @@ int main(int argc, char** argv) {
         flashtq::AttentionParams params;
         params.causal = causal;
         const double flops = 4.0 * double(B * H) * double(S) * double(S) * double(D) * (causal ? 0.5 : 1.0);
-        const double fwd = median_ms([&] { flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(o), lse}, params); }, 3);
+        const double fwd = median_ms([&] { flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(o), lse}, params); }, dtype);
         nlohmann::json row = {{"dtype", flashtq::dtype_name(dtype)}, {"S", S}, {"B", B}, {"causal", causal},
                               {"fwd_ms", fwd}, {"fwd_tflops", flops / (fwd * 1e-3) / 1e12}};
-        if (dtype == DType::bf16 && S == 1024 && !half_only) {
+        if (dtype == DType::bf16) {
           const double bwd = median_ms(
               [&] {
                 flashtq::attention_backward(
                     cuda, {view(q), view(k), view(v), view(o), view(dout), lse, view(dq), view(dk), view(dv)}, params);
               },
-              3);
+              dtype);
           row["bwd_ms"] = bwd;
           row["bwd_tflops"] = 2.5 * flops / (bwd * 1e-3) / 1e12;
         }

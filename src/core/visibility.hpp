@@ -35,6 +35,17 @@ FLASHTQ_HD KeyRange key_range(const DenseProblem& p, std::int64_t i0, std::int64
   return {begin, end > begin ? end : begin};
 }
 
+// The half-open query row range [begin, end) that can see any key of [j0, j1); empty when begin >= end.
+FLASHTQ_HD KeyRange row_range(const DenseProblem& p, std::int64_t j0, std::int64_t j1) {
+  std::int64_t begin = 0, end = p.Sq;
+  if (p.causal && j0 - p.causal_offset > begin) begin = j0 - p.causal_offset;  // i + offset >= j
+  if (p.window > 0) {  // |i + offset - j| < window
+    if (j0 - p.causal_offset - p.window + 1 > begin) begin = j0 - p.causal_offset - p.window + 1;
+    if (j1 - 1 - p.causal_offset + p.window < end) end = j1 - 1 - p.causal_offset + p.window;
+  }
+  return {begin, end > begin ? end : begin};
+}
+
 // Whether every key of [j0, j1) is visible to every row of [i0, i1): the visible set is convex
 // (half-planes and a band), so the four corners decide. Used to skip per-element checks on interior tiles.
 FLASHTQ_HD bool tile_fully_visible(const DenseProblem& p, std::int64_t i0, std::int64_t i1, std::int64_t j0,

@@ -215,6 +215,7 @@ void launch_dense_forward(const ForwardCall& c) {
 }
 
 void launch_dense_backward(const BackwardCall& c) {
+  if (launch_dense_backward_wgmma(c)) return;
   auto stream = static_cast<cudaStream_t>(c.stream);
   by_dtype(c.p.dtype, [&](auto tag) {
     using T = decltype(tag);

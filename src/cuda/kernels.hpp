@@ -14,6 +14,8 @@ bool launch_dense_forward_mma(const ForwardCall& call);
 // The Hopper forward (wgmma; f16/bf16, head_dim 64 and 128, 16-byte aligned rows, sm_90 devices); false when it does not apply.
 bool launch_dense_forward_wgmma(const ForwardCall& call);
 void launch_dense_backward(const BackwardCall& call);
+// The Hopper backward (wgmma; f16/bf16, head_dim 64 and 128, 16-byte aligned rows, sm_90 devices); false when it does not apply.
+bool launch_dense_backward_wgmma(const BackwardCall& call);
 
 void launch_tq_encode(const TqEncodeArgs& call, bool keys);
 void launch_tq_rotate(const TqRotateArgs& call);

@@ -1,0 +1,541 @@
+// Dense backward on Hopper (sm_90a), f16/bf16, head_dim 64 and 128: wgmma products, TMA loads, two
+// consumer warpgroups taking turns on the tensor cores and a producer warpgroup, as the forward
+// (dense_wgmma.cu). Two kernels, no atomics, so the result is deterministic:
+// - dK, dV: a block owns 128 keys of one kv head (64 per warpgroup) and walks every query tile of
+//   64 rows that sees them, for every query head of the group (GQA's reduction stays in registers):
+//   S^T = K Q^T and dP^T = V dO^T, then P^T and dS^T = P^T (dP^T - Delta) scale elementwise, then
+//   dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands.
+// - dQ: a block owns 128 query rows (64 per warpgroup) and walks the key tiles of 64 they see:
+//   S = Q K^T and dP = dO V^T, then dQ += dS K.
+// P comes from the forward's LSE (P = exp(S scale + mask - LSE)); Delta_i = <dO_i, O_i> is computed
+// from O and dO tiles in shared memory. Dropout decisions are regenerated from hash3.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/hash3.hpp"
+#include "core/visibility.hpp"
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/tensor_map.hpp"
+#include "cuda/tma.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace flashtq::cuda {
+namespace {
+
+constexpr int kGroups = 2, kThreads = 128 * (kGroups + 1);  // two consumer warpgroups, one producer
+constexpr int kStages = 3;
+[[maybe_unused]] constexpr int kGroupRows = 64;  // rows (keys for dK/dV, queries for dQ) per consumer warpgroup
+constexpr unsigned kAtomRowBytes = 128, kAtomBytes = 8 * kAtomRowBytes;
+
+// A tile of `rows` rows by D elements: D / 64 column blocks of rows x 128 bytes, 128-byte swizzled.
+template <int D>
+constexpr unsigned tile_bytes(int rows) {
+  return unsigned(D / 64) * unsigned(rows) * kAtomRowBytes;
+}
+
+struct Maps {
+  CUtensorMap q, k, v, o, dout;
+};
+
+#ifdef FLASHTQ_WGMMA
+// Registers per thread once the producer gives its own back (see dense_wgmma.cu).
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+
+// Shared address of row r's 16-byte chunk c in a swizzled tile of `rows` rows.
+__device__ __forceinline__ unsigned chunk_address(unsigned tile, int rows, int r, int c) {
+  return tile + unsigned(c / 8) * unsigned(rows) * kAtomRowBytes + unsigned(r) * kAtomRowBytes + (unsigned((c % 8) ^ (r % 8)) << 4);
+}
+
+// <dO_r, O_r> over the 16-byte chunks [c0, c0 + chunks) of row r of two tiles laid out alike.
+template <typename T>
+__device__ __forceinline__ float partial_delta(unsigned dout_tile, unsigned o_tile, int rows, int r, int c0, int chunks) {
+  float acc = 0.0f;
+  for (int c = c0; c < c0 + chunks; ++c) {
+    uint4 x, y;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "r"(chunk_address(dout_tile, rows, r, c)));
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(y.x), "=r"(y.y), "=r"(y.z), "=r"(y.w) : "r"(chunk_address(o_tile, rows, r, c)));
+    const T* a = reinterpret_cast<const T*>(&x);
+    const T* b = reinterpret_cast<const T*>(&y);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc = fmaf(to_float(a[e]), to_float(b[e]), acc);
+  }
+  return acc;
+}
+
+// The two gradients one score contributes: P with dropout applied (dV's weight) and dS (already
+// times the softmax scale). `lse2` is the row's LSE in log2 units (+inf for a row that sees nothing,
+// so P = 0); `checked` asks for the per-element visibility test (tiles not fully visible). (Not
+// inlining it, to spare the instruction cache, measured slower: the call saves every accumulator.)
+struct ScoreGrads {
+  float p_kept, ds;
+};
+__device__ __forceinline__ ScoreGrads score_grads(const DenseProblem& p, float s, float dp, float lse2, float delta,
+                                                  std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j, bool checked,
+                                                  float scale_log2, float keep_scale) {
+  if (checked && (i >= p.Sq || !core::key_visible(p, i, j))) return {0.0f, 0.0f};
+  float x = s * scale_log2;
+  if (p.mask != nullptr) {
+    const float v = s * p.scale + p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
+    if (v <= -1e30f) return {0.0f, 0.0f};
+    x = v * kLog2e;
+  }
+  const float pr = exp2_approx(x - lse2);
+  float z = 1.0f;
+  if (p.dropout_p > 0.0f) {
+    z = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j)) ? keep_scale : 0.0f;
+  }
+  return {pr * z, pr * (dp * z - delta) * p.scale};
+}
+
+__device__ __forceinline__ float lse_log2(const DenseProblem& p, const float* lse, std::int64_t b, std::int64_t h, std::int64_t i) {
+  if (i >= p.Sq) return INFINITY;
+  const float x = lse[(b * p.H + h) * p.Sq + i];
+  return x == -INFINITY ? INFINITY : x * kLog2e;
+}
+#endif  // FLASHTQ_WGMMA
+
+// ---- dK, dV -------------------------------------------------------------------------------------
+constexpr int kKvRows = 128, kQueryTile = 64;  // keys per block; query rows per tile
+
+template <int D>
+constexpr unsigned dkdv_shared_bytes() {
+  return 2 * tile_bytes<D>(kKvRows) + kStages * 3 * tile_bytes<D>(kQueryTile)  // K, V; (Q, dO, O) stages
+         + kStages * kGroups * kQueryTile * 8                                   // (lse2, delta) per stage and warpgroup
+         + 8 * (1 + 2 * kStages) + kAtomBytes;                                  // barriers; alignment
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c, const __grid_constant__ Maps maps) {
+#ifdef FLASHTQ_WGMMA
+  constexpr int kBlocks = D / 64, NT = kQueryTile / 8, DT = D / 8;
+  constexpr unsigned kKvBytes = tile_bytes<D>(kKvRows), kQBytes = tile_bytes<D>(kQueryTile);
+  const DenseProblem& p = c.p;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
+  const unsigned k_tile = (base + kAtomBytes - 1) & ~(kAtomBytes - 1), v_tile = k_tile + kKvBytes;
+  const unsigned stages = v_tile + kKvBytes;  // stage s: Q, dO, O at stages + (3 s + {0, 1, 2}) kQBytes
+  const unsigned stats = stages + kStages * 3 * kQBytes;  // float2 (lse2, delta)[stage][group][row]
+  const unsigned kv_full = stats + kStages * kGroups * kQueryTile * 8, full = kv_full + 8, empty = full + 8 * kStages;
+  const int tid = threadIdx.x, group = tid / 128;
+  const std::int64_t bh = blockIdx.y, b = bh / p.Hkv, hk = bh % p.Hkv, G = p.group();
+  const std::int64_t j0 = std::int64_t(blockIdx.x) * kKvRows;
+  const core::KeyRange rows = core::row_range(p, j0, min(j0 + kKvRows, p.Sk));
+  const std::int64_t first = rows.begin / kQueryTile * kQueryTile;
+  const int per_head = rows.begin < rows.end ? int((rows.end - first + kQueryTile - 1) / kQueryTile) : 0;
+  const int tiles = per_head * int(G);
+  auto tile_row = [&](int t) { return first + std::int64_t(t % per_head) * kQueryTile; };
+  auto tile_head = [&](int t) { return hk * G + t / per_head; };
+  if (tid == 0) {
+    tma::barrier_init(kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      tma::barrier_init(full + 8 * s, 1);
+      tma::barrier_init(empty + 8 * s, 128 * kGroups);
+    }
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (group == kGroups) {  // producer
+    wgmma::shrink_registers<kProducerRegisters>();
+    if (tid % 128 != 0 || tiles == 0) return;
+    tma::arrive_expect_bytes(kv_full, 2 * kKvBytes);
+    for (int cb = 0; cb < kBlocks; ++cb) {
+      tma::load_4d(k_tile + cb * (kKvBytes / kBlocks), maps.k, kv_full, 64 * cb, int(hk), int(j0), int(b));
+      tma::load_4d(v_tile + cb * (kKvBytes / kBlocks), maps.v, kv_full, 64 * cb, int(hk), int(j0), int(b));
+    }
+    for (int t = 0; t < tiles; ++t) {
+      const int s = t % kStages;
+      if (t >= kStages) tma::wait(empty + 8 * s, unsigned(t / kStages - 1) & 1u);
+      tma::arrive_expect_bytes(full + 8 * s, 3 * kQBytes);
+      const unsigned dst = stages + 3 * s * kQBytes;
+      const int i0 = int(tile_row(t)), h = int(tile_head(t));
+      for (int cb = 0; cb < kBlocks; ++cb) {
+        const unsigned off = cb * (kQBytes / kBlocks);
+        tma::load_4d(dst + off, maps.q, full + 8 * s, 64 * cb, h, i0, int(b));
+        tma::load_4d(dst + kQBytes + off, maps.dout, full + 8 * s, 64 * cb, h, i0, int(b));
+        tma::load_4d(dst + 2 * kQBytes + off, maps.o, full + 8 * s, 64 * cb, h, i0, int(b));
+      }
+    }
+    return;
+  }
+
+  wgmma::grow_registers<kConsumerRegisters>();
+  const int warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, tig = lane % 4, t128 = tid % 128;
+  const float scale_log2 = p.scale * kLog2e, keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+  // This thread's accumulator rows are keys j0 + 64 group + 16 warp + g (+ 8); columns query rows.
+  const std::int64_t key0 = j0 + kGroupRows * group + 16 * warp + g;
+  float dk[DT * 4] = {}, dv[DT * 4] = {};
+  // K and V rows of this warpgroup as A operands (K-major): k-step kk at column block kk / 4.
+  const std::uint64_t k_desc = wgmma::descriptor_sw128(k_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
+  const std::uint64_t v_desc = wgmma::descriptor_sw128(v_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
+  // Turns on the tensor cores: warpgroup q waits on named barrier 1 + q, then lets the other go.
+  auto my_turn = [&] { tma::named_sync(1 + group, 128 * kGroups); };
+  auto their_turn = [&] { tma::named_arrive(2 - group, 128 * kGroups); };
+  const int wg_barrier = 3 + group;
+  auto q_tile_of = [&](int t) { return stages + 3 * unsigned(t % kStages) * kQBytes; };  // then dO, then O
+  float st[NT * 4], dpt[NT * 4];
+  std::uint32_t pa[kQueryTile / 16][4], da[kQueryTile / 16][4];
+  // (lse2, delta) of tile t's 64 rows into shared memory: two threads per row, half of D each.
+  auto row_stats = [&](int t) {
+    const unsigned q_tile = q_tile_of(t), my_stats = stats + unsigned(((t % kStages) * kGroups + group) * kQueryTile) * 8;
+    const int r = t128 / 2, half = t128 % 2;
+    float d = partial_delta<T>(q_tile + kQBytes, q_tile + 2 * kQBytes, kQueryTile, r, half * (D / 16), D / 16);
+    d += __shfl_xor_sync(0xFFFFFFFFu, d, 1);
+    if (half == 0) {
+      const float l2 = lse_log2(p, c.lse, b, tile_head(t), tile_row(t) + r);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(my_stats + unsigned(r) * 8), "f"(l2), "f"(d) : "memory");
+    }
+    tma::named_sync(wg_barrier, 128);
+  };
+  // S^T = K Q^T and dP^T = V dO^T of tile t (64 keys x 64 rows each), issued.
+  auto issue_scores = [&](int t) {
+    const std::uint64_t q_desc = wgmma::descriptor_sw128(q_tile_of(t), 16, kAtomBytes);
+    const std::uint64_t do_desc = wgmma::descriptor_sw128(q_tile_of(t) + kQBytes, 16, kAtomBytes);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const unsigned step = unsigned(kk % 4) * 32;
+      wgmma::mma_ss<T, kQueryTile>(st, wgmma::add_bytes(k_desc, unsigned(kk / 4) * (kKvBytes / kBlocks) + step),
+                                   wgmma::add_bytes(q_desc, unsigned(kk / 4) * (kQBytes / kBlocks) + step), kk > 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const unsigned step = unsigned(kk % 4) * 32;
+      wgmma::mma_ss<T, kQueryTile>(dpt, wgmma::add_bytes(v_desc, unsigned(kk / 4) * (kKvBytes / kBlocks) + step),
+                                   wgmma::add_bytes(do_desc, unsigned(kk / 4) * (kQBytes / kBlocks) + step), kk > 0);
+    }
+  };
+  // dV += P^T dO and dK += dS^T Q of tile t (dO and Q N-major: k-step kk is 16 rows further), issued.
+  auto issue_gradients = [&](int t) {
+    const std::uint64_t q_n = wgmma::descriptor_sw128(q_tile_of(t), kQBytes / kBlocks, kAtomBytes);
+    const std::uint64_t do_n = wgmma::descriptor_sw128(q_tile_of(t) + kQBytes, kQBytes / kBlocks, kAtomBytes);
+#pragma unroll
+    for (int kk = 0; kk < kQueryTile / 16; ++kk) {
+      wgmma::mma_rs_n_major<T, D>(dv, pa[kk], wgmma::add_bytes(do_n, unsigned(kk) * 16 * kAtomRowBytes));
+    }
+#pragma unroll
+    for (int kk = 0; kk < kQueryTile / 16; ++kk) {
+      wgmma::mma_rs_n_major<T, D>(dk, da[kk], wgmma::add_bytes(q_n, unsigned(kk) * 16 * kAtomRowBytes));
+    }
+  };
+  // P^T (with dropout) and dS^T of tile t, packed as A fragments (16 query rows per k-step).
+  auto elementwise = [&](int t) {
+    const std::int64_t i0 = tile_row(t), h = tile_head(t);
+    const unsigned my_stats = stats + unsigned(((t % kStages) * kGroups + group) * kQueryTile) * 8;
+    const bool checked = !(i0 + kQueryTile <= p.Sq && j0 + kKvRows <= p.Sk &&
+                           core::tile_fully_visible(p, i0, i0 + kQueryTile, j0, j0 + kKvRows));
+    const bool plain = !checked && p.mask == nullptr && p.dropout_p == 0.0f;  // the common case, one exp2 per score
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {  // accumulator rows g (pair 0) and g + 8 (pair 1)
+        float pk[2], ds[2];
+        float2 st2[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(st2[e].x), "=f"(st2[e].y) : "r"(my_stats + unsigned(nt * 8 + 2 * tig + e) * 8));
+        }
+        if (plain) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int x = 4 * nt + 2 * pair + e;
+            pk[e] = exp2_approx(st[x] * scale_log2 - st2[e].x);
+            ds[e] = pk[e] * (dpt[x] - st2[e].y) * p.scale;
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int x = 4 * nt + 2 * pair + e;
+            const ScoreGrads sg = score_grads(p, st[x], dpt[x], st2[e].x, st2[e].y, b, h, i0 + nt * 8 + 2 * tig + e, key0 + 8 * pair,
+                                              checked, scale_log2, keep_scale);
+            pk[e] = sg.p_kept;
+            ds[e] = sg.ds;
+          }
+        }
+        // Accumulator (nt, pair) holds A fragment register (nt % 2) * 2 + pair of k-step nt / 2.
+        pa[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(pk[0], pk[1]);
+        da[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(ds[0], ds[1]);
+      }
+    }
+  };
+  if (tiles > 0) {
+    // Two turns on the tensor cores per tile, scores then gradients. (One turn holding the gradients
+    // of tile t with the scores of tile t + 1, as dQ does, needs more than 240 registers here: ptxas
+    // then serialises the products.)
+    if (group == 1) their_turn();  // warpgroup 0 goes first
+    tma::wait(kv_full, 0);
+    for (int t = 0; t < tiles; ++t) {
+      tma::wait(full + 8 * (t % kStages), unsigned(t / kStages) & 1u);
+      row_stats(t);
+      my_turn();
+      wgmma::fence();
+      issue_scores(t);
+      wgmma::commit();
+      their_turn();
+      wgmma::wait<0>();
+      elementwise(t);
+      my_turn();
+      wgmma::fence();
+      issue_gradients(t);
+      wgmma::commit();
+      if (t + 1 < tiles || group == 0) their_turn();  // balanced: warpgroup 1 gave one turn away at the start
+      wgmma::wait<0>();
+      tma::arrive(empty + 8 * (t % kStages));
+    }
+  }
+  // Store: row key0 (+ 8) of dK and dV, columns 8 nt + 2 tig (+ 1).
+#pragma unroll
+  for (int pair = 0; pair < 2; ++pair) {
+    const std::int64_t j = key0 + 8 * pair;
+    if (j >= p.Sk) continue;
+    T* dk_row = static_cast<T*>(c.dk.data) + row_offset(c.dk, b, j, hk);
+    T* dv_row = static_cast<T*>(c.dv.data) + row_offset(c.dv, b, j, hk);
+#pragma unroll
+    for (int nt = 0; nt < DT; ++nt) {
+      const int d0 = nt * 8 + 2 * tig;
+      dk_row[d0] = from_float<T>(dk[4 * nt + 2 * pair]);
+      dk_row[d0 + 1] = from_float<T>(dk[4 * nt + 2 * pair + 1]);
+      dv_row[d0] = from_float<T>(dv[4 * nt + 2 * pair]);
+      dv_row[d0 + 1] = from_float<T>(dv[4 * nt + 2 * pair + 1]);
+    }
+  }
+#endif
+}
+
+// ---- dQ -------------------------------------------------------------------------------------------
+constexpr int kQRows = 128, kKeyTile = 64;  // query rows per block; keys per tile
+
+template <int D>
+constexpr unsigned dq_shared_bytes() {
+  return 3 * tile_bytes<D>(kQRows) + kStages * 2 * tile_bytes<D>(kKeyTile) + 8 * (1 + 2 * kStages) + kAtomBytes;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, const __grid_constant__ Maps maps) {
+#ifdef FLASHTQ_WGMMA
+  constexpr int kBlocks = D / 64, NT = kKeyTile / 8, DT = D / 8;
+  constexpr unsigned kRowBytes = tile_bytes<D>(kQRows), kKeyBytes = tile_bytes<D>(kKeyTile);
+  const DenseProblem& p = c.p;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
+  const unsigned q_tile = (base + kAtomBytes - 1) & ~(kAtomBytes - 1), dout_tile = q_tile + kRowBytes, o_tile = dout_tile + kRowBytes;
+  const unsigned stages = o_tile + kRowBytes;  // stage s: K, V at stages + (2 s + {0, 1}) kKeyBytes
+  const unsigned q_full = stages + kStages * 2 * kKeyBytes, full = q_full + 8, empty = full + 8 * kStages;
+  const int tid = threadIdx.x, group = tid / 128;
+  const std::int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group();
+  const std::int64_t i0 = std::int64_t(gridDim.x - 1 - blockIdx.x) * kQRows;  // heaviest (causal) blocks first
+  const core::KeyRange range = core::key_range(p, i0, min(i0 + kQRows, p.Sq));
+  const std::int64_t first = range.begin / kKeyTile * kKeyTile;
+  const int tiles = first < range.end ? int((range.end - first + kKeyTile - 1) / kKeyTile) : 0;
+  if (tid == 0) {
+    tma::barrier_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      tma::barrier_init(full + 8 * s, 1);
+      tma::barrier_init(empty + 8 * s, 128 * kGroups);
+    }
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (group == kGroups) {  // producer
+    wgmma::shrink_registers<kProducerRegisters>();
+    if (tid % 128 != 0 || tiles == 0) return;
+    tma::arrive_expect_bytes(q_full, 3 * kRowBytes);
+    for (int cb = 0; cb < kBlocks; ++cb) {
+      const unsigned off = cb * (kRowBytes / kBlocks);
+      tma::load_4d(q_tile + off, maps.q, q_full, 64 * cb, int(h), int(i0), int(b));
+      tma::load_4d(dout_tile + off, maps.dout, q_full, 64 * cb, int(h), int(i0), int(b));
+      tma::load_4d(o_tile + off, maps.o, q_full, 64 * cb, int(h), int(i0), int(b));
+    }
+    for (int t = 0; t < tiles; ++t) {
+      const int s = t % kStages;
+      if (t >= kStages) tma::wait(empty + 8 * s, unsigned(t / kStages - 1) & 1u);
+      tma::arrive_expect_bytes(full + 8 * s, 2 * kKeyBytes);
+      const int jt = int(first) + t * kKeyTile;
+      for (int cb = 0; cb < kBlocks; ++cb) {
+        const unsigned off = cb * (kKeyBytes / kBlocks);
+        tma::load_4d(stages + 2 * s * kKeyBytes + off, maps.k, full + 8 * s, 64 * cb, int(hk), jt, int(b));
+        tma::load_4d(stages + (2 * s + 1) * kKeyBytes + off, maps.v, full + 8 * s, 64 * cb, int(hk), jt, int(b));
+      }
+    }
+    return;
+  }
+
+  wgmma::grow_registers<kConsumerRegisters>();
+  const int warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, tig = lane % 4;
+  const float scale_log2 = p.scale * kLog2e, keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+  const int r_local = kGroupRows * group + 16 * warp + g;  // this thread's rows: r_local and r_local + 8
+  const std::int64_t row0 = i0 + r_local;
+  float dq[DT * 4] = {};
+  if (tiles > 0) {
+    auto my_turn = [&] { tma::named_sync(1 + group, 128 * kGroups); };
+    auto their_turn = [&] { tma::named_arrive(2 - group, 128 * kGroups); };
+    if (group == 1) their_turn();  // warpgroup 0 goes first
+    tma::wait(q_full, 0);
+    // Delta and lse2 of the two rows: the 4 threads of a row split its chunks.
+    float delta[2], lse2[2];
+#pragma unroll
+    for (int pair = 0; pair < 2; ++pair) {
+      float d = partial_delta<T>(dout_tile, o_tile, kQRows, r_local + 8 * pair, tig * (D / 32), D / 32);
+      d += __shfl_xor_sync(0xFFFFFFFFu, d, 1);
+      delta[pair] = d + __shfl_xor_sync(0xFFFFFFFFu, d, 2);
+      lse2[pair] = lse_log2(p, c.lse, b, h, row0 + 8 * pair);
+    }
+    const std::uint64_t q_desc = wgmma::descriptor_sw128(q_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
+    const std::uint64_t do_desc = wgmma::descriptor_sw128(dout_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
+    auto k_tile_of = [&](int t) { return stages + 2 * unsigned(t % kStages) * kKeyBytes; };  // then V
+    float sc[NT * 4], dp[NT * 4];
+    std::uint32_t da[kKeyTile / 16][4];
+    // S = Q K^T and dP = dO V^T of key tile t (64 rows x 64 keys each), issued.
+    auto issue_scores = [&](int t) {
+      const std::uint64_t k_desc = wgmma::descriptor_sw128(k_tile_of(t), 16, kAtomBytes);
+      const std::uint64_t v_desc = wgmma::descriptor_sw128(k_tile_of(t) + kKeyBytes, 16, kAtomBytes);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const unsigned step = unsigned(kk % 4) * 32;
+        wgmma::mma_ss<T, kKeyTile>(sc, wgmma::add_bytes(q_desc, unsigned(kk / 4) * (kRowBytes / kBlocks) + step),
+                                   wgmma::add_bytes(k_desc, unsigned(kk / 4) * (kKeyBytes / kBlocks) + step), kk > 0);
+      }
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const unsigned step = unsigned(kk % 4) * 32;
+        wgmma::mma_ss<T, kKeyTile>(dp, wgmma::add_bytes(do_desc, unsigned(kk / 4) * (kRowBytes / kBlocks) + step),
+                                   wgmma::add_bytes(v_desc, unsigned(kk / 4) * (kKeyBytes / kBlocks) + step), kk > 0);
+      }
+    };
+    // dQ += dS K of key tile t (K N-major: k-step kk is 16 keys further), issued.
+    auto issue_gradient = [&](int t) {
+      const std::uint64_t k_n = wgmma::descriptor_sw128(k_tile_of(t), kKeyBytes / kBlocks, kAtomBytes);
+#pragma unroll
+      for (int kk = 0; kk < kKeyTile / 16; ++kk) {
+        wgmma::mma_rs_n_major<T, D>(dq, da[kk], wgmma::add_bytes(k_n, unsigned(kk) * 16 * kAtomRowBytes));
+      }
+    };
+    // dS of key tile t, packed as A fragments (16 keys per k-step).
+    auto elementwise = [&](int t) {
+      const std::int64_t jt = first + std::int64_t(t) * kKeyTile;
+      const bool checked = !(i0 + kQRows <= p.Sq && jt >= range.begin && jt + kKeyTile <= p.Sk &&
+                             core::tile_fully_visible(p, i0, i0 + kQRows, jt, jt + kKeyTile));
+      const bool plain = !checked && p.mask == nullptr && p.dropout_p == 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int pair = 0; pair < 2; ++pair) {
+          float ds[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int x = 4 * nt + 2 * pair + e;
+            ds[e] = plain ? exp2_approx(sc[x] * scale_log2 - lse2[pair]) * (dp[x] - delta[pair]) * p.scale
+                          : score_grads(p, sc[x], dp[x], lse2[pair], delta[pair], b, h, row0 + 8 * pair, jt + nt * 8 + 2 * tig + e, checked,
+                                        scale_log2, keep_scale)
+                                .ds;
+          }
+          da[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(ds[0], ds[1]);
+        }
+      }
+    };
+    // One turn per key tile, as in the dK/dV kernel: dQ of tile t with the scores of tile t + 1.
+    tma::wait(full, 0);
+    my_turn();
+    wgmma::fence();
+    issue_scores(0);
+    wgmma::commit();
+    their_turn();
+    wgmma::wait<0>();
+    elementwise(0);
+    for (int t = 0; t + 1 < tiles; ++t) {
+      tma::wait(full + 8 * ((t + 1) % kStages), unsigned((t + 1) / kStages) & 1u);
+      my_turn();
+      wgmma::fence();
+      issue_gradient(t);
+      issue_scores(t + 1);
+      wgmma::commit();
+      their_turn();
+      wgmma::wait<0>();
+      tma::arrive(empty + 8 * (t % kStages));
+      elementwise(t + 1);
+    }
+    my_turn();
+    wgmma::fence();
+    issue_gradient(tiles - 1);
+    wgmma::commit();
+    if (group == 0) their_turn();  // balanced: warpgroup 1 gave one turn away at the start
+    wgmma::wait<0>();
+  }
+#pragma unroll
+  for (int pair = 0; pair < 2; ++pair) {
+    const std::int64_t i = row0 + 8 * pair;
+    if (i >= p.Sq) continue;
+    T* row = static_cast<T*>(c.dq.data) + row_offset(c.dq, b, i, h);
+#pragma unroll
+    for (int nt = 0; nt < DT; ++nt) {
+      row[nt * 8 + 2 * tig] = from_float<T>(dq[4 * nt + 2 * pair]);
+      row[nt * 8 + 2 * tig + 1] = from_float<T>(dq[4 * nt + 2 * pair + 1]);
+    }
+  }
+#endif
+}
+
+template <typename Kernel>
+void allow_shared(Kernel kernel, int bytes) {
+  FLASHTQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+template <typename T, int D>
+void launch_dim(const BackwardCall& c, const Maps& kv_maps, const Maps& q_maps, cudaStream_t stream) {
+  constexpr int dkdv_smem = int(dkdv_shared_bytes<D>()), dq_smem = int(dq_shared_bytes<D>());
+  static const bool configured = [] {
+    allow_shared(dkdv_wgmma_kernel<T, D>, dkdv_smem);
+    allow_shared(dq_wgmma_kernel<T, D>, dq_smem);
+    return true;
+  }();
+  (void)configured;
+  const dim3 kv_grid(unsigned((c.p.Sk + kKvRows - 1) / kKvRows), unsigned(c.p.B * c.p.Hkv));
+  dkdv_wgmma_kernel<T, D><<<kv_grid, kThreads, dkdv_smem, stream>>>(c, kv_maps);
+  FLASHTQ_CUDA_CHECK_LAUNCH("dense backward dK dV (wgmma)");
+  const dim3 q_grid(unsigned((c.p.Sq + kQRows - 1) / kQRows), unsigned(c.p.B * c.p.H));
+  dq_wgmma_kernel<T, D><<<q_grid, kThreads, dq_smem, stream>>>(c, q_maps);
+  FLASHTQ_CUDA_CHECK_LAUNCH("dense backward dQ (wgmma)");
+}
+
+bool device_is_hopper() {
+  int device = 0, major = 0, minor = 0;
+  FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major == 9 && minor == 0;
+}
+
+// Maps whose boxes are `query_rows` rows of Q, dO, O and `key_rows` rows of K, V.
+std::optional<Maps> maps_for(const BackwardCall& c, unsigned query_rows, unsigned key_rows) {
+  const auto q = row_tile_map(c.q, query_rows), dout = row_tile_map(c.dout, query_rows), o = row_tile_map(c.out, query_rows);
+  const auto k = row_tile_map(c.k, key_rows), v = row_tile_map(c.v, key_rows);
+  if (!q || !k || !v || !o || !dout) return std::nullopt;
+  return Maps{*q, *k, *v, *o, *dout};
+}
+
+}  // namespace
+
+bool launch_dense_backward_wgmma(const BackwardCall& c) {
+  if (c.p.D != 64 && c.p.D != 128) return false;
+  if (c.p.dtype != DType::f16 && c.p.dtype != DType::bf16) return false;
+  if (c.p.B * c.p.H > 65535 || c.p.Sq >= (std::int64_t(1) << 31) || c.p.Sk >= (std::int64_t(1) << 31)) return false;
+  for (const TensorView* t : {&c.q, &c.k, &c.v, &c.out, &c.dout}) {
+    if (!rows_aligned16(*t)) return false;
+  }
+  if (!device_is_hopper()) return false;
+  const auto kv_maps = maps_for(c, kQueryTile, kKvRows), q_maps = maps_for(c, kQRows, kKeyTile);
+  if (!kv_maps || !q_maps) return false;
+  auto stream = static_cast<cudaStream_t>(c.stream);
+  const bool half = c.p.dtype == DType::f16;
+  if (c.p.D == 64) {
+    half ? launch_dim<__half, 64>(c, *kv_maps, *q_maps, stream) : launch_dim<__nv_bfloat16, 64>(c, *kv_maps, *q_maps, stream);
+  } else {
+    half ? launch_dim<__half, 128>(c, *kv_maps, *q_maps, stream) : launch_dim<__nv_bfloat16, 128>(c, *kv_maps, *q_maps, stream);
+  }
+  return true;
+}
+
+}  // namespace flashtq::cuda
