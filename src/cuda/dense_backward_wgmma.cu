@@ -7,8 +7,10 @@
 //   dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands.
 // - dQ: a block owns 128 query rows (64 per warpgroup) and walks the key tiles of 64 they see:
 //   S = Q K^T and dP = dO V^T, then dQ += dS K.
-// P comes from the forward's LSE (P = exp(S scale + mask - LSE)); Delta_i = <dO_i, O_i> is computed
-// from O and dO tiles in shared memory. Dropout decisions are regenerated from hash3.
+// P comes from the forward's LSE (P = exp(S scale + mask - LSE)). A first kernel computes each row's
+// Delta_i = <dO_i, O_i> and LSE in log2 units once, and stashes them (a float2) at the start of the
+// row's dQ, which nothing reads or writes before the dQ kernel: the dK/dV kernel reads them there,
+// the dQ kernel reads its rows' stash before it overwrites them. Dropout decisions come from hash3.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -37,33 +39,43 @@ constexpr unsigned tile_bytes(int rows) {
 }
 
 struct Maps {
-  CUtensorMap q, k, v, o, dout;
+  CUtensorMap q, k, v, dout;
 };
+
+// The stash of row (b, i, h): (lse2, delta) in the first 8 bytes of its dQ row.
+__device__ __forceinline__ float2* stash_of(const BackwardCall& c, std::int64_t b, std::int64_t i, std::int64_t h) {
+  return reinterpret_cast<float2*>(static_cast<char*>(c.dq.data) + row_offset(c.dq, b, i, h) * 2);
+}
+
+// Delta and lse2 of every row: D / 8 threads per row, 16 bytes each.
+template <typename T, int D>
+__global__ void stash_row_stats_kernel(BackwardCall c) {
+  constexpr int kParts = D / 8;
+  const DenseProblem& p = c.p;
+  const std::int64_t id = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x, row = id / kParts;
+  const int part = int(id % kParts);
+  const bool valid = row < p.B * p.H * p.Sq;
+  const std::int64_t i = row % p.Sq, h = (row / p.Sq) % p.H, b = row / p.Sq / p.H;
+  float acc = 0.0f;
+  if (valid) {
+    const uint4 x = *reinterpret_cast<const uint4*>(static_cast<const T*>(c.dout.data) + row_offset(c.dout, b, i, h) + 8 * part);
+    const uint4 y = *reinterpret_cast<const uint4*>(static_cast<const T*>(c.out.data) + row_offset(c.out, b, i, h) + 8 * part);
+    const T* a = reinterpret_cast<const T*>(&x);
+    const T* o = reinterpret_cast<const T*>(&y);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc = fmaf(to_float(a[e]), to_float(o[e]), acc);
+  }
+#pragma unroll
+  for (int m = 1; m < kParts; m <<= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, m);
+  if (valid && part == 0) {
+    const float lse = c.lse[(b * p.H + h) * p.Sq + i];
+    *stash_of(c, b, i, h) = make_float2(lse == -INFINITY ? INFINITY : lse * kLog2e, acc);
+  }
+}
 
 #ifdef FLASHTQ_WGMMA
 // Registers per thread once the producer gives its own back (see dense_wgmma.cu).
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
-
-// Shared address of row r's 16-byte chunk c in a swizzled tile of `rows` rows.
-__device__ __forceinline__ unsigned chunk_address(unsigned tile, int rows, int r, int c) {
-  return tile + unsigned(c / 8) * unsigned(rows) * kAtomRowBytes + unsigned(r) * kAtomRowBytes + (unsigned((c % 8) ^ (r % 8)) << 4);
-}
-
-// <dO_r, O_r> over the 16-byte chunks [c0, c0 + chunks) of row r of two tiles laid out alike.
-template <typename T>
-__device__ __forceinline__ float partial_delta(unsigned dout_tile, unsigned o_tile, int rows, int r, int c0, int chunks) {
-  float acc = 0.0f;
-  for (int c = c0; c < c0 + chunks; ++c) {
-    uint4 x, y;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "r"(chunk_address(dout_tile, rows, r, c)));
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(y.x), "=r"(y.y), "=r"(y.z), "=r"(y.w) : "r"(chunk_address(o_tile, rows, r, c)));
-    const T* a = reinterpret_cast<const T*>(&x);
-    const T* b = reinterpret_cast<const T*>(&y);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc = fmaf(to_float(a[e]), to_float(b[e]), acc);
-  }
-  return acc;
-}
 
 // The two gradients one score contributes: P with dropout applied (dV's weight) and dS (already
 // times the softmax scale). `lse2` is the row's LSE in log2 units (+inf for a row that sees nothing,
@@ -90,11 +102,6 @@ __device__ __forceinline__ ScoreGrads score_grads(const DenseProblem& p, float s
   return {pr * z, pr * (dp * z - delta) * p.scale};
 }
 
-__device__ __forceinline__ float lse_log2(const DenseProblem& p, const float* lse, std::int64_t b, std::int64_t h, std::int64_t i) {
-  if (i >= p.Sq) return INFINITY;
-  const float x = lse[(b * p.H + h) * p.Sq + i];
-  return x == -INFINITY ? INFINITY : x * kLog2e;
-}
 #endif  // FLASHTQ_WGMMA
 
 // ---- dK, dV -------------------------------------------------------------------------------------
@@ -102,8 +109,8 @@ constexpr int kKvRows = 128, kQueryTile = 64;  // keys per block; query rows per
 
 template <int D>
 constexpr unsigned dkdv_shared_bytes() {
-  return 2 * tile_bytes<D>(kKvRows) + kStages * 3 * tile_bytes<D>(kQueryTile)  // K, V; (Q, dO, O) stages
-         + kStages * kGroups * kQueryTile * 8                                   // (lse2, delta) per stage and warpgroup
+  return 2 * tile_bytes<D>(kKvRows) + kStages * 2 * tile_bytes<D>(kQueryTile)  // K, V; (Q, dO) stages
+         + kStages * kQueryTile * 8                                             // (lse2, delta) per stage
          + 8 * (1 + 2 * kStages) + kAtomBytes;                                  // barriers; alignment
 }
 
@@ -116,9 +123,9 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
   const unsigned k_tile = (base + kAtomBytes - 1) & ~(kAtomBytes - 1), v_tile = k_tile + kKvBytes;
-  const unsigned stages = v_tile + kKvBytes;  // stage s: Q, dO, O at stages + (3 s + {0, 1, 2}) kQBytes
-  const unsigned stats = stages + kStages * 3 * kQBytes;  // float2 (lse2, delta)[stage][group][row]
-  const unsigned kv_full = stats + kStages * kGroups * kQueryTile * 8, full = kv_full + 8, empty = full + 8 * kStages;
+  const unsigned stages = v_tile + kKvBytes;  // stage s: Q, dO at stages + (2 s + {0, 1}) kQBytes
+  const unsigned stats = stages + kStages * 2 * kQBytes;  // float2 (lse2, delta)[stage][row]
+  const unsigned kv_full = stats + kStages * kQueryTile * 8, full = kv_full + 8, empty = full + 8 * kStages;
   const int tid = threadIdx.x, group = tid / 128;
   const std::int64_t bh = blockIdx.y, b = bh / p.Hkv, hk = bh % p.Hkv, G = p.group();
   const std::int64_t j0 = std::int64_t(blockIdx.x) * kKvRows;
@@ -131,39 +138,49 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
   if (tid == 0) {
     tma::barrier_init(kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      tma::barrier_init(full + 8 * s, 1);
+      tma::barrier_init(full + 8 * s, 32);  // the producer warp's lanes, lane 0 with the copies' bytes
       tma::barrier_init(empty + 8 * s, 128 * kGroups);
     }
     tma::fence_barrier_init();
   }
   __syncthreads();
 
-  if (group == kGroups) {  // producer
+  if (group == kGroups) {  // producer: one warp; lane 0 issues the copies, every lane stashes stats
     wgmma::shrink_registers<kProducerRegisters>();
-    if (tid % 128 != 0 || tiles == 0) return;
-    tma::arrive_expect_bytes(kv_full, 2 * kKvBytes);
+    if (tid >= 128 * kGroups + 32 || tiles == 0) return;
+    const int lane = tid % 32;
+    if (lane == 0) {
+      tma::arrive_expect_bytes(kv_full, 2 * kKvBytes);
     for (int cb = 0; cb < kBlocks; ++cb) {
       tma::load_4d(k_tile + cb * (kKvBytes / kBlocks), maps.k, kv_full, 64 * cb, int(hk), int(j0), int(b));
-      tma::load_4d(v_tile + cb * (kKvBytes / kBlocks), maps.v, kv_full, 64 * cb, int(hk), int(j0), int(b));
+        tma::load_4d(v_tile + cb * (kKvBytes / kBlocks), maps.v, kv_full, 64 * cb, int(hk), int(j0), int(b));
+      }
     }
     for (int t = 0; t < tiles; ++t) {
       const int s = t % kStages;
       if (t >= kStages) tma::wait(empty + 8 * s, unsigned(t / kStages - 1) & 1u);
-      tma::arrive_expect_bytes(full + 8 * s, 3 * kQBytes);
-      const unsigned dst = stages + 3 * s * kQBytes;
-      const int i0 = int(tile_row(t)), h = int(tile_head(t));
+      const std::int64_t i0 = tile_row(t), h = tile_head(t);
+      for (int r = lane; r < kQueryTile; r += 32) {
+        const float2 st = i0 + r < p.Sq ? *stash_of(c, b, i0 + r, h) : make_float2(INFINITY, 0.0f);
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(stats + unsigned(s * kQueryTile + r) * 8), "f"(st.x), "f"(st.y) : "memory");
+      }
+      if (lane != 0) {
+        tma::arrive(full + 8 * s);
+        continue;
+      }
+      tma::arrive_expect_bytes(full + 8 * s, 2 * kQBytes);
+      const unsigned dst = stages + 2 * s * kQBytes;
       for (int cb = 0; cb < kBlocks; ++cb) {
         const unsigned off = cb * (kQBytes / kBlocks);
-        tma::load_4d(dst + off, maps.q, full + 8 * s, 64 * cb, h, i0, int(b));
-        tma::load_4d(dst + kQBytes + off, maps.dout, full + 8 * s, 64 * cb, h, i0, int(b));
-        tma::load_4d(dst + 2 * kQBytes + off, maps.o, full + 8 * s, 64 * cb, h, i0, int(b));
+        tma::load_4d(dst + off, maps.q, full + 8 * s, 64 * cb, int(h), int(i0), int(b));
+        tma::load_4d(dst + kQBytes + off, maps.dout, full + 8 * s, 64 * cb, int(h), int(i0), int(b));
       }
     }
     return;
   }
 
   wgmma::grow_registers<kConsumerRegisters>();
-  const int warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, tig = lane % 4, t128 = tid % 128;
+  const int warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, tig = lane % 4;
   const float scale_log2 = p.scale * kLog2e, keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
   // This thread's accumulator rows are keys j0 + 64 group + 16 warp + g (+ 8); columns query rows.
   const std::int64_t key0 = j0 + kGroupRows * group + 16 * warp + g;
@@ -174,22 +191,9 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
   // Turns on the tensor cores: warpgroup q waits on named barrier 1 + q, then lets the other go.
   auto my_turn = [&] { tma::named_sync(1 + group, 128 * kGroups); };
   auto their_turn = [&] { tma::named_arrive(2 - group, 128 * kGroups); };
-  const int wg_barrier = 3 + group;
-  auto q_tile_of = [&](int t) { return stages + 3 * unsigned(t % kStages) * kQBytes; };  // then dO, then O
+  auto q_tile_of = [&](int t) { return stages + 2 * unsigned(t % kStages) * kQBytes; };  // then dO
   float st[NT * 4], dpt[NT * 4];
   std::uint32_t pa[kQueryTile / 16][4], da[kQueryTile / 16][4];
-  // (lse2, delta) of tile t's 64 rows into shared memory: two threads per row, half of D each.
-  auto row_stats = [&](int t) {
-    const unsigned q_tile = q_tile_of(t), my_stats = stats + unsigned(((t % kStages) * kGroups + group) * kQueryTile) * 8;
-    const int r = t128 / 2, half = t128 % 2;
-    float d = partial_delta<T>(q_tile + kQBytes, q_tile + 2 * kQBytes, kQueryTile, r, half * (D / 16), D / 16);
-    d += __shfl_xor_sync(0xFFFFFFFFu, d, 1);
-    if (half == 0) {
-      const float l2 = lse_log2(p, c.lse, b, tile_head(t), tile_row(t) + r);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(my_stats + unsigned(r) * 8), "f"(l2), "f"(d) : "memory");
-    }
-    tma::named_sync(wg_barrier, 128);
-  };
   // S^T = K Q^T and dP^T = V dO^T of tile t (64 keys x 64 rows each), issued.
   auto issue_scores = [&](int t) {
     const std::uint64_t q_desc = wgmma::descriptor_sw128(q_tile_of(t), 16, kAtomBytes);
@@ -223,20 +227,20 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
   // P^T (with dropout) and dS^T of tile t, packed as A fragments (16 query rows per k-step).
   auto elementwise = [&](int t) {
     const std::int64_t i0 = tile_row(t), h = tile_head(t);
-    const unsigned my_stats = stats + unsigned(((t % kStages) * kGroups + group) * kQueryTile) * 8;
+    const unsigned tile_stats = stats + unsigned((t % kStages) * kQueryTile) * 8;
     const bool checked = !(i0 + kQueryTile <= p.Sq && j0 + kKvRows <= p.Sk &&
                            core::tile_fully_visible(p, i0, i0 + kQueryTile, j0, j0 + kKvRows));
     const bool plain = !checked && p.mask == nullptr && p.dropout_p == 0.0f;  // the common case, one exp2 per score
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
+      // (lse2, delta) of this thread's two columns of the n-tile: rows 8 nt + 2 tig and + 1.
+      float4 st4;
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(st4.x), "=f"(st4.y), "=f"(st4.z), "=f"(st4.w) : "r"(tile_stats + unsigned(nt * 8 + 2 * tig) * 8));
+      const float2 st2[2] = {make_float2(st4.x, st4.y), make_float2(st4.z, st4.w)};
 #pragma unroll
       for (int pair = 0; pair < 2; ++pair) {  // accumulator rows g (pair 0) and g + 8 (pair 1)
         float pk[2], ds[2];
-        float2 st2[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(st2[e].x), "=f"(st2[e].y) : "r"(my_stats + unsigned(nt * 8 + 2 * tig + e) * 8));
-        }
         if (plain) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
@@ -268,7 +272,6 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
     tma::wait(kv_full, 0);
     for (int t = 0; t < tiles; ++t) {
       tma::wait(full + 8 * (t % kStages), unsigned(t / kStages) & 1u);
-      row_stats(t);
       my_turn();
       wgmma::fence();
       issue_scores(t);
@@ -305,11 +308,11 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
 }
 
 // ---- dQ -------------------------------------------------------------------------------------------
-constexpr int kQRows = 128, kKeyTile = 64;  // query rows per block; keys per tile
+constexpr int kQRows = 128, kKeyTile = 64, kDqStages = 3;  // query rows per block; keys per tile; tiles in flight
 
 template <int D>
 constexpr unsigned dq_shared_bytes() {
-  return 3 * tile_bytes<D>(kQRows) + kStages * 2 * tile_bytes<D>(kKeyTile) + 8 * (1 + 2 * kStages) + kAtomBytes;
+  return 2 * tile_bytes<D>(kQRows) + kDqStages * 2 * tile_bytes<D>(kKeyTile) + 8 * (1 + 2 * kDqStages) + kAtomBytes;
 }
 
 template <typename T, int D>
@@ -320,9 +323,9 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
   const DenseProblem& p = c.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
-  const unsigned q_tile = (base + kAtomBytes - 1) & ~(kAtomBytes - 1), dout_tile = q_tile + kRowBytes, o_tile = dout_tile + kRowBytes;
-  const unsigned stages = o_tile + kRowBytes;  // stage s: K, V at stages + (2 s + {0, 1}) kKeyBytes
-  const unsigned q_full = stages + kStages * 2 * kKeyBytes, full = q_full + 8, empty = full + 8 * kStages;
+  const unsigned q_tile = (base + kAtomBytes - 1) & ~(kAtomBytes - 1), dout_tile = q_tile + kRowBytes;
+  const unsigned stages = dout_tile + kRowBytes;  // stage s: K, V at stages + (2 s + {0, 1}) kKeyBytes
+  const unsigned q_full = stages + kDqStages * 2 * kKeyBytes, full = q_full + 8, empty = full + 8 * kDqStages;
   const int tid = threadIdx.x, group = tid / 128;
   const std::int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group();
   const std::int64_t i0 = std::int64_t(gridDim.x - 1 - blockIdx.x) * kQRows;  // heaviest (causal) blocks first
@@ -331,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
   const int tiles = first < range.end ? int((range.end - first + kKeyTile - 1) / kKeyTile) : 0;
   if (tid == 0) {
     tma::barrier_init(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kDqStages; ++s) {
       tma::barrier_init(full + 8 * s, 1);
       tma::barrier_init(empty + 8 * s, 128 * kGroups);
     }
@@ -342,16 +345,15 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
   if (group == kGroups) {  // producer
     wgmma::shrink_registers<kProducerRegisters>();
     if (tid % 128 != 0 || tiles == 0) return;
-    tma::arrive_expect_bytes(q_full, 3 * kRowBytes);
+    tma::arrive_expect_bytes(q_full, 2 * kRowBytes);
     for (int cb = 0; cb < kBlocks; ++cb) {
       const unsigned off = cb * (kRowBytes / kBlocks);
       tma::load_4d(q_tile + off, maps.q, q_full, 64 * cb, int(h), int(i0), int(b));
       tma::load_4d(dout_tile + off, maps.dout, q_full, 64 * cb, int(h), int(i0), int(b));
-      tma::load_4d(o_tile + off, maps.o, q_full, 64 * cb, int(h), int(i0), int(b));
     }
     for (int t = 0; t < tiles; ++t) {
-      const int s = t % kStages;
-      if (t >= kStages) tma::wait(empty + 8 * s, unsigned(t / kStages - 1) & 1u);
+      const int s = t % kDqStages;
+      if (t >= kDqStages) tma::wait(empty + 8 * s, unsigned(t / kDqStages - 1) & 1u);
       tma::arrive_expect_bytes(full + 8 * s, 2 * kKeyBytes);
       const int jt = int(first) + t * kKeyTile;
       for (int cb = 0; cb < kBlocks; ++cb) {
@@ -374,18 +376,18 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
     auto their_turn = [&] { tma::named_arrive(2 - group, 128 * kGroups); };
     if (group == 1) their_turn();  // warpgroup 0 goes first
     tma::wait(q_full, 0);
-    // Delta and lse2 of the two rows: the 4 threads of a row split its chunks.
+    // Delta and lse2 of the two rows, from their stash (this thread's warp overwrites it last).
     float delta[2], lse2[2];
 #pragma unroll
     for (int pair = 0; pair < 2; ++pair) {
-      float d = partial_delta<T>(dout_tile, o_tile, kQRows, r_local + 8 * pair, tig * (D / 32), D / 32);
-      d += __shfl_xor_sync(0xFFFFFFFFu, d, 1);
-      delta[pair] = d + __shfl_xor_sync(0xFFFFFFFFu, d, 2);
-      lse2[pair] = lse_log2(p, c.lse, b, h, row0 + 8 * pair);
+      const float2 st = row0 + 8 * pair < p.Sq ? *stash_of(c, b, row0 + 8 * pair, h) : make_float2(INFINITY, 0.0f);
+      lse2[pair] = st.x;
+      delta[pair] = st.y;
     }
+    __syncwarp();  // every lane has read its stash before any lane of the warp writes dQ
     const std::uint64_t q_desc = wgmma::descriptor_sw128(q_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
     const std::uint64_t do_desc = wgmma::descriptor_sw128(dout_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
-    auto k_tile_of = [&](int t) { return stages + 2 * unsigned(t % kStages) * kKeyBytes; };  // then V
+    auto k_tile_of = [&](int t) { return stages + 2 * unsigned(t % kDqStages) * kKeyBytes; };  // then V
     float sc[NT * 4], dp[NT * 4];
     std::uint32_t da[kKeyTile / 16][4];
     // S = Q K^T and dP = dO V^T of key tile t (64 rows x 64 keys each), issued.
@@ -436,33 +438,25 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
         }
       }
     };
-    // One turn per key tile, as in the dK/dV kernel: dQ of tile t with the scores of tile t + 1.
-    tma::wait(full, 0);
-    my_turn();
-    wgmma::fence();
-    issue_scores(0);
-    wgmma::commit();
-    their_turn();
-    wgmma::wait<0>();
-    elementwise(0);
-    for (int t = 0; t + 1 < tiles; ++t) {
-      tma::wait(full + 8 * ((t + 1) % kStages), unsigned((t + 1) / kStages) & 1u);
+    // Two turns per key tile, scores then dQ (as the dK/dV kernel; merged into one turn they would
+    // need more than 240 registers at 128 keys).
+    for (int t = 0; t < tiles; ++t) {
+      tma::wait(full + 8 * (t % kDqStages), unsigned(t / kDqStages) & 1u);
       my_turn();
       wgmma::fence();
-      issue_gradient(t);
-      issue_scores(t + 1);
+      issue_scores(t);
       wgmma::commit();
       their_turn();
       wgmma::wait<0>();
-      tma::arrive(empty + 8 * (t % kStages));
-      elementwise(t + 1);
+      elementwise(t);
+      my_turn();
+      wgmma::fence();
+      issue_gradient(t);
+      wgmma::commit();
+      if (t + 1 < tiles || group == 0) their_turn();  // balanced: warpgroup 1 gave one turn away at the start
+      wgmma::wait<0>();
+      tma::arrive(empty + 8 * (t % kDqStages));
     }
-    my_turn();
-    wgmma::fence();
-    issue_gradient(tiles - 1);
-    wgmma::commit();
-    if (group == 0) their_turn();  // balanced: warpgroup 1 gave one turn away at the start
-    wgmma::wait<0>();
   }
 #pragma unroll
   for (int pair = 0; pair < 2; ++pair) {
@@ -492,12 +486,45 @@ void launch_dim(const BackwardCall& c, const Maps& kv_maps, const Maps& q_maps, 
     return true;
   }();
   (void)configured;
+  const std::int64_t stash_threads = c.p.B * c.p.H * c.p.Sq * (D / 8);
+  stash_row_stats_kernel<T, D><<<unsigned((stash_threads + 255) / 256), 256, 0, stream>>>(c);
+  FLASHTQ_CUDA_CHECK_LAUNCH("dense backward row statistics");
   const dim3 kv_grid(unsigned((c.p.Sk + kKvRows - 1) / kKvRows), unsigned(c.p.B * c.p.Hkv));
   dkdv_wgmma_kernel<T, D><<<kv_grid, kThreads, dkdv_smem, stream>>>(c, kv_maps);
   FLASHTQ_CUDA_CHECK_LAUNCH("dense backward dK dV (wgmma)");
   const dim3 q_grid(unsigned((c.p.Sq + kQRows - 1) / kQRows), unsigned(c.p.B * c.p.H));
   dq_wgmma_kernel<T, D><<<q_grid, kThreads, dq_smem, stream>>>(c, q_maps);
   FLASHTQ_CUDA_CHECK_LAUNCH("dense backward dQ (wgmma)");
+}
+
+// The bytes a view can touch, [first, last); empty when a stride is negative (then treated as overlapping).
+struct Span {
+  std::uintptr_t first = 0, last = 0;
+};
+std::optional<Span> span_of(const void* data, const std::array<std::int64_t, 4>& shape, const std::array<std::int64_t, 4>& strides,
+                            std::int64_t element) {
+  std::int64_t far = 0;
+  for (int d = 0; d < 4; ++d) {
+    if (strides[d] < 0) return std::nullopt;
+    far += (shape[d] - 1) * strides[d];
+  }
+  const auto first = reinterpret_cast<std::uintptr_t>(data);
+  return Span{first, first + std::uintptr_t((far + 1) * element)};
+}
+
+// The row statistics are stashed in dQ before the kernels read q, k, v, out, dout and lse: dQ must
+// not share a byte with any of them.
+bool dq_is_separate(const BackwardCall& c) {
+  const auto dq = span_of(c.dq.data, c.dq.shape, c.dq.strides, 2);
+  const std::array<std::int64_t, 4> lse_shape{c.p.B * c.p.H * c.p.Sq, 1, 1, 1}, lse_strides{1, 0, 0, 0};
+  std::optional<Span> inputs[] = {span_of(c.q.data, c.q.shape, c.q.strides, 2), span_of(c.k.data, c.k.shape, c.k.strides, 2),
+                                  span_of(c.v.data, c.v.shape, c.v.strides, 2), span_of(c.out.data, c.out.shape, c.out.strides, 2),
+                                  span_of(c.dout.data, c.dout.shape, c.dout.strides, 2), span_of(c.lse, lse_shape, lse_strides, 4)};
+  if (!dq) return false;
+  for (const auto& in : inputs) {
+    if (!in || (in->first < dq->last && dq->first < in->last)) return false;
+  }
+  return true;
 }
 
 bool device_is_hopper() {
@@ -510,10 +537,10 @@ bool device_is_hopper() {
 
 // Maps whose boxes are `query_rows` rows of Q, dO, O and `key_rows` rows of K, V.
 std::optional<Maps> maps_for(const BackwardCall& c, unsigned query_rows, unsigned key_rows) {
-  const auto q = row_tile_map(c.q, query_rows), dout = row_tile_map(c.dout, query_rows), o = row_tile_map(c.out, query_rows);
+  const auto q = row_tile_map(c.q, query_rows), dout = row_tile_map(c.dout, query_rows);
   const auto k = row_tile_map(c.k, key_rows), v = row_tile_map(c.v, key_rows);
-  if (!q || !k || !v || !o || !dout) return std::nullopt;
-  return Maps{*q, *k, *v, *o, *dout};
+  if (!q || !k || !v || !dout) return std::nullopt;
+  return Maps{*q, *k, *v, *dout};
 }
 
 }  // namespace
@@ -522,10 +549,10 @@ bool launch_dense_backward_wgmma(const BackwardCall& c) {
   if (c.p.D != 64 && c.p.D != 128) return false;
   if (c.p.dtype != DType::f16 && c.p.dtype != DType::bf16) return false;
   if (c.p.B * c.p.H > 65535 || c.p.Sq >= (std::int64_t(1) << 31) || c.p.Sk >= (std::int64_t(1) << 31)) return false;
-  for (const TensorView* t : {&c.q, &c.k, &c.v, &c.out, &c.dout}) {
+  for (const TensorView* t : {&c.q, &c.k, &c.v, &c.out, &c.dout, &c.dq}) {
     if (!rows_aligned16(*t)) return false;
   }
-  if (!device_is_hopper()) return false;
+  if (!dq_is_separate(c) || !device_is_hopper()) return false;
   const auto kv_maps = maps_for(c, kQueryTile, kKvRows), q_maps = maps_for(c, kQRows, kKeyTile);
   if (!kv_maps || !q_maps) return false;
   auto stream = static_cast<cudaStream_t>(c.stream);
