@@ -77,8 +77,8 @@ __global__ void stash_row_stats_kernel(BackwardCall c) {
 // Registers per thread once the producer gives its own back (see dense_wgmma.cu).
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 
-// The two gradients one score contributes: P with dropout applied (dV's weight) and dS (already
-// times the softmax scale). `lse2` is the row's LSE in log2 units (+inf for a row that sees nothing,
+// The two gradients one score contributes: P with dropout applied (dV's weight) and dS / scale (the
+// kernels multiply dK and dQ by the softmax scale once, when they store them). `lse2` is the row's LSE in log2 units (+inf for a row that sees nothing,
 // so P = 0); `checked` asks for the per-element visibility test (tiles not fully visible). (Not
 // inlining it, to spare the instruction cache, measured slower: the call saves every accumulator.)
 struct ScoreGrads {
@@ -99,7 +99,7 @@ __device__ __forceinline__ ScoreGrads score_grads(const DenseProblem& p, float s
   if (p.dropout_p > 0.0f) {
     z = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j)) ? keep_scale : 0.0f;
   }
-  return {pr * z, pr * (dp * z - delta) * p.scale};
+  return {pr * z, pr * (dp * z - delta)};
 }
 
 #endif  // FLASHTQ_WGMMA
@@ -231,36 +231,40 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
     const bool checked = !(i0 + kQueryTile <= p.Sq && j0 + kKvRows <= p.Sk &&
                            core::tile_fully_visible(p, i0, i0 + kQueryTile, j0, j0 + kKvRows));
     const bool plain = !checked && p.mask == nullptr && p.dropout_p == 0.0f;  // the common case, one exp2 per score
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      // (lse2, delta) of this thread's two columns of the n-tile: rows 8 nt + 2 tig and + 1.
+    // (lse2, delta) of this thread's two columns of n-tile nt: rows 8 nt + 2 tig and + 1.
+    auto column_stats = [&](int nt) {
       float4 st4;
       asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                    : "=f"(st4.x), "=f"(st4.y), "=f"(st4.z), "=f"(st4.w) : "r"(tile_stats + unsigned(nt * 8 + 2 * tig) * 8));
-      const float2 st2[2] = {make_float2(st4.x, st4.y), make_float2(st4.z, st4.w)};
+      return st4;
+    };
+    // Accumulator (nt, pair) holds A fragment register (nt % 2) * 2 + pair of k-step nt / 2; pair 0 is
+    // row g, pair 1 row g + 8. Two loops, so that the common one stays short and branch-free.
+    if (plain) {
 #pragma unroll
-      for (int pair = 0; pair < 2; ++pair) {  // accumulator rows g (pair 0) and g + 8 (pair 1)
-        float pk[2], ds[2];
-        if (plain) {
+      for (int nt = 0; nt < NT; ++nt) {
+        const float4 cs = column_stats(nt);
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int x = 4 * nt + 2 * pair + e;
-            pk[e] = exp2_approx(st[x] * scale_log2 - st2[e].x);
-            ds[e] = pk[e] * (dpt[x] - st2[e].y) * p.scale;
-          }
-        } else {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int x = 4 * nt + 2 * pair + e;
-            const ScoreGrads sg = score_grads(p, st[x], dpt[x], st2[e].x, st2[e].y, b, h, i0 + nt * 8 + 2 * tig + e, key0 + 8 * pair,
-                                              checked, scale_log2, keep_scale);
-            pk[e] = sg.p_kept;
-            ds[e] = sg.ds;
-          }
+        for (int pair = 0; pair < 2; ++pair) {
+          const int x = 4 * nt + 2 * pair;
+          const float p0 = exp2_approx(st[x] * scale_log2 - cs.x), p1 = exp2_approx(st[x + 1] * scale_log2 - cs.z);
+          pa[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(p0, p1);
+          da[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(p0 * (dpt[x] - cs.y), p1 * (dpt[x + 1] - cs.w));
         }
-        // Accumulator (nt, pair) holds A fragment register (nt % 2) * 2 + pair of k-step nt / 2.
-        pa[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(pk[0], pk[1]);
-        da[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(ds[0], ds[1]);
+      }
+      return;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const float4 cs = column_stats(nt);
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {
+        const int x = 4 * nt + 2 * pair;
+        const std::int64_t i = i0 + nt * 8 + 2 * tig, j = key0 + 8 * pair;
+        const ScoreGrads g0 = score_grads(p, st[x], dpt[x], cs.x, cs.y, b, h, i, j, checked, scale_log2, keep_scale);
+        const ScoreGrads g1 = score_grads(p, st[x + 1], dpt[x + 1], cs.z, cs.w, b, h, i + 1, j, checked, scale_log2, keep_scale);
+        pa[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(g0.p_kept, g1.p_kept);
+        da[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(g0.ds, g1.ds);
       }
     }
   };
@@ -298,8 +302,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
 #pragma unroll
     for (int nt = 0; nt < DT; ++nt) {
       const int d0 = nt * 8 + 2 * tig;
-      dk_row[d0] = from_float<T>(dk[4 * nt + 2 * pair]);
-      dk_row[d0 + 1] = from_float<T>(dk[4 * nt + 2 * pair + 1]);
+      dk_row[d0] = from_float<T>(dk[4 * nt + 2 * pair] * p.scale);
+      dk_row[d0 + 1] = from_float<T>(dk[4 * nt + 2 * pair + 1] * p.scale);
       dv_row[d0] = from_float<T>(dv[4 * nt + 2 * pair]);
       dv_row[d0 + 1] = from_float<T>(dv[4 * nt + 2 * pair + 1]);
     }
@@ -421,20 +425,27 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
       const bool checked = !(i0 + kQRows <= p.Sq && jt >= range.begin && jt + kKeyTile <= p.Sk &&
                              core::tile_fully_visible(p, i0, i0 + kQRows, jt, jt + kKeyTile));
       const bool plain = !checked && p.mask == nullptr && p.dropout_p == 0.0f;
+      if (plain) {  // two loops, so that the common one stays short and branch-free
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int pair = 0; pair < 2; ++pair) {
+            const int x = 4 * nt + 2 * pair;
+            const float p0 = exp2_approx(sc[x] * scale_log2 - lse2[pair]), p1 = exp2_approx(sc[x + 1] * scale_log2 - lse2[pair]);
+            da[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(p0 * (dp[x] - delta[pair]), p1 * (dp[x + 1] - delta[pair]));
+          }
+        }
+        return;
+      }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int pair = 0; pair < 2; ++pair) {
-          float ds[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int x = 4 * nt + 2 * pair + e;
-            ds[e] = plain ? exp2_approx(sc[x] * scale_log2 - lse2[pair]) * (dp[x] - delta[pair]) * p.scale
-                          : score_grads(p, sc[x], dp[x], lse2[pair], delta[pair], b, h, row0 + 8 * pair, jt + nt * 8 + 2 * tig + e, checked,
-                                        scale_log2, keep_scale)
-                                .ds;
-          }
-          da[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(ds[0], ds[1]);
+          const int x = 4 * nt + 2 * pair;
+          const std::int64_t i = row0 + 8 * pair, j = jt + nt * 8 + 2 * tig;
+          const float d0 = score_grads(p, sc[x], dp[x], lse2[pair], delta[pair], b, h, i, j, checked, scale_log2, keep_scale).ds;
+          const float d1 = score_grads(p, sc[x + 1], dp[x + 1], lse2[pair], delta[pair], b, h, i, j + 1, checked, scale_log2, keep_scale).ds;
+          da[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(d0, d1);
         }
       }
     };
@@ -474,8 +485,8 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
     T* row = static_cast<T*>(c.dq.data) + row_offset(c.dq, b, i, h);
 #pragma unroll
     for (int nt = 0; nt < DT; ++nt) {
-      row[nt * 8 + 2 * tig] = from_float<T>(dq[4 * nt + 2 * pair]);
-      row[nt * 8 + 2 * tig + 1] = from_float<T>(dq[4 * nt + 2 * pair + 1]);
+      row[nt * 8 + 2 * tig] = from_float<T>(dq[4 * nt + 2 * pair] * p.scale);
+      row[nt * 8 + 2 * tig + 1] = from_float<T>(dq[4 * nt + 2 * pair + 1] * p.scale);
     }
   }
 #endif
