@@ -76,6 +76,30 @@ INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(suite_cases(
                          [](const auto& info) { return info.param.backend + "_" + std::to_string(info.param.index); });
 
 
+// A few hundred rows and keys: several tiles, row blocks and pipeline stages of the tiled kernels,
+// with every feature drawn (conformance cases above stay within one or two tiles).
+class LongSequences : public ::testing::TestWithParam<SuiteCase> {};
+
+TEST_P(LongSequences, DenseForwardAndBackward) {
+  Backend* b = nullptr;
+  for (Backend* x : all_backends())
+    if (x->name() == GetParam().backend) b = x;
+  if (!b->available()) GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
+  std::mt19937_64 rng{std::random_device{}()};
+  const auto c = conformance::draw_long_dense_case(rng, *b);
+  for (const auto& r : {conformance::check_forward(*b, c), conformance::check_backward(*b, c)}) {
+    EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " " << r.detail;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, LongSequences, ::testing::ValuesIn([] {
+                           std::vector<SuiteCase> cases;
+                           for (const Backend* b : all_backends())
+                             for (int i = 0; i < 3; ++i) cases.push_back({b->name(), i});
+                           return cases;
+                         }()),
+                         [](const auto& info) { return info.param.backend + "_" + std::to_string(info.param.index); });
+
 // Shapes whose launch grids pass a GPU's per-dimension limits (65535 blocks in y and z): more query
 // rows than fit in one TurboQuant launch, more (batch, head) pairs than one dense launch takes.
 class LargeGrids : public ::testing::TestWithParam<std::string> {};

@@ -58,6 +58,9 @@ struct CheckResult {
 double tolerance(DType dtype);
 
 DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend);
+// Cases of a few hundred query rows and keys at head_dim 64 and 128, every feature: several tiles
+// of every tiled kernel (the GPU kernels tile by 64 and 128), their pipelines and tile skipping.
+DenseCase draw_long_dense_case(std::mt19937_64& rng, const Backend& backend);
 TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend);
 // Decode-shaped cases in the seed's configuration (head_dim 128, keys 2+1, values 2, GQA groups of
 // 4 or 8, up to a few thousand timesteps): the shapes that GPU decode fast paths specialise for.

@@ -237,7 +237,15 @@ CheckResult check_dropout(Backend& backend, std::uint32_t seed, float p) {
   return r;
 }
 
-DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend) {
+namespace {
+
+// The shape ranges a drawn case takes; every feature is drawn alike.
+struct ShapeRanges {
+  std::vector<std::int64_t> dims;
+  std::int64_t batches, rows_lo, rows_hi, small_dim_rows_hi, window_hi;
+};
+
+DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRanges& shapes) {
   auto pick = [&](auto... options) {
     const std::array values{options...};
     return values[std::uniform_int_distribution<std::size_t>(0, values.size() - 1)(rng)];
@@ -247,19 +255,18 @@ DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend) {
   for (;;) {
     DenseCase c;
     c.dtype = pick(DType::f32, DType::f16, DType::bf16);
-    c.D = pick(std::int64_t(1), std::int64_t(17), std::int64_t(32), std::int64_t(64), std::int64_t(96),
-               std::int64_t(128), std::int64_t(256));
-    c.B = range(1, 2);
+    c.D = shapes.dims[std::uniform_int_distribution<std::size_t>(0, shapes.dims.size() - 1)(rng)];
+    c.B = range(1, shapes.batches);
     c.Hkv = range(1, 2);
     c.H = c.Hkv * pick(std::int64_t(1), std::int64_t(2), std::int64_t(4));
-    const std::int64_t budget = c.D >= 128 ? 24 : 48;  // keeps the oracle's work per case small
-    c.Sq = range(1, budget);
-    c.Sk = chance(0.2) ? c.Sq : range(1, budget + 20);
+    const std::int64_t hi = c.D >= 128 ? shapes.rows_hi : shapes.small_dim_rows_hi;  // keeps the oracle's work small
+    c.Sq = range(shapes.rows_lo, hi);
+    c.Sk = chance(0.2) ? c.Sq : range(shapes.rows_lo, hi + 20);
     c.causal = chance(0.5);
     const int offset_kind = int(range(0, 3));
     if (offset_kind == 1) c.causal_offset = 0;
     if (offset_kind == 2) c.causal_offset = range(-4, c.Sk + 4);
-    if (chance(0.3)) c.window = range(1, 24);
+    if (chance(0.3)) c.window = range(1, shapes.window_hi);
     if (chance(0.4)) {
       c.mask = true;
       for (bool& bcast : c.mask_broadcast) bcast = chance(0.5);
@@ -275,6 +282,16 @@ DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend) {
     p.B = c.B; p.Sq = c.Sq; p.Sk = c.Sk; p.H = c.H; p.Hkv = c.Hkv; p.D = c.D; p.dtype = c.dtype;
     if (!backend.unsupported(p)) return c;
   }
+}
+
+}  // namespace
+
+DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend) {
+  return draw_case(rng, backend, {{1, 17, 32, 64, 96, 128, 256}, 2, 1, 24, 48, 24});
+}
+
+DenseCase draw_long_dense_case(std::mt19937_64& rng, const Backend& backend) {
+  return draw_case(rng, backend, {{64, 128}, 1, 130, 520, 520, 400});
 }
 
 }  // namespace flashtq::conformance
