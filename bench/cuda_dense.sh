@@ -19,6 +19,8 @@ for ours, theirs in zip(f["forward"], t["forward"]):
     for name in ("flash", "cudnn", "efficient"):
         if name + "_fwd_ms" in theirs:
             row["ratio_vs_" + name] = theirs[name + "_fwd_ms"] / ours["fwd_ms"]
+        if name + "_fwd_ms" in theirs and "tf32_fwd_ms" in ours:
+            row["tf32_ratio_vs_" + name] = theirs[name + "_fwd_ms"] / ours["tf32_fwd_ms"]
         if name + "_bwd_ms" in theirs and "bwd_ms" in ours:
             row["bwd_ratio_vs_" + name] = theirs[name + "_bwd_ms"] / ours["bwd_ms"]
     row["fraction_of_bf16_peak"] = ours["fwd_tflops"] / t["bf16_matmul_tflops"]
@@ -34,5 +36,6 @@ for r in d["forward"]:
     print(f"{r['dtype']:>4} S={r['S']:>5} causal={r['causal']!s:>5} flashtq {r['fwd_ms']:9.3f} ms {r['fwd_tflops']:7.2f} TF/s  "
           f"flash {r.get('flash_fwd_ms', float('nan')):.3f}  cudnn {r.get('cudnn_fwd_ms', float('nan')):.3f}  "
           f"eff {r.get('efficient_fwd_ms', float('nan')):.3f}  bwd {r.get('bwd_ms', float('nan')):.3f} vs flash {r.get('flash_bwd_ms', float('nan')):.3f} "
-          f"cudnn {r.get('cudnn_bwd_ms', float('nan')):.3f}")
+          f"cudnn {r.get('cudnn_bwd_ms', float('nan')):.3f}"
+          + (f"  tf32 {r['tf32_fwd_ms']:.3f} ms (error {r['tf32_rel_error']:.1e})" if "tf32_fwd_ms" in r else ""))
 PY

@@ -22,6 +22,7 @@ struct DenseProblem {
   std::array<std::int64_t, 4> mask_strides{};
   float dropout_p = 0.0f;
   std::uint32_t seed = 0;
+  bool tf32 = false;  // f32 products may run on TF32 tensor cores (AttentionParams::allow_tf32)
 
   FLASHTQ_HOST_DEVICE std::int64_t group() const { return H / Hkv; }  // query heads per kv head
 };

@@ -26,6 +26,7 @@ struct DenseCase {
   std::uint32_t seed = 0;
   bool lse = true;
   bool bhsd_layout = false;  // PyTorch's [B, H, S, D] memory order
+  bool tf32 = false;         // f32 only: AttentionParams::allow_tf32, checked at the TF32 bound
   std::uint64_t data_seed = 0;
 
   std::string describe() const;
@@ -54,8 +55,8 @@ struct CheckResult {
   double seconds = 0;  // time of the backend's call
 };
 
-// Per SPEC §3: relative error bound for a dtype.
-double tolerance(DType dtype);
+// Per SPEC §3: relative error bound for a dtype (and for f32 with the opt-in TF32 path).
+double tolerance(DType dtype, bool tf32 = false);
 
 DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend);
 // Cases of a few hundred query rows and keys at head_dim 64 and 128, every feature: several tiles

@@ -13,9 +13,9 @@
 
 namespace flashtq::conformance {
 
-double tolerance(DType dtype) {
+double tolerance(DType dtype, bool tf32) {
   switch (dtype) {
-    case DType::f32: return 1e-5;
+    case DType::f32: return tf32 ? 2e-3 : 1e-5;
     case DType::f16: return 2e-3;
     case DType::bf16: return 1e-2;
   }
@@ -32,6 +32,7 @@ std::string DenseCase::describe() const {
   if (dropout_p > 0) s << " drop" << dropout_p;
   if (bhsd_layout) s << " bhsd";
   if (scale) s << " scale" << *scale;
+  if (tf32) s << " tf32";
   return s.str();
 }
 
@@ -59,6 +60,7 @@ struct DenseInputs {
     params.window = c.window;
     params.dropout_p = c.dropout_p;
     params.seed = c.seed;
+    params.allow_tf32 = c.tf32;
     if (c.mask) {
       // A full [B, H, Sq, Sk] block; broadcast dimensions get stride 0 and read its first slice.
       const std::array<std::int64_t, 4> extent{c.B, c.H, c.Sq, c.Sk};
@@ -109,7 +111,7 @@ OracleForward oracle_forward(const DenseInputs& in) {
 }  // namespace
 
 CheckResult check_forward(Backend& backend, const DenseCase& c) {
-  CheckResult r{"forward", c.describe(), 0, tolerance(c.dtype), false, "", 0};
+  CheckResult r{"forward", c.describe(), 0, tolerance(c.dtype, c.tf32), false, "", 0};
   const DenseInputs in(c);
   const OracleForward ref = oracle_forward(in);
 
@@ -140,7 +142,7 @@ CheckResult check_forward(Backend& backend, const DenseCase& c) {
 }
 
 CheckResult check_backward(Backend& backend, const DenseCase& c) {
-  CheckResult r{"backward", c.describe(), 0, tolerance(c.dtype), false, "", 0};
+  CheckResult r{"backward", c.describe(), 0, tolerance(c.dtype, c.tf32), false, "", 0};
   const DenseInputs in(c);
   const DenseProblem p = in.problem();
   const OracleForward fwd = oracle_forward(in);
@@ -277,6 +279,7 @@ DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRan
     c.lse = chance(0.8);
     c.bhsd_layout = chance(0.4);
     if (chance(0.2)) c.scale = float(pick(0.05, 0.3));
+    c.tf32 = c.dtype == DType::f32 && chance(0.4);
     c.data_seed = rng();
     DenseProblem p;
     p.B = c.B; p.Sq = c.Sq; p.Sk = c.Sk; p.H = c.H; p.Hkv = c.Hkv; p.D = c.D; p.dtype = c.dtype;

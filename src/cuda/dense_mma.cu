@@ -13,6 +13,7 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/dense_softmax.cuh"
+#include "cuda/stage_rows.cuh"
 #include "cuda/kernels.hpp"
 
 namespace flashtq::cuda {
@@ -43,35 +44,6 @@ __device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const std::uin
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Copies rows [row0, row0 + rows) of one head of `t` into a padded shared tile with cp.async, 16 bytes
-// per copy; rows at or past `limit` are zero-filled. Where the block's threads tile a row evenly, each
-// thread copies the same 16 bytes of every (kThreads / (D / 8))-th row, walking one pointer.
-template <typename T, int D>
-__device__ __forceinline__ void stage_rows(T (*tile)[D + 8], const TensorView& t, std::int64_t b, std::int64_t h,
-                                           std::int64_t row0, int rows, std::int64_t limit, int tid) {
-  auto copy = [](T* dst, const T* src, bool inside) {
-    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(inside ? 16 : 0));
-  };
-  constexpr int per_row = D / 8;
-  if constexpr (kThreads % per_row == 0) {
-    constexpr int pass_rows = kThreads / per_row;
-    const int r0 = tid / per_row, d0 = (tid % per_row) * 8;
-    const std::int64_t step = pass_rows * t.strides[1];
-    const T* src = static_cast<const T*>(t.data) + row_offset(t, b, row0 + r0, h) + d0;
-    for (int r = r0; r < rows; r += pass_rows, src += step) {
-      const bool inside = row0 + r < limit;
-      copy(&tile[r][d0], inside ? src : static_cast<const T*>(t.data), inside);
-    }
-  } else {
-    for (int e = tid; e < rows * per_row; e += kThreads) {
-      const int r = e / per_row, d0 = (e % per_row) * 8;
-      const bool inside = row0 + r < limit;
-      copy(&tile[r][d0], static_cast<const T*>(t.data) + row_offset(t, b, inside ? row0 + r : 0, h) + d0, inside);
-    }
-  }
-}
-
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv,
                                                                   TensorView ov, float* lse) {
@@ -99,11 +71,11 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
   const ScoreTile<decltype(row_of)> tile{p, b, h, tig, row_of, p.scale * kLog2e,
                                          p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f};
   auto issue = [&](std::int64_t j0, int stage) {
-    stage_rows<T, D>(k_stages + stage * kKeys, kv, b, hk, j0, kKeys, p.Sk, tid);
-    stage_rows<T, D>(v_stages + stage * kKeys, vv, b, hk, j0, kKeys, p.Sk, tid);
+    stage_rows<T, D, 8, kThreads>(k_stages + stage * kKeys, kv, b, hk, j0, kKeys, p.Sk, tid);
+    stage_rows<T, D, 8, kThreads>(v_stages + stage * kKeys, vv, b, hk, j0, kKeys, p.Sk, tid);
     asm volatile("cp.async.commit_group;\n" ::);
   };
-  stage_rows<T, D>(q_tile, qv, b, h, i0, kRows, p.Sq, tid);  // committed with the first K/V tile
+  stage_rows<T, D, 8, kThreads>(q_tile, qv, b, h, i0, kRows, p.Sq, tid);  // committed with the first K/V tile
   const std::int64_t first = range.begin / kKeys * kKeys;
   if (first < range.end) {
     issue(first, 0);
