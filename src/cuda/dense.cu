@@ -205,7 +205,10 @@ unsigned blocks_for(std::int64_t rows) { return unsigned((rows + kWarps - 1) / k
 }  // namespace
 
 void launch_dense_forward(const ForwardCall& c) {
-  if (launch_dense_forward_wgmma(c) || launch_dense_forward_mma(c) || launch_dense_forward_tf32(c)) return;
+  if (launch_dense_forward_wgmma(c) || launch_dense_forward_mma(c) || launch_dense_forward_tf32(c) ||
+      launch_dense_forward_ffma(c)) {
+    return;
+  }
   auto stream = static_cast<cudaStream_t>(c.stream);
   by_dtype(c.p.dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -1,7 +1,8 @@
-// The per-tile online softmax and the final store of the dense tensor-core forwards (mma.sync and
-// wgmma), written once for both: scores arrive as the C fragments of 16-row products, lane (g, tig)
-// of a warp holding rows g and g + 8 of each of its A atoms and keys 8 nt + 2 tig + {0, 1} of n-tile nt
-// (mma.sync's m16n8 fragments and wgmma's m64nN accumulators place them alike).
+// The per-tile online softmax and the final store of the tiled dense forwards (mma.sync, wgmma, TF32
+// and FFMA), written once for all: a thread holds scores s[a][nt][e] and outputs o[a][dt][e] of
+// 2 A rows ("atoms" a, halves e / 2), which the kernel's layout maps to rows, keys and dims; the lanes
+// sharing a row are `RowLanes` consecutive lanes. The tensor-core layout (mma_layout below): lane
+// (g, tig) holds rows g and g + 8 of each atom, keys 8 nt + 2 tig + {0, 1}, dims likewise.
 #pragma once
 
 #include <cstdint>
@@ -13,23 +14,53 @@
 
 namespace flashtq::cuda {
 
-// Where this thread's scores sit: the (b, h) of its block, its lane's column pair and a functor
-// row_of(atom, half) giving the query row of half 0 (row g) or 1 (row g + 8) of an atom.
-template <typename RowOf>
+// Where this thread's scores sit: the (b, h) of its block and functors row_of(atom, half) (the query
+// row), key_of(nt, x) (the key's offset in its tile, x = e % 2) and dim_of(dt, x) (the output dim).
+template <typename RowOf, typename KeyOf, typename DimOf, int RowLanes>
 struct ScoreTile {
   const DenseProblem& p;
   std::int64_t b, h;
-  int tig;
   RowOf row_of;
+  KeyOf key_of;
+  DimOf dim_of;
   float scale_log2;  // p.scale * log2(e): the softmax runs on exp2
   float keep_scale;  // 1 / (1 - dropout_p)
+  static constexpr int kRowLanes = RowLanes;
 };
+
+template <int RowLanes, typename RowOf, typename KeyOf, typename DimOf>
+__device__ __forceinline__ ScoreTile<RowOf, KeyOf, DimOf, RowLanes> score_tile(const DenseProblem& p, std::int64_t b, std::int64_t h,
+                                                                                RowOf row_of, KeyOf key_of, DimOf dim_of) {
+  return {p, b, h, row_of, key_of, dim_of, p.scale * kLog2e, p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f};
+}
+
+// The tensor cores' C-fragment layout (mma.sync m16n8 and wgmma m64nN alike): lane (g, tig) holds
+// keys and dims 8 n + 2 tig + {0, 1}; the 4 lanes of a g share its rows.
+template <typename RowOf>
+__device__ __forceinline__ auto mma_layout(const DenseProblem& p, std::int64_t b, std::int64_t h, int tig, RowOf row_of) {
+  auto column = [tig](int n, int x) { return n * 8 + 2 * tig + x; };
+  return score_tile<4>(p, b, h, row_of, column, column);
+}
+
+// Maximum and sum over the lanes sharing a row.
+template <int RowLanes>
+__device__ __forceinline__ float row_max(float x) {
+#pragma unroll
+  for (int m = 1; m < RowLanes; m <<= 1) x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, m));
+  return x;
+}
+template <int RowLanes>
+__device__ __forceinline__ float row_sum(float x) {
+#pragma unroll
+  for (int m = 1; m < RowLanes; m <<= 1) x += __shfl_xor_sync(0xFFFFFFFFu, x, m);
+  return x;
+}
 
 // Turns one tile of raw scores S (keys j0 + [0, 8 NT)) into the weights P of O += P V, in place: scale,
 // visibility and mask (per element only where the tile is not `interior`), the running maxima m and
 // sums l of each row (in log2 units), O's rescale when a maximum grows, exp2, dropout.
-template <int A, int NT, int DT, typename RowOf>
-__device__ __forceinline__ void softmax_tile(const ScoreTile<RowOf>& t, std::int64_t j0, bool interior, float (&s)[A][NT][4],
+template <int A, int NT, int DT, typename Tile>
+__device__ __forceinline__ void softmax_tile(const Tile& t, std::int64_t j0, bool interior, float (&s)[A][NT][4],
                                              float (&m)[A][2], float (&l)[A][2], float (&o)[A][DT][4]) {
   const DenseProblem& p = t.p;
   float tile_max[A][2];
@@ -50,7 +81,7 @@ __device__ __forceinline__ void softmax_tile(const ScoreTile<RowOf>& t, std::int
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const std::int64_t i = t.row_of(a, e / 2), j = j0 + nt * 8 + 2 * t.tig + (e & 1);
+          const std::int64_t i = t.row_of(a, e / 2), j = j0 + t.key_of(nt, e & 1);
           float v = s[a][nt][e] * p.scale;
           if (!interior && (i >= p.Sq || !core::key_visible(p, i, j))) v = -INFINITY;
           if (p.mask != nullptr && v != -INFINITY) {
@@ -70,9 +101,7 @@ __device__ __forceinline__ void softmax_tile(const ScoreTile<RowOf>& t, std::int
   for (int a = 0; a < A; ++a) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float x = fmaxf(tile_max[a][r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[a][r], 1));
-      x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 2));
-      const float m_new = fmaxf(m[a][r], x);
+      const float m_new = fmaxf(m[a][r], row_max<Tile::kRowLanes>(tile_max[a][r]));
       corr[a][r] = m_new == -INFINITY ? 1.0f : exp2_approx(m[a][r] - m_new);
       m[a][r] = m_new;
       l[a][r] *= corr[a][r];
@@ -88,6 +117,22 @@ __device__ __forceinline__ void softmax_tile(const ScoreTile<RowOf>& t, std::int
       }
     }
   }
+  // Two loops, so that the common one (no dropout) stays short and free of the hash's code.
+  if (p.dropout_p == 0.0f) {
+#pragma unroll
+    for (int a = 0; a < A; ++a) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float pr = s[a][nt][e] == -INFINITY ? 0.0f : exp2_approx(s[a][nt][e] - m[a][e / 2]);
+          l[a][e / 2] += pr;
+          s[a][nt][e] = pr;
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int a = 0; a < A; ++a) {
 #pragma unroll
@@ -96,41 +141,34 @@ __device__ __forceinline__ void softmax_tile(const ScoreTile<RowOf>& t, std::int
       for (int e = 0; e < 4; ++e) {
         const float pr = s[a][nt][e] == -INFINITY ? 0.0f : exp2_approx(s[a][nt][e] - m[a][e / 2]);
         l[a][e / 2] += pr;
-        float w = pr;
-        if (p.dropout_p > 0.0f && pr != 0.0f) {
-          const std::int64_t i = t.row_of(a, e / 2), j = j0 + nt * 8 + 2 * t.tig + (e & 1);
-          w = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(t.b * p.H + t.h), std::uint32_t(i), std::uint32_t(j))
-                  ? pr * t.keep_scale
-                  : 0.0f;
-        }
-        s[a][nt][e] = w;
+        const std::int64_t i = t.row_of(a, e / 2), j = j0 + t.key_of(nt, e & 1);
+        const bool keep = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(t.b * p.H + t.h), std::uint32_t(i), std::uint32_t(j));
+        s[a][nt][e] = keep ? pr * t.keep_scale : 0.0f;
       }
     }
   }
 }
 
 // O / l to `out` (rows past Sq dropped) and, when asked, LSE = m ln 2 + ln l (-inf for a row that sees no key).
-template <typename T, int A, int DT, typename RowOf>
-__device__ __forceinline__ void store_rows(const ScoreTile<RowOf>& t, const TensorView& ov, float* lse, const float (&o)[A][DT][4],
+template <typename T, int A, int DT, typename Tile>
+__device__ __forceinline__ void store_rows(const Tile& t, const TensorView& ov, float* lse, const float (&o)[A][DT][4],
                                            const float (&m)[A][2], const float (&l)[A][2]) {
   const DenseProblem& p = t.p;
 #pragma unroll
   for (int a = 0; a < A; ++a) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float sum = l[a][r] + __shfl_xor_sync(0xFFFFFFFFu, l[a][r], 1);
-      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
+      const float sum = row_sum<Tile::kRowLanes>(l[a][r]);
       const std::int64_t i = t.row_of(a, r);
       if (i >= p.Sq) continue;
       const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
       T* out = static_cast<T*>(ov.data) + row_offset(ov, t.b, i, t.h);
 #pragma unroll
       for (int nt = 0; nt < DT; ++nt) {
-        const int d0 = nt * 8 + 2 * t.tig;
-        out[d0] = from_float<T>(o[a][nt][2 * r] * inv);
-        out[d0 + 1] = from_float<T>(o[a][nt][2 * r + 1] * inv);
+        out[t.dim_of(nt, 0)] = from_float<T>(o[a][nt][2 * r] * inv);
+        out[t.dim_of(nt, 1)] = from_float<T>(o[a][nt][2 * r + 1] * inv);
       }
-      if (lse != nullptr && t.tig == 0) {
+      if (lse != nullptr && threadIdx.x % Tile::kRowLanes == 0) {
         lse[(t.b * p.H + t.h) * p.Sq + i] = sum > 0.0f ? m[a][r] * kLn2 + logf(sum) : -INFINITY;
       }
     }

@@ -62,8 +62,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_tf32_kernel(DenseProblem 
   float o[2][DT][4] = {};
   float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {};
   const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
-  const ScoreTile<decltype(row_of)> tile{p, b, h, tig, row_of, p.scale * kLog2e,
-                                         p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f};
+  const auto tile = mma_layout(p, b, h, tig, row_of);
   auto issue = [&](std::int64_t j0, int stage) {
     stage_rows<float, D, kPad, kThreads>(k_stages + stage * kKeys, kv, b, hk, j0, kKeys, p.Sk, tid);
     stage_rows<float, D, kPad, kThreads>(v_stages + stage * kKeys, vv, b, hk, j0, kKeys, p.Sk, tid);

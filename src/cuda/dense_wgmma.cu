@@ -102,8 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
   auto row_of = [&](int, int half) { return i0 + kGroupRows * group + 16 * warp + g + 8 * half; };
   float o[1][DT][4] = {};
   float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {};
-  const ScoreTile<decltype(row_of)> tile{p, b, h, tig, row_of, p.scale * kLog2e,
-                                         p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f};
+  const auto tile = mma_layout(p, b, h, tig, row_of);
   // Q and K are K-major (k-step kk: column block kk / 4, 32 bytes per step within it; 8-row groups
   // 1024 bytes apart); V is N-major (k-step kk: 16 key rows further; its column blocks a block apart).
   const std::uint64_t q_desc = wgmma::descriptor_sw128(q_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
