@@ -83,7 +83,9 @@ __device__ __forceinline__ void softmax_tile(const Tile& t, std::int64_t j0, boo
         for (int e = 0; e < 4; ++e) {
           const std::int64_t i = t.row_of(a, e / 2), j = j0 + t.key_of(nt, e & 1);
           float v = s[a][nt][e] * p.scale;
-          if (!interior && (i >= p.Sq || !core::key_visible(p, i, j))) v = -INFINITY;
+          // Rows past Sq (a block's last rows) are dropped before the mask is read: "interior" speaks
+          // for the block's real rows only.
+          if (i >= p.Sq || (!interior && !core::key_visible(p, i, j))) v = -INFINITY;
           if (p.mask != nullptr && v != -INFINITY) {
             v += p.mask[t.b * p.mask_strides[0] + t.h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
             if (v <= -1e30f) v = -INFINITY;
