@@ -20,6 +20,7 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.hpp"
 #include "cuda/tensor_map.hpp"
 #include "cuda/tma.cuh"
 #include "cuda/wgmma.cuh"
@@ -121,8 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
   constexpr unsigned kKvBytes = tile_bytes<D>(kKvRows), kQBytes = tile_bytes<D>(kQueryTile);
   const DenseProblem& p = c.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
-  const unsigned k_tile = (base + kAtomBytes - 1) & ~(kAtomBytes - 1), v_tile = k_tile + kKvBytes;
+  const unsigned k_tile = wgmma::swizzle_aligned(smem_raw), v_tile = k_tile + kKvBytes;
   const unsigned stages = v_tile + kKvBytes;  // stage s: Q, dO at stages + (2 s + {0, 1}) kQBytes
   const unsigned stats = stages + kStages * 2 * kQBytes;  // float2 (lse2, delta)[stage][row]
   const unsigned kv_full = stats + kStages * kQueryTile * 8, full = kv_full + 8, empty = full + 8 * kStages;
@@ -135,14 +135,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
   const int tiles = per_head * int(G);
   auto tile_row = [&](int t) { return first + std::int64_t(t % per_head) * kQueryTile; };
   auto tile_head = [&](int t) { return hk * G + t / per_head; };
-  if (tid == 0) {
-    tma::barrier_init(kv_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      tma::barrier_init(full + 8 * s, 32);  // the producer warp's lanes, lane 0 with the copies' bytes
-      tma::barrier_init(empty + 8 * s, 128 * kGroups);
-    }
-    tma::fence_barrier_init();
-  }
+  // "full": the producer warp's 32 lanes (stats stored), lane 0 also with the copies' bytes.
+  if (tid == 0) tma::init_ring(kv_full, full, empty, kStages, 32, 128 * kGroups);
   __syncthreads();
 
   if (group == kGroups) {  // producer: one warp; lane 0 issues the copies, every lane stashes stats
@@ -198,31 +192,15 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
   auto issue_scores = [&](int t) {
     const std::uint64_t q_desc = wgmma::descriptor_sw128(q_tile_of(t), 16, kAtomBytes);
     const std::uint64_t do_desc = wgmma::descriptor_sw128(q_tile_of(t) + kQBytes, 16, kAtomBytes);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const unsigned step = unsigned(kk % 4) * 32;
-      wgmma::mma_ss<T, kQueryTile>(st, wgmma::add_bytes(k_desc, unsigned(kk / 4) * (kKvBytes / kBlocks) + step),
-                                   wgmma::add_bytes(q_desc, unsigned(kk / 4) * (kQBytes / kBlocks) + step), kk > 0);
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const unsigned step = unsigned(kk % 4) * 32;
-      wgmma::mma_ss<T, kQueryTile>(dpt, wgmma::add_bytes(v_desc, unsigned(kk / 4) * (kKvBytes / kBlocks) + step),
-                                   wgmma::add_bytes(do_desc, unsigned(kk / 4) * (kQBytes / kBlocks) + step), kk > 0);
-    }
+    wgmma::mma_ss_rows<T, kQueryTile, D>(st, k_desc, kKvBytes / kBlocks, q_desc, kQBytes / kBlocks);
+    wgmma::mma_ss_rows<T, kQueryTile, D>(dpt, v_desc, kKvBytes / kBlocks, do_desc, kQBytes / kBlocks);
   };
   // dV += P^T dO and dK += dS^T Q of tile t (dO and Q N-major: k-step kk is 16 rows further), issued.
   auto issue_gradients = [&](int t) {
     const std::uint64_t q_n = wgmma::descriptor_sw128(q_tile_of(t), kQBytes / kBlocks, kAtomBytes);
     const std::uint64_t do_n = wgmma::descriptor_sw128(q_tile_of(t) + kQBytes, kQBytes / kBlocks, kAtomBytes);
-#pragma unroll
-    for (int kk = 0; kk < kQueryTile / 16; ++kk) {
-      wgmma::mma_rs_n_major<T, D>(dv, pa[kk], wgmma::add_bytes(do_n, unsigned(kk) * 16 * kAtomRowBytes));
-    }
-#pragma unroll
-    for (int kk = 0; kk < kQueryTile / 16; ++kk) {
-      wgmma::mma_rs_n_major<T, D>(dk, da[kk], wgmma::add_bytes(q_n, unsigned(kk) * 16 * kAtomRowBytes));
-    }
+    wgmma::mma_rs_rows<T, D, kQueryTile>(dv, pa, do_n);
+    wgmma::mma_rs_rows<T, D, kQueryTile>(dk, da, q_n);
   };
   // P^T (with dropout) and dS^T of tile t, packed as A fragments (16 query rows per k-step).
   auto elementwise = [&](int t) {
@@ -326,8 +304,7 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
   constexpr unsigned kRowBytes = tile_bytes<D>(kQRows), kKeyBytes = tile_bytes<D>(kKeyTile);
   const DenseProblem& p = c.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
-  const unsigned q_tile = (base + kAtomBytes - 1) & ~(kAtomBytes - 1), dout_tile = q_tile + kRowBytes;
+  const unsigned q_tile = wgmma::swizzle_aligned(smem_raw), dout_tile = q_tile + kRowBytes;
   const unsigned stages = dout_tile + kRowBytes;  // stage s: K, V at stages + (2 s + {0, 1}) kKeyBytes
   const unsigned q_full = stages + kDqStages * 2 * kKeyBytes, full = q_full + 8, empty = full + 8 * kDqStages;
   const int tid = threadIdx.x, group = tid / 128;
@@ -336,14 +313,7 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
   const core::KeyRange range = core::key_range(p, i0, min(i0 + kQRows, p.Sq));
   const std::int64_t first = range.begin / kKeyTile * kKeyTile;
   const int tiles = first < range.end ? int((range.end - first + kKeyTile - 1) / kKeyTile) : 0;
-  if (tid == 0) {
-    tma::barrier_init(q_full, 1);
-    for (int s = 0; s < kDqStages; ++s) {
-      tma::barrier_init(full + 8 * s, 1);
-      tma::barrier_init(empty + 8 * s, 128 * kGroups);
-    }
-    tma::fence_barrier_init();
-  }
+  if (tid == 0) tma::init_ring(q_full, full, empty, kDqStages, 1, 128 * kGroups);
   __syncthreads();
 
   if (group == kGroups) {  // producer
@@ -398,26 +368,13 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
     auto issue_scores = [&](int t) {
       const std::uint64_t k_desc = wgmma::descriptor_sw128(k_tile_of(t), 16, kAtomBytes);
       const std::uint64_t v_desc = wgmma::descriptor_sw128(k_tile_of(t) + kKeyBytes, 16, kAtomBytes);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const unsigned step = unsigned(kk % 4) * 32;
-        wgmma::mma_ss<T, kKeyTile>(sc, wgmma::add_bytes(q_desc, unsigned(kk / 4) * (kRowBytes / kBlocks) + step),
-                                   wgmma::add_bytes(k_desc, unsigned(kk / 4) * (kKeyBytes / kBlocks) + step), kk > 0);
-      }
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const unsigned step = unsigned(kk % 4) * 32;
-        wgmma::mma_ss<T, kKeyTile>(dp, wgmma::add_bytes(do_desc, unsigned(kk / 4) * (kRowBytes / kBlocks) + step),
-                                   wgmma::add_bytes(v_desc, unsigned(kk / 4) * (kKeyBytes / kBlocks) + step), kk > 0);
-      }
+      wgmma::mma_ss_rows<T, kKeyTile, D>(sc, q_desc, kRowBytes / kBlocks, k_desc, kKeyBytes / kBlocks);
+      wgmma::mma_ss_rows<T, kKeyTile, D>(dp, do_desc, kRowBytes / kBlocks, v_desc, kKeyBytes / kBlocks);
     };
     // dQ += dS K of key tile t (K N-major: k-step kk is 16 keys further), issued.
     auto issue_gradient = [&](int t) {
       const std::uint64_t k_n = wgmma::descriptor_sw128(k_tile_of(t), kKeyBytes / kBlocks, kAtomBytes);
-#pragma unroll
-      for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-        wgmma::mma_rs_n_major<T, D>(dq, da[kk], wgmma::add_bytes(k_n, unsigned(kk) * 16 * kAtomRowBytes));
-      }
+      wgmma::mma_rs_rows<T, D, kKeyTile>(dq, da, k_n);
     };
     // dS of key tile t, packed as A fragments (16 keys per k-step).
     auto elementwise = [&](int t) {
@@ -492,20 +449,11 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
 #endif
 }
 
-template <typename Kernel>
-void allow_shared(Kernel kernel, int bytes) {
-  FLASHTQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-}
-
 template <typename T, int D>
 void launch_dim(const BackwardCall& c, const Maps& kv_maps, const Maps& q_maps, cudaStream_t stream) {
   constexpr int dkdv_smem = int(dkdv_shared_bytes<D>()), dq_smem = int(dq_shared_bytes<D>());
-  static const bool configured = [] {
-    allow_shared(dkdv_wgmma_kernel<T, D>, dkdv_smem);
-    allow_shared(dq_wgmma_kernel<T, D>, dq_smem);
-    return true;
-  }();
-  (void)configured;
+  allow_shared_bytes<dkdv_wgmma_kernel<T, D>>(dkdv_smem);
+  allow_shared_bytes<dq_wgmma_kernel<T, D>>(dq_smem);
   const std::int64_t stash_threads = c.p.B * c.p.H * c.p.Sq * (D / 8);
   stash_row_stats_kernel<T, D><<<unsigned((stash_threads + 255) / 256), 256, 0, stream>>>(c);
   FLASHTQ_CUDA_CHECK_LAUNCH("dense backward row statistics");
@@ -545,14 +493,6 @@ bool dq_is_separate(const BackwardCall& c) {
     if (!in || (in->first < dq->last && dq->first < in->last)) return false;
   }
   return true;
-}
-
-bool device_is_hopper() {
-  int device = 0, major = 0, minor = 0;
-  FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
-  FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major == 9 && minor == 0;
 }
 
 // Maps whose boxes are `query_rows` rows of Q, dO, O and `key_rows` rows of K, V.

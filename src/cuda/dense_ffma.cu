@@ -11,6 +11,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/dense_softmax.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.hpp"
 #include "cuda/stage_rows.cuh"
 
 namespace flashtq::cuda {
@@ -134,35 +135,19 @@ __global__ void __launch_bounds__(kThreads, 1) forward_ffma_kernel(DenseProblem 
 template <int D>
 void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
   constexpr int smem = shared_floats<D>() * int(sizeof(float));
-  static const bool configured = [] {
-    FLASHTQ_CUDA_CHECK(cudaFuncSetAttribute(forward_ffma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)configured;
+  allow_shared_bytes<forward_ffma_kernel<D>>(smem);
   forward_ffma_kernel<D><<<grid, kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
-}
-
-// 16-byte rows: base and strides multiples of 4 floats.
-bool float_rows_aligned16(const TensorView& t) {
-  return reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 && t.strides[0] % 4 == 0 && t.strides[1] % 4 == 0 &&
-         t.strides[2] % 4 == 0;
 }
 
 }  // namespace
 
 bool launch_dense_forward_ffma(const ForwardCall& c) {
   if (c.p.dtype != DType::f32) return false;
-  if (!float_rows_aligned16(c.q) || !float_rows_aligned16(c.k) || !float_rows_aligned16(c.v)) return false;
+  if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v)) return false;
   if (c.p.B * c.p.H > 65535) return false;
   const dim3 grid(unsigned((c.p.Sq + kRows - 1) / kRows), unsigned(c.p.B * c.p.H));
   auto stream = static_cast<cudaStream_t>(c.stream);
-  switch (c.p.D) {
-    case 32: launch_dim<32>(c, grid, stream); break;
-    case 64: launch_dim<64>(c, grid, stream); break;
-    case 96: launch_dim<96>(c, grid, stream); break;
-    case 128: launch_dim<128>(c, grid, stream); break;
-    default: return false;
-  }
+  if (!for_head_dim(c.p.D, [&](auto d) { launch_dim<decltype(d)::value>(c, grid, stream); })) return false;
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (f32 FFMA tiles)");
   return true;
 }

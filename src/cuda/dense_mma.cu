@@ -15,6 +15,7 @@
 #include "cuda/dense_softmax.cuh"
 #include "cuda/stage_rows.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.hpp"
 
 namespace flashtq::cuda {
 namespace {
@@ -161,11 +162,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
 template <typename T, int D>
 void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
   constexpr int smem = (kRows + 4 * kKeysFor<D>) * (D + 8) * int(sizeof(T));  // Q, and K and V in two stages each
-  static const bool configured = [] {
-    FLASHTQ_CUDA_CHECK(cudaFuncSetAttribute(forward_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)configured;
+  allow_shared_bytes<forward_mma_kernel<T, D>>(smem);
   forward_mma_kernel<T, D><<<grid, kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
 }
 
@@ -173,13 +170,7 @@ template <typename T>
 bool launch_for(const ForwardCall& c) {
   const dim3 grid(unsigned((c.p.Sq + kRows - 1) / kRows), unsigned(c.p.B * c.p.H));
   auto stream = static_cast<cudaStream_t>(c.stream);
-  switch (c.p.D) {
-    case 32: launch_dim<T, 32>(c, grid, stream); break;
-    case 64: launch_dim<T, 64>(c, grid, stream); break;
-    case 96: launch_dim<T, 96>(c, grid, stream); break;
-    case 128: launch_dim<T, 128>(c, grid, stream); break;
-    default: return false;
-  }
+  if (!for_head_dim(c.p.D, [&](auto d) { launch_dim<T, decltype(d)::value>(c, grid, stream); })) return false;
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (tensor cores)");
   return true;
 }

@@ -17,6 +17,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/dense_softmax.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.hpp"
 #include "cuda/tensor_map.hpp"
 #include "cuda/tma.cuh"
 #include "cuda/wgmma.cuh"
@@ -56,7 +57,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
   // one producer warp at 24 and two consumer warps at 240.
   constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const unsigned q_tile = (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  const unsigned q_tile = wgmma::swizzle_aligned(smem_raw);
   const unsigned k_tiles = q_tile + kQBytes, v_tiles = k_tiles + kStages * kKvBytes;
   const unsigned q_full = v_tiles + kStages * kKvBytes, full = q_full + 8, empty = full + 8 * kStages;  // barriers
   const int tid = threadIdx.x, group = tid / 128;
@@ -66,14 +67,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
   const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
   const std::int64_t first = range.begin / kKeys * kKeys;
   const int tiles = first < range.end ? int((range.end - first + kKeys - 1) / kKeys) : 0;
-  if (tid == 0) {
-    tma::barrier_init(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      tma::barrier_init(full + 8 * s, 1);
-      tma::barrier_init(empty + 8 * s, 128 * kGroups);
-    }
-    tma::fence_barrier_init();
-  }
+  if (tid == 0) tma::init_ring(q_full, full, empty, kStages, 1, 128 * kGroups);
   __syncthreads();
 
   if (group == kGroups) {  // the producer warpgroup: one thread issues every copy
@@ -108,19 +102,11 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
   const std::uint64_t q_desc = wgmma::descriptor_sw128(q_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
   auto scores = [&](float (&s)[1][NT][4], int stage) {  // S = Q K^T, issued
     const std::uint64_t k_desc = wgmma::descriptor_sw128(k_tiles + stage * kKvBytes, 16, kAtomBytes);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const unsigned step = unsigned(kk % 4) * 32;  // within the column block
-      wgmma::mma_ss<T, kKeys>(reinterpret_cast<float(&)[NT * 4]>(s[0]), wgmma::add_bytes(q_desc, unsigned(kk / 4) * (kQBytes / kBlocks) + step),
-                              wgmma::add_bytes(k_desc, unsigned(kk / 4) * (kKvBytes / kBlocks) + step), kk > 0);
-    }
+    wgmma::mma_ss_rows<T, kKeys, D>(reinterpret_cast<float(&)[NT * 4]>(s[0]), q_desc, kQBytes / kBlocks, k_desc, kKvBytes / kBlocks);
   };
   auto accumulate = [&](const std::uint32_t (&pa)[kKeys / 16][4], int stage) {  // O += P V, issued
     const std::uint64_t v_desc = wgmma::descriptor_sw128(v_tiles + stage * kKvBytes, kKvBytes / kBlocks, kAtomBytes);
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      wgmma::mma_rs_n_major<T, D>(reinterpret_cast<float(&)[DT * 4]>(o[0]), pa[kk], wgmma::add_bytes(v_desc, unsigned(kk) * 16 * kAtomRowBytes));
-    }
+    wgmma::mma_rs_rows<T, D, kKeys>(reinterpret_cast<float(&)[DT * 4]>(o[0]), pa, v_desc);
   };
   // Turns on the tensor cores: warpgroup q waits on named barrier 1 + q, then lets the other go.
   auto my_turn = [&] { tma::named_sync(1 + group, 128 * kGroups); };
@@ -179,11 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
 template <typename T, int D>
 void launch_dim(const ForwardCall& c, const Maps& maps, dim3 grid, cudaStream_t stream) {
   constexpr int smem = int(shared_bytes<D>());
-  static const bool configured = [] {
-    FLASHTQ_CUDA_CHECK(cudaFuncSetAttribute(forward_wgmma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)configured;
+  allow_shared_bytes<forward_wgmma_kernel<T, D>>(smem);
   forward_wgmma_kernel<T, D><<<grid, kThreads, smem, stream>>>(c.p, maps, c.out, c.lse);
 }
 
@@ -199,14 +181,6 @@ void launch_for(const ForwardCall& c, const Maps& maps) {
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (wgmma)");
 }
 
-// wgmma exists on sm_90 only (this file's sm_90a code); other GPUs take the mma.sync kernel.
-bool device_is_hopper() {
-  int device = 0, major = 0, minor = 0;
-  FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
-  FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major == 9 && minor == 0;
-}
 
 }  // namespace
 

@@ -41,6 +41,19 @@ __device__ __forceinline__ void load_4d(unsigned dst, const CUtensorMap& map, un
       ::"r"(dst), "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
 }
+// A producer/consumer ring: barrier `once` (one arrival, for tiles loaded once) and per stage a
+// "full" barrier (`producer_arrivals`) and an "empty" one (`consumer_arrivals`), 8 bytes apart each;
+// initialised by one thread, made visible to the copy engine (the caller then syncs the block).
+__device__ __forceinline__ void init_ring(unsigned once, unsigned full, unsigned empty, int stages, unsigned producer_arrivals,
+                                          unsigned consumer_arrivals) {
+  barrier_init(once, 1);
+  for (int s = 0; s < stages; ++s) {
+    barrier_init(full + 8 * s, producer_arrivals);
+    barrier_init(empty + 8 * s, consumer_arrivals);
+  }
+  fence_barrier_init();
+}
+
 // Named barriers 1..15 among `threads` threads: sync waits for all of them, arrive only counts itself.
 __device__ __forceinline__ void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id, int threads) {

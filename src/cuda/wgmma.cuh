@@ -26,6 +26,12 @@ __device__ __forceinline__ std::uint64_t descriptor_sw128(unsigned address, unsi
 }
 __device__ __forceinline__ std::uint64_t add_bytes(std::uint64_t descriptor, unsigned bytes) { return descriptor + (bytes >> 4); }
 
+// The first 1024-byte-aligned shared address at or after `smem` (the 128-byte swizzle pattern
+// repeats every 1024 bytes; launches add 1024 bytes of dynamic shared memory for this).
+__device__ __forceinline__ unsigned swizzle_aligned(const void* smem) {
+  return (static_cast<unsigned>(__cvta_generic_to_shared(smem)) + 1023u) & ~1023u;
+}
+
 #ifdef FLASHTQ_WGMMA
 // Orders this thread's register writes before the warpgroup's next wgmma reads them.
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -135,6 +141,25 @@ __device__ __forceinline__ void mma_rs_n_major<__nv_bfloat16, 128>(float (&d)[64
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
+// D (+)= A B^T over a head dim of K elements: A (64 rows) and B (N rows) both K-major in 128-byte-
+// swizzled tiles of K / 64 column blocks, `a_block` and `b_block` bytes apart; K / 16 k-steps of 32
+// bytes within a block. D = A B^T (the first step does not accumulate).
+template <typename T, int N, int K>
+__device__ __forceinline__ void mma_ss_rows(float (&d)[N / 2], std::uint64_t a, unsigned a_block, std::uint64_t b, unsigned b_block) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    const unsigned step = unsigned(kk % 4) * 32;
+    mma_ss<T, N>(d, add_bytes(a, unsigned(kk / 4) * a_block + step), add_bytes(b, unsigned(kk / 4) * b_block + step), kk > 0);
+  }
+}
+
+// D += A B over K rows of B: A's fragments in registers (one per 16-row k-step), B N-major in a
+// 128-byte-swizzled tile (k-step kk is 16 rows of 128 bytes further).
+template <typename T, int N, int K>
+__device__ __forceinline__ void mma_rs_rows(float (&d)[N / 2], const std::uint32_t (&a)[K / 16][4], std::uint64_t b) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) mma_rs_n_major<T, N>(d, a[kk], add_bytes(b, unsigned(kk) * 16 * 128));
+}
 #endif  // FLASHTQ_WGMMA
 
 }  // namespace flashtq::cuda::wgmma
