@@ -75,3 +75,32 @@ TEST(WebGpuMemory, ForeignAndOverrunningAddressesAreErrors) {
 
 }  // namespace
 }  // namespace flashtq
+
+namespace flashtq {
+namespace {
+
+// llvmpipe (lavapipe) stops a shader invocation's loops after 65535 iterations: a dense problem whose
+// key loop is longer is refused with a reason naming it, rather than answered with unwritten outputs.
+TEST(WebGpuLavapipe, RefusesKeyLoopsBeyondTheLoopLimit) {
+  Backend* gpu = webgpu_or_skip();
+  if (!gpu) GTEST_SKIP() << "the webgpu backend is not built or has no adapter here";
+  if (gpu->description().find("llvmpipe") == std::string::npos) GTEST_SKIP() << "not on llvmpipe: " << gpu->description();
+  DenseProblem p;
+  p.B = 1;
+  p.H = p.Hkv = 1;
+  p.D = 128;
+  p.Sq = 1;
+  p.Sk = 512;
+  EXPECT_FALSE(gpu->unsupported(p).has_value());
+  p.Sk = 4096;
+  const auto why = gpu->unsupported(p);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("llvmpipe"), std::string::npos) << *why;
+  p.Sk = 512;
+  p.H = 8;  // dK/dV walk the rows of every head of the group
+  p.Sq = 1024;
+  EXPECT_TRUE(gpu->unsupported(p).has_value());
+}
+
+}  // namespace
+}  // namespace flashtq

@@ -182,12 +182,15 @@ CheckResult check_backward(Backend& backend, const DenseCase& c) {
   // own vanishing norm, where f32 rounding alone would exceed the tolerance (dK sums that rounding
   // over every row of every head of the group).
   const double kGradientFloor = 1e-1 * double(p.scale) * double(p.D);
-  const std::pair<const char*, double> errs[] = {{"dq", relative_error(dq, gq.values(), r.detail, kGradientFloor)},
-                                                  {"dk", relative_error(dk, gk.values(), r.detail, kGradientFloor)},
-                                                  {"dv", relative_error(dv, gv.values(), r.detail, kGradientFloor)}};
-  for (const auto& [name, e] : errs) {
-    if (e > r.error) r.error = e;
-    if (e > r.tolerance && r.detail.find(name) == std::string::npos) r.detail = std::string(name) + ": " + r.detail;
+  // Each gradient's error, and for each one over the bound its name and (for a NaN or an infinity)
+  // the first offending element.
+  const std::pair<const char*, const std::vector<double>*> grads[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
+  const HostTensor* got[] = {&gq, &gk, &gv};
+  for (int g = 0; g < 3; ++g) {
+    std::string why;
+    const double e = relative_error(*grads[g].second, got[g]->values(), why, kGradientFloor);
+    r.error = std::max(r.error, e);
+    if (e > r.tolerance) r.detail += std::string(r.detail.empty() ? "" : "; ") + grads[g].first + " error " + std::to_string(e) + (why.empty() ? "" : " (" + why + ")");
   }
   r.passed = r.error <= r.tolerance;
   return r;

@@ -159,6 +159,19 @@ class WebGpuBackend final : public Backend {
   std::string unavailable_reason() const override { return Context::unusable_reason(); }
   std::optional<std::string> unsupported(const DenseProblem& p) const override {
     if (p.D % 4 != 0) return "the webgpu kernels need head_dim a multiple of 4";
+    // Mesa's llvmpipe (lavapipe) ends every loop of a shader invocation once that invocation has run
+    // 65535 loop iterations in all (gallivm's loop limiter): past it the dense kernels would leave
+    // outputs silently unwritten, so such problems are refused there. An invocation walks one query
+    // row's keys (forward, dq) or one key's rows of every head of its group (dk, dv), about 2 D/4 + 4
+    // iterations each, plus its tiles' loads.
+    if (Context::usable() && Context::get().adapter_description().find("llvmpipe") != std::string::npos) {
+      const std::int64_t iterations = std::max(p.Sk, p.group() * p.Sq) * (2 * (p.D / 4) + 4) + 4096;
+      if (iterations > 65535) {
+        return "on llvmpipe (lavapipe), which stops a shader invocation's loops after 65535 iterations, the dense "
+               "kernels take at most about " + std::to_string(61439 / (2 * (p.D / 4) + 4)) +
+               " keys per query row and query rows (times the GQA group) per key at this head_dim";
+      }
+    }
     return std::nullopt;
   }
   std::optional<std::string> unsupported(const TqLayout& l) const override {
