@@ -59,7 +59,7 @@ struct CheckResult {
 double tolerance(DType dtype, bool tf32 = false);
 
 DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend);
-// Cases of a few hundred query rows and keys at head_dim 64 and 128, every feature: several tiles
+// Cases of a few hundred query rows and keys at head_dim 64, 128 and 256, every feature: several tiles
 // of every tiled kernel (the GPU kernels tile by 64 and 128), their pipelines and tile skipping.
 DenseCase draw_long_dense_case(std::mt19937_64& rng, const Backend& backend);
 TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend);

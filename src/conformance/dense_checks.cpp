@@ -248,6 +248,7 @@ namespace {
 struct ShapeRanges {
   std::vector<std::int64_t> dims;
   std::int64_t batches, rows_lo, rows_hi, small_dim_rows_hi, window_hi;
+  std::int64_t dim256_rows_hi;  // rows and keys at head_dim 256
 };
 
 DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRanges& shapes) {
@@ -264,7 +265,7 @@ DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRan
     c.B = range(1, shapes.batches);
     c.Hkv = range(1, 2);
     c.H = c.Hkv * pick(std::int64_t(1), std::int64_t(2), std::int64_t(4));
-    const std::int64_t hi = c.D >= 128 ? shapes.rows_hi : shapes.small_dim_rows_hi;  // keeps the oracle's work small
+    const std::int64_t hi = c.D >= 256 ? shapes.dim256_rows_hi : c.D >= 128 ? shapes.rows_hi : shapes.small_dim_rows_hi;  // keeps the oracle's work small
     c.Sq = range(shapes.rows_lo, hi);
     c.Sk = chance(0.2) ? c.Sq : range(shapes.rows_lo, hi + 20);
     c.causal = chance(0.5);
@@ -293,11 +294,11 @@ DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRan
 }  // namespace
 
 DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend) {
-  return draw_case(rng, backend, {{1, 17, 32, 64, 96, 128, 256}, 2, 1, 24, 48, 24});
+  return draw_case(rng, backend, {{1, 17, 32, 64, 96, 128, 256}, 2, 1, 24, 48, 24, 24});
 }
 
 DenseCase draw_long_dense_case(std::mt19937_64& rng, const Backend& backend) {
-  return draw_case(rng, backend, {{64, 128}, 1, 130, 520, 520, 400});
+  return draw_case(rng, backend, {{64, 128, 256}, 1, 130, 520, 520, 400, 270});
 }
 
 }  // namespace flashtq::conformance

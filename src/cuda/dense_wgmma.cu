@@ -27,7 +27,12 @@ namespace {
 
 constexpr int kGroupRows = 64, kGroups = 2, kRows = kGroups * kGroupRows;
 constexpr int kThreads = 128 * (kGroups + 1);  // the consumer warpgroups, then the producer warpgroup
-constexpr int kKeys = 128, kStages = 3;       // keys per K/V tile; tiles in flight
+// Keys per K/V tile and tiles in flight: 128 and 3 up to head_dim 128; at 256, 64 and 2 (O's 128
+// accumulator registers, and shared memory).
+template <int D>
+constexpr int kKeysFor = D <= 128 ? 128 : 64;
+template <int D>
+constexpr int kStagesFor = D <= 128 ? 3 : 2;
 constexpr unsigned kAtomRowBytes = 128;       // a swizzle atom's row: 64 elements of 16 bits
 constexpr unsigned kAtomBytes = 8 * kAtomRowBytes;
 
@@ -40,7 +45,7 @@ constexpr unsigned tile_bytes(int rows) {
 // 1024 bytes to align the start.
 template <int D>
 constexpr unsigned shared_bytes() {
-  return tile_bytes<D>(kRows) + 2 * kStages * tile_bytes<D>(kKeys) + 8 * (1 + 2 * kStages) + kAtomBytes;
+  return tile_bytes<D>(kRows) + 2 * kStagesFor<D> * tile_bytes<D>(kKeysFor<D>) + 8 * (1 + 2 * kStagesFor<D>) + kAtomBytes;
 }
 
 struct Maps {
@@ -51,6 +56,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem p, const __grid_constant__ Maps maps,
                                                                     TensorView ov, float* lse) {
 #ifdef FLASHTQ_WGMMA
+  constexpr int kKeys = kKeysFor<D>, kStages = kStagesFor<D>;
   constexpr int NT = kKeys / 8, DT = D / 8, kBlocks = D / 64;  // n-tiles of S and of O; column blocks
   constexpr unsigned kQBytes = tile_bytes<D>(kRows), kKvBytes = tile_bytes<D>(kKeys);
   // Registers per thread once the producer gives its own back: a scheduler's file (512 per lane) holds
@@ -173,10 +179,10 @@ template <typename T>
 void launch_for(const ForwardCall& c, const Maps& maps) {
   const dim3 grid(unsigned((c.p.Sq + kRows - 1) / kRows), unsigned(c.p.B * c.p.H));
   auto stream = static_cast<cudaStream_t>(c.stream);
-  if (c.p.D == 64) {
-    launch_dim<T, 64>(c, maps, grid, stream);
-  } else {
-    launch_dim<T, 128>(c, maps, grid, stream);
+  switch (c.p.D) {
+    case 64: launch_dim<T, 64>(c, maps, grid, stream); break;
+    case 128: launch_dim<T, 128>(c, maps, grid, stream); break;
+    default: launch_dim<T, 256>(c, maps, grid, stream); break;
   }
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (wgmma)");
 }
@@ -185,12 +191,13 @@ void launch_for(const ForwardCall& c, const Maps& maps) {
 }  // namespace
 
 bool launch_dense_forward_wgmma(const ForwardCall& c) {
-  if (c.p.D != 64 && c.p.D != 128) return false;
+  if (c.p.D != 64 && c.p.D != 128 && c.p.D != 256) return false;
   if (c.p.dtype != DType::f16 && c.p.dtype != DType::bf16) return false;
   // Grid y, and the TMA coordinates (32-bit signed).
   if (c.p.B * c.p.H > 65535 || c.p.Sq >= (std::int64_t(1) << 31) || c.p.Sk >= (std::int64_t(1) << 31)) return false;
   if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v) || !device_is_hopper()) return false;
-  const auto q = row_tile_map(c.q, kRows), k = row_tile_map(c.k, kKeys), v = row_tile_map(c.v, kKeys);
+  const unsigned keys = c.p.D <= 128 ? kKeysFor<128> : kKeysFor<256>;
+  const auto q = row_tile_map(c.q, kRows), k = row_tile_map(c.k, keys), v = row_tile_map(c.v, keys);
   if (!q || !k || !v) return false;
   const Maps maps{*q, *k, *v};
   if (c.p.dtype == DType::f16) {
