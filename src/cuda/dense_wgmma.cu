@@ -1,13 +1,14 @@
-// Dense forward on Hopper (sm_90a), f16/bf16, head_dim 64 and 128: warpgroup tensor cores (wgmma),
+// Dense forward on Hopper (sm_90a), f16/bf16, head_dim 64, 128, 256: warpgroup tensor cores (wgmma),
 // tiles fetched by the tensor memory accelerator (TMA), and two warpgroups taking turns on the tensor
 // cores (FlashAttention-3's "ping-pong"): while one runs its softmax the other's products run.
 // A block owns 128 query rows: warpgroups 0 and 1 hold 64 each; warpgroup 2 is the producer, whose
-// one thread streams K/V tiles of 128 keys into a ring of three shared-memory stages (mbarriers
-// "full" and "empty" per stage). Tiles sit in wgmma's 128-byte-swizzled layout, which TMA writes.
+// one thread streams K/V tiles of 128 keys (64 at head_dim 256) into a ring of three shared-memory
+// stages (two at 256), with mbarriers "full" and "empty" per stage. Tiles sit in wgmma's
+// 128-byte-swizzled layout, which TMA writes.
 // Each warpgroup runs the chain S_0; (O += P_0 V_0, S_1); (O += P_1 V_1, S_2); ...; (O += P_n V_n) as one
 // product group per turn: S = Q K^T reads both operands from shared memory; O += P V takes P from
 // registers (S's accumulators after the softmax) and V from shared memory as an N-major operand.
-// The softmax and every feature of SPEC §1 are the mma.sync kernel's (dense_softmax.cuh).
+// The softmax and every feature of SPEC §1 are shared with the other forwards (dense_softmax.cuh).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

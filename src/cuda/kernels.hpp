@@ -11,7 +11,7 @@ namespace flashtq::cuda {
 void launch_dense_forward(const ForwardCall& call);
 // The tensor-core forward (f16/bf16, head_dim 32..128, 16-byte aligned rows); false when it does not apply.
 bool launch_dense_forward_mma(const ForwardCall& call);
-// The Hopper forward (wgmma; f16/bf16, head_dim 64 and 128, 16-byte aligned rows, sm_90 devices); false when it does not apply.
+// The Hopper forward (wgmma; f16/bf16, head_dim 64, 128 and 256, 16-byte aligned rows, sm_90 devices); false when it does not apply.
 bool launch_dense_forward_wgmma(const ForwardCall& call);
 // The opt-in TF32 forward for f32 inputs (AttentionParams::allow_tf32; head_dim 32..128, 16-byte aligned rows).
 bool launch_dense_forward_tf32(const ForwardCall& call);
