@@ -21,10 +21,10 @@ using flashtq::DType;
 using flashtq::Memory;
 using flashtq::TensorView;
 
-// One warm-up call; few repeats for f32, whose exact kernel takes seconds per call at S = 16k.
+// The median of 20 timed calls after one warm-up call.
 template <typename F>
-double median_ms(F&& f, DType dtype) {
-  return flashtq::bench::time_ms(f, nullptr, dtype == DType::f32 ? 3 : 20, 1);
+double median_ms(F&& f) {
+  return flashtq::bench::time_ms(f, nullptr, 20, 1);
 }
 
 }  // namespace
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
         flashtq::AttentionParams params;
         params.causal = causal;
         const double flops = 4.0 * double(B * H) * double(S) * double(S) * double(D) * (causal ? 0.5 : 1.0);
-        const double fwd = median_ms([&] { flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(o), lse}, params); }, dtype);
+        const double fwd = median_ms([&] { flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(o), lse}, params); });
         nlohmann::json row = {{"dtype", flashtq::dtype_name(dtype)}, {"S", S}, {"B", B}, {"causal", causal},
                               {"fwd_ms", fwd}, {"fwd_tflops", flops / (fwd * 1e-3) / 1e12}};
         if (dtype == DType::f32) {  // the TF32 path beside the exact one, and its error against it
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
           cudaMemcpy(exact.data(), o, bytes, cudaMemcpyDeviceToHost);
           flashtq::AttentionParams fast = params;
           fast.allow_tf32 = true;
-          const double ms = median_ms([&] { flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(dq), nullptr}, fast); }, DType::bf16);
+          const double ms = median_ms([&] { flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(dq), nullptr}, fast); });
           cudaMemcpy(tf32.data(), dq, bytes, cudaMemcpyDeviceToHost);
           double num = 0, den = 0;
           for (std::size_t i = 0; i < n; ++i) {
@@ -87,8 +87,7 @@ int main(int argc, char** argv) {
               [&] {
                 flashtq::attention_backward(
                     cuda, {view(q), view(k), view(v), view(o), view(dout), lse, view(dq), view(dk), view(dv)}, params);
-              },
-              dtype);
+              });
           row["bwd_ms"] = bwd;
           row["bwd_tflops"] = 2.5 * flops / (bwd * 1e-3) / 1e12;
         }

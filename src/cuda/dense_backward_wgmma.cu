@@ -31,13 +31,6 @@ namespace {
 constexpr int kGroups = 2, kThreads = 128 * (kGroups + 1);  // two consumer warpgroups, one producer
 constexpr int kStages = 3;
 [[maybe_unused]] constexpr int kGroupRows = 64;  // rows (keys for dK/dV, queries for dQ) per consumer warpgroup
-constexpr unsigned kAtomRowBytes = 128, kAtomBytes = 8 * kAtomRowBytes;
-
-// A tile of `rows` rows by D elements: D / 64 column blocks of rows x 128 bytes, 128-byte swizzled.
-template <int D>
-constexpr unsigned tile_bytes(int rows) {
-  return unsigned(D / 64) * unsigned(rows) * kAtomRowBytes;
-}
 
 struct Maps {
   CUtensorMap q, k, v, dout;
@@ -110,16 +103,16 @@ constexpr int kKvRows = 128, kQueryTile = 64;  // keys per block; query rows per
 
 template <int D>
 constexpr unsigned dkdv_shared_bytes() {
-  return 2 * tile_bytes<D>(kKvRows) + kStages * 2 * tile_bytes<D>(kQueryTile)  // K, V; (Q, dO) stages
+  return 2 * wgmma::swizzled_tile_bytes<D>(kKvRows) + kStages * 2 * wgmma::swizzled_tile_bytes<D>(kQueryTile)  // K, V; (Q, dO) stages
          + kStages * kQueryTile * 8                                             // (lse2, delta) per stage
-         + 8 * (1 + 2 * kStages) + kAtomBytes;                                  // barriers; alignment
+         + 8 * (1 + 2 * kStages) + wgmma::kSwizzleAtomBytes;                                  // barriers; alignment
 }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c, const __grid_constant__ Maps maps) {
 #ifdef FLASHTQ_WGMMA
   constexpr int kBlocks = D / 64, NT = kQueryTile / 8, DT = D / 8;
-  constexpr unsigned kKvBytes = tile_bytes<D>(kKvRows), kQBytes = tile_bytes<D>(kQueryTile);
+  constexpr unsigned kKvBytes = wgmma::swizzled_tile_bytes<D>(kKvRows), kQBytes = wgmma::swizzled_tile_bytes<D>(kQueryTile);
   const DenseProblem& p = c.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const unsigned k_tile = wgmma::swizzle_aligned(smem_raw), v_tile = k_tile + kKvBytes;
@@ -180,8 +173,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
   const std::int64_t key0 = j0 + kGroupRows * group + 16 * warp + g;
   float dk[DT * 4] = {}, dv[DT * 4] = {};
   // K and V rows of this warpgroup as A operands (K-major): k-step kk at column block kk / 4.
-  const std::uint64_t k_desc = wgmma::descriptor_sw128(k_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
-  const std::uint64_t v_desc = wgmma::descriptor_sw128(v_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
+  const std::uint64_t k_desc = wgmma::k_major(k_tile, group * kGroupRows);
+  const std::uint64_t v_desc = wgmma::k_major(v_tile, group * kGroupRows);
   // Turns on the tensor cores: warpgroup q waits on named barrier 1 + q, then lets the other go.
   auto my_turn = [&] { tma::named_sync(1 + group, 128 * kGroups); };
   auto their_turn = [&] { tma::named_arrive(2 - group, 128 * kGroups); };
@@ -190,15 +183,15 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
   std::uint32_t pa[kQueryTile / 16][4], da[kQueryTile / 16][4];
   // S^T = K Q^T and dP^T = V dO^T of tile t (64 keys x 64 rows each), issued.
   auto issue_scores = [&](int t) {
-    const std::uint64_t q_desc = wgmma::descriptor_sw128(q_tile_of(t), 16, kAtomBytes);
-    const std::uint64_t do_desc = wgmma::descriptor_sw128(q_tile_of(t) + kQBytes, 16, kAtomBytes);
+    const std::uint64_t q_desc = wgmma::k_major(q_tile_of(t), 0);
+    const std::uint64_t do_desc = wgmma::k_major(q_tile_of(t) + kQBytes, 0);
     wgmma::mma_ss_rows<T, kQueryTile, D>(st, k_desc, kKvBytes / kBlocks, q_desc, kQBytes / kBlocks);
     wgmma::mma_ss_rows<T, kQueryTile, D>(dpt, v_desc, kKvBytes / kBlocks, do_desc, kQBytes / kBlocks);
   };
   // dV += P^T dO and dK += dS^T Q of tile t (dO and Q N-major: k-step kk is 16 rows further), issued.
   auto issue_gradients = [&](int t) {
-    const std::uint64_t q_n = wgmma::descriptor_sw128(q_tile_of(t), kQBytes / kBlocks, kAtomBytes);
-    const std::uint64_t do_n = wgmma::descriptor_sw128(q_tile_of(t) + kQBytes, kQBytes / kBlocks, kAtomBytes);
+    const std::uint64_t q_n = wgmma::n_major(q_tile_of(t), kQBytes / kBlocks);
+    const std::uint64_t do_n = wgmma::n_major(q_tile_of(t) + kQBytes, kQBytes / kBlocks);
     wgmma::mma_rs_rows<T, D, kQueryTile>(dv, pa, do_n);
     wgmma::mma_rs_rows<T, D, kQueryTile>(dk, da, q_n);
   };
@@ -294,14 +287,14 @@ constexpr int kQRows = 128, kKeyTile = 64, kDqStages = 3;  // query rows per blo
 
 template <int D>
 constexpr unsigned dq_shared_bytes() {
-  return 2 * tile_bytes<D>(kQRows) + kDqStages * 2 * tile_bytes<D>(kKeyTile) + 8 * (1 + 2 * kDqStages) + kAtomBytes;
+  return 2 * wgmma::swizzled_tile_bytes<D>(kQRows) + kDqStages * 2 * wgmma::swizzled_tile_bytes<D>(kKeyTile) + 8 * (1 + 2 * kDqStages) + wgmma::kSwizzleAtomBytes;
 }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, const __grid_constant__ Maps maps) {
 #ifdef FLASHTQ_WGMMA
   constexpr int kBlocks = D / 64, NT = kKeyTile / 8, DT = D / 8;
-  constexpr unsigned kRowBytes = tile_bytes<D>(kQRows), kKeyBytes = tile_bytes<D>(kKeyTile);
+  constexpr unsigned kRowBytes = wgmma::swizzled_tile_bytes<D>(kQRows), kKeyBytes = wgmma::swizzled_tile_bytes<D>(kKeyTile);
   const DenseProblem& p = c.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const unsigned q_tile = wgmma::swizzle_aligned(smem_raw), dout_tile = q_tile + kRowBytes;
@@ -350,7 +343,8 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
     auto their_turn = [&] { tma::named_arrive(2 - group, 128 * kGroups); };
     if (group == 1) their_turn();  // warpgroup 0 goes first
     tma::wait(q_full, 0);
-    // Delta and lse2 of the two rows, from their stash (this thread's warp overwrites it last).
+    // Delta and lse2 of the two rows, from their stash (the threads that read a row's stash are the
+    // ones that write its dQ, at the end).
     float delta[2], lse2[2];
 #pragma unroll
     for (int pair = 0; pair < 2; ++pair) {
@@ -358,22 +352,21 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
       lse2[pair] = st.x;
       delta[pair] = st.y;
     }
-    __syncwarp();  // every lane has read its stash before any lane of the warp writes dQ
-    const std::uint64_t q_desc = wgmma::descriptor_sw128(q_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
-    const std::uint64_t do_desc = wgmma::descriptor_sw128(dout_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
+    const std::uint64_t q_desc = wgmma::k_major(q_tile, group * kGroupRows);
+    const std::uint64_t do_desc = wgmma::k_major(dout_tile, group * kGroupRows);
     auto k_tile_of = [&](int t) { return stages + 2 * unsigned(t % kDqStages) * kKeyBytes; };  // then V
     float sc[NT * 4], dp[NT * 4];
     std::uint32_t da[kKeyTile / 16][4];
     // S = Q K^T and dP = dO V^T of key tile t (64 rows x 64 keys each), issued.
     auto issue_scores = [&](int t) {
-      const std::uint64_t k_desc = wgmma::descriptor_sw128(k_tile_of(t), 16, kAtomBytes);
-      const std::uint64_t v_desc = wgmma::descriptor_sw128(k_tile_of(t) + kKeyBytes, 16, kAtomBytes);
+      const std::uint64_t k_desc = wgmma::k_major(k_tile_of(t), 0);
+      const std::uint64_t v_desc = wgmma::k_major(k_tile_of(t) + kKeyBytes, 0);
       wgmma::mma_ss_rows<T, kKeyTile, D>(sc, q_desc, kRowBytes / kBlocks, k_desc, kKeyBytes / kBlocks);
       wgmma::mma_ss_rows<T, kKeyTile, D>(dp, do_desc, kRowBytes / kBlocks, v_desc, kKeyBytes / kBlocks);
     };
     // dQ += dS K of key tile t (K N-major: k-step kk is 16 keys further), issued.
     auto issue_gradient = [&](int t) {
-      const std::uint64_t k_n = wgmma::descriptor_sw128(k_tile_of(t), kKeyBytes / kBlocks, kAtomBytes);
+      const std::uint64_t k_n = wgmma::n_major(k_tile_of(t), kKeyBytes / kBlocks);
       wgmma::mma_rs_rows<T, D, kKeyTile>(dq, da, k_n);
     };
     // dS of key tile t, packed as A fragments (16 keys per k-step).

@@ -34,19 +34,12 @@ template <int D>
 constexpr int kKeysFor = D <= 128 ? 128 : 64;
 template <int D>
 constexpr int kStagesFor = D <= 128 ? 3 : 2;
-constexpr unsigned kAtomRowBytes = 128;       // a swizzle atom's row: 64 elements of 16 bits
-constexpr unsigned kAtomBytes = 8 * kAtomRowBytes;
 
-// A tile of `rows` rows by D elements is stored as D / 64 column blocks of rows x 128 bytes (one TMA box each).
-template <int D>
-constexpr unsigned tile_bytes(int rows) {
-  return unsigned(D / 64) * unsigned(rows) * kAtomRowBytes;
-}
 // Shared memory: Q, the K stages, the V stages (each 1024-byte aligned), then the barriers; plus
 // 1024 bytes to align the start.
 template <int D>
 constexpr unsigned shared_bytes() {
-  return tile_bytes<D>(kRows) + 2 * kStagesFor<D> * tile_bytes<D>(kKeysFor<D>) + 8 * (1 + 2 * kStagesFor<D>) + kAtomBytes;
+  return wgmma::swizzled_tile_bytes<D>(kRows) + 2 * kStagesFor<D> * wgmma::swizzled_tile_bytes<D>(kKeysFor<D>) + 8 * (1 + 2 * kStagesFor<D>) + wgmma::kSwizzleAtomBytes;
 }
 
 struct Maps {
@@ -59,7 +52,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
 #ifdef FLASHTQ_WGMMA
   constexpr int kKeys = kKeysFor<D>, kStages = kStagesFor<D>;
   constexpr int NT = kKeys / 8, DT = D / 8, kBlocks = D / 64;  // n-tiles of S and of O; column blocks
-  constexpr unsigned kQBytes = tile_bytes<D>(kRows), kKvBytes = tile_bytes<D>(kKeys);
+  constexpr unsigned kQBytes = wgmma::swizzled_tile_bytes<D>(kRows), kKvBytes = wgmma::swizzled_tile_bytes<D>(kKeys);
   // Registers per thread once the producer gives its own back: a scheduler's file (512 per lane) holds
   // one producer warp at 24 and two consumer warps at 240.
   constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
@@ -104,15 +97,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
   float o[1][DT][4] = {};
   float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {};
   const auto tile = mma_layout(p, b, h, tig, row_of);
-  // Q and K are K-major (k-step kk: column block kk / 4, 32 bytes per step within it; 8-row groups
-  // 1024 bytes apart); V is N-major (k-step kk: 16 key rows further; its column blocks a block apart).
-  const std::uint64_t q_desc = wgmma::descriptor_sw128(q_tile + unsigned(group * kGroupRows) * kAtomRowBytes, 16, kAtomBytes);
+  // Q and K as K-major operands, V as an N-major one (wgmma.cuh).
+  const std::uint64_t q_desc = wgmma::k_major(q_tile, group * kGroupRows);
   auto scores = [&](float (&s)[1][NT][4], int stage) {  // S = Q K^T, issued
-    const std::uint64_t k_desc = wgmma::descriptor_sw128(k_tiles + stage * kKvBytes, 16, kAtomBytes);
+    const std::uint64_t k_desc = wgmma::k_major(k_tiles + stage * kKvBytes, 0);
     wgmma::mma_ss_rows<T, kKeys, D>(reinterpret_cast<float(&)[NT * 4]>(s[0]), q_desc, kQBytes / kBlocks, k_desc, kKvBytes / kBlocks);
   };
   auto accumulate = [&](const std::uint32_t (&pa)[kKeys / 16][4], int stage) {  // O += P V, issued
-    const std::uint64_t v_desc = wgmma::descriptor_sw128(v_tiles + stage * kKvBytes, kKvBytes / kBlocks, kAtomBytes);
+    const std::uint64_t v_desc = wgmma::n_major(v_tiles + stage * kKvBytes, kKvBytes / kBlocks);
     wgmma::mma_rs_rows<T, D, kKeys>(reinterpret_cast<float(&)[DT * 4]>(o[0]), pa, v_desc);
   };
   // Turns on the tensor cores: warpgroup q waits on named barrier 1 + q, then lets the other go.

@@ -27,6 +27,23 @@ __device__ __forceinline__ std::uint64_t descriptor_sw128(unsigned address, unsi
 }
 __device__ __forceinline__ std::uint64_t add_bytes(std::uint64_t descriptor, unsigned bytes) { return descriptor + (bytes >> 4); }
 
+// The dense kernels' 128-byte-swizzled tiles: a tile of `rows` rows by D 16-bit elements is D / 64
+// column blocks of rows x 128 bytes (one TMA box each); the swizzle pattern repeats every 8 rows.
+constexpr unsigned kSwizzleRowBytes = 128, kSwizzleAtomBytes = 8 * kSwizzleRowBytes;
+template <int D>
+constexpr unsigned swizzled_tile_bytes(int rows) {
+  return unsigned(D / 64) * unsigned(rows) * kSwizzleRowBytes;
+}
+// Such a tile as a K-major operand from row `row` on (k-step kk then lies 32 (kk % 4) bytes into
+// column block kk / 4), and as an N-major operand whose column blocks lie `block_bytes` apart (k-step
+// kk then lies 16 kk rows further).
+__device__ __forceinline__ std::uint64_t k_major(unsigned tile, int row) {
+  return descriptor_sw128(tile + unsigned(row) * kSwizzleRowBytes, 16, kSwizzleAtomBytes);
+}
+__device__ __forceinline__ std::uint64_t n_major(unsigned tile, unsigned block_bytes) {
+  return descriptor_sw128(tile, block_bytes, kSwizzleAtomBytes);
+}
+
 // The first 1024-byte-aligned shared address at or after `smem` (the 128-byte swizzle pattern
 // repeats every 1024 bytes; launches add 1024 bytes of dynamic shared memory for this).
 __device__ __forceinline__ unsigned swizzle_aligned(const void* smem) {
@@ -181,7 +198,7 @@ __device__ __forceinline__ void mma_ss_rows(float (&d)[N / 2], std::uint64_t a, 
 template <typename T, int N, int K>
 __device__ __forceinline__ void mma_rs_rows(float (&d)[N / 2], const std::uint32_t (&a)[K / 16][4], std::uint64_t b) {
 #pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) mma_rs_n_major<T, N>(d, a[kk], add_bytes(b, unsigned(kk) * 16 * 128));
+  for (int kk = 0; kk < K / 16; ++kk) mma_rs_n_major<T, N>(d, a[kk], add_bytes(b, unsigned(kk) * 16 * kSwizzleRowBytes));
 }
 #endif  // FLASHTQ_WGMMA
 
