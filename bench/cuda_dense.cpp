@@ -1,5 +1,6 @@
-// bench/cuda_dense: dense attention on the `cuda` backend (forward bf16/f16/f32, the opt-in TF32
-// forward with its error against the exact f32 one, backward bf16), D = 128, H = 16, B*S = 16k with
+// bench/cuda_dense: dense attention on the `cuda` backend (forward bf16/f16/f32 — f32 three ways:
+// the default error-compensated TF32, pedantic f32 FMAs and the opt-in TF32, each with its error
+// against a double reference on sampled rows — and backward bf16), D = 128, H = 16, B*S = 16k with
 // S = 1k, 4k, 16k, timed with CUDA events (median). Prints JSON; bench/cuda_dense.sh runs it beside
 // PyTorch SDPA in one run.
 #include <cuda_runtime.h>
@@ -27,6 +28,46 @@ double median_ms(F&& f) {
   return flashtq::bench::time_ms(f, nullptr, 20, 1);
 }
 
+// An f32 problem's host copies ([B, S, H, D]), for the error below.
+struct Inputs {
+  const float *q, *k, *v;
+  std::int64_t B, S, H, D;
+  bool causal;
+};
+
+// ||out - ref|| / ||ref|| over sampled rows (batch 0, heads 0 and 1, 32 rows spread over S) against
+// attention computed in double on the host (scale 1/sqrt(D)); the rows torch_dense.py samples for
+// the efficient backend's error.
+double sampled_error(const Inputs& in, const void* device_out) {
+  const std::int64_t S = in.S, H = in.H, D = in.D;
+  std::vector<float> out(std::size_t(in.B * S * H * D));
+  cudaMemcpy(out.data(), device_out, out.size() * sizeof(float), cudaMemcpyDeviceToHost);
+  auto at = [&](std::int64_t s, std::int64_t h) { return std::size_t((s * H + h) * D); };  // batch 0
+  double num = 0, den = 0;
+  for (std::int64_t h = 0; h < 2; ++h) {
+    for (int t = 0; t < 32; ++t) {
+      const std::int64_t i = (S - 1) * t / 31, keys = in.causal ? i + 1 : S;
+      std::vector<double> w(static_cast<std::size_t>(keys)), ref(static_cast<std::size_t>(D), 0.0);
+      double top = -INFINITY, sum = 0;
+      for (std::int64_t j = 0; j < keys; ++j) {
+        double dot = 0;
+        for (std::int64_t d = 0; d < D; ++d) dot += double(in.q[at(i, h) + d]) * double(in.k[at(j, h) + d]);
+        w[j] = dot / std::sqrt(double(D));
+        top = std::max(top, w[j]);
+      }
+      for (std::int64_t j = 0; j < keys; ++j) sum += (w[j] = std::exp(w[j] - top));
+      for (std::int64_t j = 0; j < keys; ++j)
+        for (std::int64_t d = 0; d < D; ++d) ref[d] += w[j] / sum * double(in.v[at(j, h) + d]);
+      for (std::int64_t d = 0; d < D; ++d) {
+        const double e = out[at(i, h) + d] - ref[d];
+        num += e * e;
+        den += ref[d] * ref[d];
+      }
+    }
+  }
+  return std::sqrt(num / den);
+}
+
 }  // namespace
 
 // `cuda_dense_bench --half` runs the f16/bf16 rows only, `--f32` the f32 ones (quick comparisons while tuning).
@@ -42,20 +83,26 @@ int main(int argc, char** argv) {
     for (std::int64_t S : {1024, 4096, 16384}) {
       const std::int64_t B = 16384 / S;
       const std::size_t n = std::size_t(B * S * H * D), bytes = n * flashtq::dtype_size(dtype);
-      std::vector<std::uint8_t> host(bytes);
-      if (dtype == DType::f32) {  // standard normal values: the TF32 error below is measured on them
-        std::mt19937 rng(1);
-        std::normal_distribution<float> normal;
-        auto* x = reinterpret_cast<float*>(host.data());
-        for (std::size_t i = 0; i < n; ++i) x[i] = normal(rng);
-      } else {
-        for (std::size_t i = 0; i < bytes; ++i) host[i] = std::uint8_t((i * 2654435761u) >> 24) & 0x3B;  // small finite values
-      }
+      // f32: standard normal values, q, k and v independent (the errors below are measured on them).
+      auto fill = [&](unsigned seed) {
+        std::vector<std::uint8_t> host(bytes);
+        if (dtype == DType::f32) {
+          std::mt19937 rng(seed);
+          std::normal_distribution<float> normal;
+          auto* x = reinterpret_cast<float*>(host.data());
+          for (std::size_t i = 0; i < n; ++i) x[i] = normal(rng);
+        } else {
+          for (std::size_t i = 0; i < bytes; ++i) host[i] = std::uint8_t((i * 2654435761u) >> 24) & 0x3B;  // small finite values
+        }
+        return host;
+      };
+      const std::vector<std::uint8_t> host_q = fill(1), host_k = fill(2), host_v = fill(3);
       void *q, *k, *v, *o, *dq, *dk, *dv, *dout;
       float* lse;
       for (void** p : {&q, &k, &v, &o, &dq, &dk, &dv, &dout}) {
         cudaMalloc(p, bytes);
-        cudaMemcpy(*p, host.data(), bytes, cudaMemcpyHostToDevice);
+        const auto& src = p == &k ? host_k : p == &v ? host_v : host_q;
+        cudaMemcpy(*p, src.data(), bytes, cudaMemcpyHostToDevice);
       }
       cudaMalloc(&lse, std::size_t(B * H * S) * 4);
       auto view = [&](void* p) { return TensorView::bshd(p, dtype, B, S, H, D, Memory::cuda); };
@@ -66,21 +113,19 @@ int main(int argc, char** argv) {
         const double fwd = median_ms([&] { flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(o), lse}, params); });
         nlohmann::json row = {{"dtype", flashtq::dtype_name(dtype)}, {"S", S}, {"B", B}, {"causal", causal},
                               {"fwd_ms", fwd}, {"fwd_tflops", flops / (fwd * 1e-3) / 1e12}};
-        if (dtype == DType::f32) {  // the TF32 path beside the exact one, and its error against it
-          std::vector<float> exact(n), tf32(n);
-          cudaMemcpy(exact.data(), o, bytes, cudaMemcpyDeviceToHost);
-          flashtq::AttentionParams fast = params;
+        if (dtype == DType::f32) {  // the default (3xTF32), pedantic (FFMA) and TF32 paths, each with its error
+          auto as_floats = [](const std::vector<std::uint8_t>& h) { return reinterpret_cast<const float*>(h.data()); };
+          const Inputs in{as_floats(host_q), as_floats(host_k), as_floats(host_v), B, S, H, D, causal};
+          row["rel_error"] = sampled_error(in, o);
+          flashtq::AttentionParams pedantic = params, fast = params;
+          pedantic.pedantic_f32 = true;
           fast.allow_tf32 = true;
-          const double ms = median_ms([&] { flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(dq), nullptr}, fast); });
-          cudaMemcpy(tf32.data(), dq, bytes, cudaMemcpyDeviceToHost);
-          double num = 0, den = 0;
-          for (std::size_t i = 0; i < n; ++i) {
-            num += double(tf32[i] - exact[i]) * double(tf32[i] - exact[i]);
-            den += double(exact[i]) * double(exact[i]);
+          for (const auto& [name, variant] : {std::pair{"pedantic", pedantic}, std::pair{"tf32", fast}}) {
+            const double ms = median_ms([&] { flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(dq), nullptr}, variant); });
+            row[std::string(name) + "_fwd_ms"] = ms;
+            row[std::string(name) + "_fwd_tflops"] = flops / (ms * 1e-3) / 1e12;
+            row[std::string(name) + "_rel_error"] = sampled_error(in, dq);
           }
-          row["tf32_fwd_ms"] = ms;
-          row["tf32_fwd_tflops"] = flops / (ms * 1e-3) / 1e12;
-          row["tf32_rel_error"] = std::sqrt(num / den);
         }
         if (dtype == DType::bf16) {
           const double bwd = median_ms(

@@ -19,8 +19,9 @@ for ours, theirs in zip(f["forward"], t["forward"]):
     for name in ("flash", "cudnn", "efficient"):
         if name + "_fwd_ms" in theirs:
             row["ratio_vs_" + name] = theirs[name + "_fwd_ms"] / ours["fwd_ms"]
-        if name + "_fwd_ms" in theirs and "tf32_fwd_ms" in ours:
-            row["tf32_ratio_vs_" + name] = theirs[name + "_fwd_ms"] / ours["tf32_fwd_ms"]
+        for variant in ("tf32", "pedantic"):
+            if name + "_fwd_ms" in theirs and variant + "_fwd_ms" in ours:
+                row[variant + "_ratio_vs_" + name] = theirs[name + "_fwd_ms"] / ours[variant + "_fwd_ms"]
         if name + "_bwd_ms" in theirs and "bwd_ms" in ours:
             row["bwd_ratio_vs_" + name] = theirs[name + "_bwd_ms"] / ours["bwd_ms"]
     row["fraction_of_bf16_peak"] = ours["fwd_tflops"] / t["bf16_matmul_tflops"]
@@ -37,5 +38,7 @@ for r in d["forward"]:
           f"flash {r.get('flash_fwd_ms', float('nan')):.3f}  cudnn {r.get('cudnn_fwd_ms', float('nan')):.3f}  "
           f"eff {r.get('efficient_fwd_ms', float('nan')):.3f}  bwd {r.get('bwd_ms', float('nan')):.3f} vs flash {r.get('flash_bwd_ms', float('nan')):.3f} "
           f"cudnn {r.get('cudnn_bwd_ms', float('nan')):.3f}"
-          + (f"  tf32 {r['tf32_fwd_ms']:.3f} ms (error {r['tf32_rel_error']:.1e})" if "tf32_fwd_ms" in r else ""))
+          + (f"\n     error {r['rel_error']:.1e} (efficient {r.get('efficient_rel_error', float('nan')):.1e})"
+             f"  pedantic {r['pedantic_fwd_ms']:.3f} ms (error {r['pedantic_rel_error']:.1e})"
+             f"  tf32 {r['tf32_fwd_ms']:.3f} ms (error {r['tf32_rel_error']:.1e})" if "tf32_fwd_ms" in r else ""))
 PY

@@ -10,6 +10,23 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch_timing import median_ms
 
 
+def sampled_error(q, k, v, out, causal):
+    """||out - ref|| / ||ref|| over the rows bench/cuda_dense.cpp samples (batch 0, heads 0 and 1, 32 rows
+    spread over S), against attention in float64."""
+    S, D = q.shape[2], q.shape[3]
+    rows = torch.tensor([(S - 1) * t // 31 for t in range(32)], device=q.device)
+    num = den = 0.0
+    for h in range(2):
+        qh, kh, vh = (x[0, h].detach().double() for x in (q, k, v))
+        w = (qh[rows] @ kh.T) / D**0.5
+        if causal:
+            w = w.masked_fill(torch.arange(S, device=q.device)[None, :] > rows[:, None], float("-inf"))
+        ref = torch.softmax(w, dim=-1) @ vh
+        num += ((out[0, h, rows].double() - ref) ** 2).sum().item()
+        den += (ref**2).sum().item()
+    return (num / den) ** 0.5
+
+
 def main():
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     mm_ms = median_ms(lambda: x @ x)
@@ -32,6 +49,9 @@ def main():
                             ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
                             row[name + "_fwd_ms"] = ms
                             row[name + "_fwd_tflops"] = flops / (ms * 1e-3) / 1e12
+                            if dname == "f32":
+                                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                                row[name + "_rel_error"] = sampled_error(q, k, v, out, causal)
                             if dname == "bf16":
                                 out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                                 g = torch.randn_like(out)

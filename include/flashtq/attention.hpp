@@ -33,6 +33,11 @@ struct AttentionParams {
   // f32 inputs only: allow the forward's products on TF32 tensor cores (10-bit mantissas; SPEC §3
   // bounds the error at 2e-3 instead of 1e-5). The cuda backend takes it; others stay exact.
   bool allow_tf32 = false;
+  // f32 inputs only, without allow_tf32: the forward's products in f32 FMAs only (cuBLAS's
+  // PEDANTIC_MATH). By default the cuda backend may run them as error-compensated TF32 (three
+  // tensor-core products per multiply, f32 accuracy: SPEC's 1e-5), as PyTorch's efficient attention
+  // does; other backends always use f32 FMAs.
+  bool pedantic_f32 = false;
 };
 
 struct ForwardArgs {

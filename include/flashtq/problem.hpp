@@ -23,6 +23,7 @@ struct DenseProblem {
   float dropout_p = 0.0f;
   std::uint32_t seed = 0;
   bool tf32 = false;  // f32 products may run on TF32 tensor cores (AttentionParams::allow_tf32)
+  bool pedantic = false;  // f32 products in f32 FMAs only (AttentionParams::pedantic_f32, without tf32)
 
   FLASHTQ_HOST_DEVICE std::int64_t group() const { return H / Hkv; }  // query heads per kv head
 };

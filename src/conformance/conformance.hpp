@@ -27,6 +27,7 @@ struct DenseCase {
   bool lse = true;
   bool bhsd_layout = false;  // PyTorch's [B, H, S, D] memory order
   bool tf32 = false;         // f32 only: AttentionParams::allow_tf32, checked at the TF32 bound
+  bool pedantic = false;     // f32 only, not with tf32: AttentionParams::pedantic_f32 (f32 FMAs only)
   std::uint64_t data_seed = 0;
 
   std::string describe() const;

@@ -33,6 +33,7 @@ std::string DenseCase::describe() const {
   if (bhsd_layout) s << " bhsd";
   if (scale) s << " scale" << *scale;
   if (tf32) s << " tf32";
+  if (pedantic) s << " pedantic";
   return s.str();
 }
 
@@ -61,6 +62,7 @@ struct DenseInputs {
     params.dropout_p = c.dropout_p;
     params.seed = c.seed;
     params.allow_tf32 = c.tf32;
+    params.pedantic_f32 = c.pedantic;
     if (c.mask) {
       // A full [B, H, Sq, Sk] block; broadcast dimensions get stride 0 and read its first slice.
       const std::array<std::int64_t, 4> extent{c.B, c.H, c.Sq, c.Sk};
@@ -284,6 +286,7 @@ DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRan
     c.bhsd_layout = chance(0.4);
     if (chance(0.2)) c.scale = float(pick(0.05, 0.3));
     c.tf32 = c.dtype == DType::f32 && chance(0.4);
+    c.pedantic = c.dtype == DType::f32 && !c.tf32 && chance(0.4);  // the cuda FFMA path; the default is 3xTF32
     c.data_seed = rng();
     DenseProblem p;
     p.B = c.B; p.Sq = c.Sq; p.Sk = c.Sk; p.H = c.H; p.Hkv = c.Hkv; p.D = c.D; p.dtype = c.dtype;

@@ -126,6 +126,7 @@ DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const 
   p.dropout_p = params.dropout_p;
   p.seed = params.seed;
   p.tf32 = params.allow_tf32 && p.dtype == DType::f32;
+  p.pedantic = params.pedantic_f32 && !p.tf32 && p.dtype == DType::f32;
 
   if (params.mask != nullptr) {
     check_pointer("mask", params.mask, alignof(float));

@@ -1,5 +1,5 @@
-// Dense forward for f32 inputs in exact f32 arithmetic (FFMA), tiled: the f32 path when TF32 is not
-// allowed. A block of 8 warps owns 128 query rows (16 per warp); K and V tiles of 64 keys go through
+// Dense forward for f32 inputs in f32 arithmetic (FFMA), tiled: the f32 path with
+// AttentionParams::pedantic_f32 (the default runs error-compensated TF32, dense_tf32.cu). A block of 8 warps owns 128 query rows (16 per warp); K and V tiles of 64 keys go through
 // shared memory (one buffer each: K of the next tile loads while P V runs, V of the next while the
 // scores run). Lane (rg, kg) = (lane / 8, lane % 8) of a warp holds rows rg + 4 i (i < 4) of the
 // warp's 16 and keys kg + 8 j (j < 8) of the tile, and dims 32 c + 4 kg + {0..3} of the output: every
