@@ -34,6 +34,8 @@ def main():
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
     dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    if len(sys.argv) > 1:  # e.g. `torch_dense.py f32`: those dtypes only (quick comparisons while tuning)
+        dtypes = {k: v for k, v in dtypes.items() if k in sys.argv[1:]}
     for dname, dt in dtypes.items():
         for S in (1024, 4096, 16384):
             B = 16384 // S

@@ -12,6 +12,7 @@
 #include "cuda/dense_softmax.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/launch.hpp"
+#include "cuda/row_blocks.cuh"
 #include "cuda/stage_rows.cuh"
 
 namespace flashtq::cuda {
@@ -37,8 +38,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_ffma_kernel(DenseProblem 
   Row* const v_tile = k_tile + kKeys;
   float (*const p_tile)[kPRow] = reinterpret_cast<float (*)[kPRow]>(v_tile + kKeys);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, rg = lane / 8, kg = lane % 8;
-  const std::int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group();
-  const std::int64_t i0 = std::int64_t(gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest (causal) blocks first
+  const RowBlock block = this_row_block(p, kRows);
+  const std::int64_t bh = block.bh, b = bh / p.H, h = bh % p.H, hk = h / p.group(), i0 = block.i0;
   const int r0 = warp * kWarpRows + rg;  // this thread's rows in the block: r0 + 4 i
   // Layout for dense_softmax.cuh: row i = 2 a + half, key j = 2 nt + x, dim chunk dt / 2 with pair dt % 2.
   auto row_of = [=](int a, int half) { return i0 + r0 + 4 * (2 * a + half); };
@@ -144,8 +145,8 @@ void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
 bool launch_dense_forward_ffma(const ForwardCall& c) {
   if (c.p.dtype != DType::f32) return false;
   if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v)) return false;
-  if (c.p.B * c.p.H > 65535) return false;
-  const dim3 grid(unsigned((c.p.Sq + kRows - 1) / kRows), unsigned(c.p.B * c.p.H));
+  if (!row_block_grid_fits(c.p, kRows)) return false;
+  const dim3 grid = row_block_grid(c.p, kRows);
   auto stream = static_cast<cudaStream_t>(c.stream);
   if (!for_head_dim(c.p.D, [&](auto d) { launch_dim<decltype(d)::value>(c, grid, stream); })) return false;
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (f32 FFMA tiles)");

@@ -16,6 +16,7 @@
 #include "cuda/stage_rows.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/launch.hpp"
+#include "cuda/row_blocks.cuh"
 
 namespace flashtq::cuda {
 namespace {
@@ -58,10 +59,8 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
   Row* const k_stages = q_tile + kRows;           // stage s at k_stages + s * kKeys
   Row* const v_stages = k_stages + 2 * kKeys;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tig = lane % 4;
-  const std::int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group();
-  // The last row blocks first: under a causal mask they see the most keys, and starting them early
-  // keeps the grid's tail short.
-  const std::int64_t i0 = std::int64_t(gridDim.x - 1 - blockIdx.x) * kRows;
+  const RowBlock block = this_row_block(p, kRows);
+  const std::int64_t bh = block.bh, b = bh / p.H, h = bh % p.H, hk = h / p.group(), i0 = block.i0;
   // This warp's two 16-row atoms: rows kAtomRows * a + 16 warp + [0, 16) of the block; lane (g, tig)
   // holds rows g and g + 8 of each.
   auto row_of = [&](int a, int half) { return i0 + kAtomRows * a + 16 * warp + g + 8 * half; };
@@ -168,7 +167,7 @@ void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
 
 template <typename T>
 bool launch_for(const ForwardCall& c) {
-  const dim3 grid(unsigned((c.p.Sq + kRows - 1) / kRows), unsigned(c.p.B * c.p.H));
+  const dim3 grid = row_block_grid(c.p, kRows);
   auto stream = static_cast<cudaStream_t>(c.stream);
   if (!for_head_dim(c.p.D, [&](auto d) { launch_dim<T, decltype(d)::value>(c, grid, stream); })) return false;
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (tensor cores)");
@@ -179,7 +178,7 @@ bool launch_for(const ForwardCall& c) {
 
 bool launch_dense_forward_mma(const ForwardCall& c) {
   if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v)) return false;
-  if (c.p.B * c.p.H > 65535) return false;  // grid y; the warp-per-row kernel takes these
+  if (!row_block_grid_fits(c.p, kRows)) return false;  // the warp-per-row kernel takes these
   if (c.p.dtype == DType::f16) return launch_for<__half>(c);
   if (c.p.dtype == DType::bf16) return launch_for<__nv_bfloat16>(c);
   return false;

@@ -18,6 +18,7 @@
 #include "cuda/dense_softmax.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/launch.hpp"
+#include "cuda/row_blocks.cuh"
 #include "cuda/stage_rows.cuh"
 
 namespace flashtq::cuda {
@@ -101,8 +102,8 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
   Row* const k_stages = q_tile + kRows;  // stage s at k_stages + s * kKeys
   Row* const v_stages = k_stages + 2 * kKeys;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tig = lane % 4;
-  const std::int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group();
-  const std::int64_t i0 = std::int64_t(gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest (causal) blocks first
+  const RowBlock block = this_row_block(p, kRows);
+  const std::int64_t bh = block.bh, b = bh / p.H, h = bh % p.H, hk = h / p.group(), i0 = block.i0;
   auto row_of = [&](int a, int half) { return i0 + C::kAtomRows * a + 16 * warp + g + 8 * half; };
   float o[2][DT][4] = {};
   float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {};
@@ -174,26 +175,46 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
     softmax_tile(tile, j0, interior, s, m, l, o);
     // O += P V, 8 keys a step in the order 0, 2, 4, 6 | 1, 3, 5, 7: A fragment (c0, c2, c1, c3) of the
     // step's n-tile; B fragment rows 2 tig and 2 tig + 1 of V, column g of each n-tile. P is rounded
-    // here in both modes (it is computed, not staged).
+    // (split) here in both modes: it is computed, not staged.
+    Parts pa[2][NT][4];
 #pragma unroll
-    for (int kk = 0; kk < NT; ++kk) {
-      Parts pa[2][4];
+    for (int a = 0; a < 2; ++a) {
 #pragma unroll
-      for (int a = 0; a < 2; ++a) {
+      for (int kk = 0; kk < NT; ++kk) {
         constexpr int kOrder[4] = {0, 2, 1, 3};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          pa[a][e] = M == Tf32Mode::rounded ? Parts{to_tf32(s[a][kk][kOrder[e]]), 0u}
-                                            : parts_of<Tf32Mode::compensated>(__float_as_uint(s[a][kk][kOrder[e]]));
+          pa[a][kk][e] = M == Tf32Mode::rounded ? Parts{to_tf32(s[a][kk][kOrder[e]]), 0u}
+                                                : parts_of<Tf32Mode::compensated>(__float_as_uint(s[a][kk][kOrder[e]]));
         }
       }
-      const float* v0 = &v_tile[8 * kk + 2 * tig][g];
-      const float* v1 = &v_tile[8 * kk + 2 * tig + 1][g];
+    }
 #pragma unroll
-      for (int nt = 0; nt < DT; ++nt) {
-        const Parts vb[2] = {parts_of<M>(__float_as_uint(v0[8 * nt])), parts_of<M>(__float_as_uint(v1[8 * nt]))};
+    for (int nt = 0; nt < DT; ++nt) {
+      // Compensated mode sums this tile's P V for the n-tile in fresh accumulators and adds them to O
+      // in f32: a tensor-core accumulation truncates, so O accumulated there over thousands of keys
+      // drifts (1e-4 at 16k keys, measured); within one tile the drift is ~1e-7.
+      float fresh[2][4] = {};
+      auto target = [&](int a) -> float (&)[4] {
+        if constexpr (M == Tf32Mode::rounded) {
+          return o[a][nt];
+        } else {
+          return fresh[a];
+        }
+      };
 #pragma unroll
-        for (int a = 0; a < 2; ++a) mma_step<M>(o[a][nt], pa[a], vb);
+      for (int kk = 0; kk < NT; ++kk) {
+        const Parts vb[2] = {parts_of<M>(__float_as_uint(v_tile[8 * kk + 2 * tig][g + 8 * nt])),
+                             parts_of<M>(__float_as_uint(v_tile[8 * kk + 2 * tig + 1][g + 8 * nt]))};
+#pragma unroll
+        for (int a = 0; a < 2; ++a) mma_step<M>(target(a), pa[a][kk], vb);
+      }
+      if constexpr (M == Tf32Mode::compensated) {
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[a][nt][e] += fresh[a][e];
+        }
       }
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
@@ -206,7 +227,7 @@ void launch_dim(const ForwardCall& c, cudaStream_t stream) {
   constexpr int rows = Tf32Config<M>::kRows;
   constexpr int smem = (rows + 4 * kKeysFor<D>) * (D + kPad) * int(sizeof(float));  // Q, K and V in two stages
   allow_shared_bytes<forward_tf32_kernel<D, M>>(smem);
-  const dim3 grid(unsigned((c.p.Sq + rows - 1) / rows), unsigned(c.p.B * c.p.H));
+  const dim3 grid = row_block_grid(c.p, rows);
   forward_tf32_kernel<D, M><<<grid, Tf32Config<M>::kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
 }
 
@@ -215,7 +236,7 @@ void launch_dim(const ForwardCall& c, cudaStream_t stream) {
 bool launch_dense_forward_tf32(const ForwardCall& c) {
   if (c.p.dtype != DType::f32 || c.p.pedantic) return false;
   if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v)) return false;
-  if (c.p.B * c.p.H > 65535) return false;
+  if (!row_block_grid_fits(c.p, Tf32Config<Tf32Mode::rounded>::kRows)) return false;  // the smaller blocks' grid
   auto stream = static_cast<cudaStream_t>(c.stream);
   const bool launched = for_head_dim(c.p.D, [&](auto d) {
     constexpr int D = decltype(d)::value;

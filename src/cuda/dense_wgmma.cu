@@ -19,6 +19,7 @@
 #include "cuda/dense_softmax.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/launch.hpp"
+#include "cuda/row_blocks.cuh"
 #include "cuda/tensor_map.hpp"
 #include "cuda/tma.cuh"
 #include "cuda/wgmma.cuh"
@@ -61,9 +62,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
   const unsigned k_tiles = q_tile + kQBytes, v_tiles = k_tiles + kStages * kKvBytes;
   const unsigned q_full = v_tiles + kStages * kKvBytes, full = q_full + 8, empty = full + 8 * kStages;  // barriers
   const int tid = threadIdx.x, group = tid / 128;
-  const std::int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = h / p.group();
-  // The last row blocks first: under a causal mask they see the most keys.
-  const std::int64_t i0 = std::int64_t(gridDim.x - 1 - blockIdx.x) * kRows;
+  const RowBlock block = this_row_block(p, kRows);
+  const std::int64_t bh = block.bh, b = bh / p.H, h = bh % p.H, hk = h / p.group(), i0 = block.i0;
   const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
   const std::int64_t first = range.begin / kKeys * kKeys;
   const int tiles = first < range.end ? int((range.end - first + kKeys - 1) / kKeys) : 0;
@@ -170,7 +170,7 @@ void launch_dim(const ForwardCall& c, const Maps& maps, dim3 grid, cudaStream_t 
 
 template <typename T>
 void launch_for(const ForwardCall& c, const Maps& maps) {
-  const dim3 grid(unsigned((c.p.Sq + kRows - 1) / kRows), unsigned(c.p.B * c.p.H));
+  const dim3 grid = row_block_grid(c.p, kRows);
   auto stream = static_cast<cudaStream_t>(c.stream);
   switch (c.p.D) {
     case 64: launch_dim<T, 64>(c, maps, grid, stream); break;
@@ -187,7 +187,7 @@ bool launch_dense_forward_wgmma(const ForwardCall& c) {
   if (c.p.D != 64 && c.p.D != 128 && c.p.D != 256) return false;
   if (c.p.dtype != DType::f16 && c.p.dtype != DType::bf16) return false;
   // Grid y, and the TMA coordinates (32-bit signed).
-  if (c.p.B * c.p.H > 65535 || c.p.Sq >= (std::int64_t(1) << 31) || c.p.Sk >= (std::int64_t(1) << 31)) return false;
+  if (!row_block_grid_fits(c.p, kRows) || c.p.Sq >= (std::int64_t(1) << 31) || c.p.Sk >= (std::int64_t(1) << 31)) return false;
   if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v) || !device_is_hopper()) return false;
   const unsigned keys = c.p.D <= 128 ? kKeysFor<128> : kKeysFor<256>;
   const auto q = row_tile_map(c.q, kRows), k = row_tile_map(c.k, keys), v = row_tile_map(c.v, keys);
