@@ -18,6 +18,8 @@
 namespace flashtq::cuda {
 namespace {
 
+constexpr RowOrder kRowOrder = RowOrder::heaviest_first;  // row_blocks.cuh
+
 constexpr int kRows = 128, kWarpRows = 16, kKeys = 64, kThreads = 256;
 constexpr int kPad = 4;        // floats per Q/K/V row: rows 4 banks apart
 constexpr int kPRow = kKeys + 8;  // floats per P row: rows 8 banks apart
@@ -38,7 +40,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_ffma_kernel(DenseProblem 
   Row* const v_tile = k_tile + kKeys;
   float (*const p_tile)[kPRow] = reinterpret_cast<float (*)[kPRow]>(v_tile + kKeys);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, rg = lane / 8, kg = lane % 8;
-  const RowBlock block = this_row_block(p, kRows);
+  const RowBlock block = this_row_block(p, kRows, kRowOrder);
   const std::int64_t bh = block.bh, b = bh / p.H, h = bh % p.H, hk = h / p.group(), i0 = block.i0;
   const int r0 = warp * kWarpRows + rg;  // this thread's rows in the block: r0 + 4 i
   // Layout for dense_softmax.cuh: row i = 2 a + half, key j = 2 nt + x, dim chunk dt / 2 with pair dt % 2.
@@ -145,8 +147,8 @@ void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
 bool launch_dense_forward_ffma(const ForwardCall& c) {
   if (c.p.dtype != DType::f32) return false;
   if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v)) return false;
-  if (!row_block_grid_fits(c.p, kRows)) return false;
-  const dim3 grid = row_block_grid(c.p, kRows);
+  if (!row_block_grid_fits(c.p, kRows, kRowOrder)) return false;
+  const dim3 grid = row_block_grid(c.p, kRows, kRowOrder);
   auto stream = static_cast<cudaStream_t>(c.stream);
   if (!for_head_dim(c.p.D, [&](auto d) { launch_dim<decltype(d)::value>(c, grid, stream); })) return false;
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (f32 FFMA tiles)");

@@ -21,6 +21,8 @@
 namespace flashtq::cuda {
 namespace {
 
+constexpr RowOrder kRowOrder = RowOrder::heaviest_first;  // row_blocks.cuh
+
 // A block of 4 warps owns 128 query rows: each warp two 16-row mma atoms (rows 16 w + [0, 16) and
 // 64 + 16 w + [0, 16)), so every K and V fragment read from shared memory feeds two products.
 constexpr int kRows = 128, kAtomRows = 64, kThreads = 128;
@@ -59,7 +61,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
   Row* const k_stages = q_tile + kRows;           // stage s at k_stages + s * kKeys
   Row* const v_stages = k_stages + 2 * kKeys;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tig = lane % 4;
-  const RowBlock block = this_row_block(p, kRows);
+  const RowBlock block = this_row_block(p, kRows, kRowOrder);
   const std::int64_t bh = block.bh, b = bh / p.H, h = bh % p.H, hk = h / p.group(), i0 = block.i0;
   // This warp's two 16-row atoms: rows kAtomRows * a + 16 warp + [0, 16) of the block; lane (g, tig)
   // holds rows g and g + 8 of each.
@@ -167,7 +169,7 @@ void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
 
 template <typename T>
 bool launch_for(const ForwardCall& c) {
-  const dim3 grid = row_block_grid(c.p, kRows);
+  const dim3 grid = row_block_grid(c.p, kRows, kRowOrder);
   auto stream = static_cast<cudaStream_t>(c.stream);
   if (!for_head_dim(c.p.D, [&](auto d) { launch_dim<T, decltype(d)::value>(c, grid, stream); })) return false;
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (tensor cores)");
@@ -178,7 +180,7 @@ bool launch_for(const ForwardCall& c) {
 
 bool launch_dense_forward_mma(const ForwardCall& c) {
   if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v)) return false;
-  if (!row_block_grid_fits(c.p, kRows)) return false;  // the warp-per-row kernel takes these
+  if (!row_block_grid_fits(c.p, kRows, kRowOrder)) return false;  // the warp-per-row kernel takes these
   if (c.p.dtype == DType::f16) return launch_for<__half>(c);
   if (c.p.dtype == DType::bf16) return launch_for<__nv_bfloat16>(c);
   return false;

@@ -24,6 +24,8 @@
 namespace flashtq::cuda {
 namespace {
 
+constexpr RowOrder kRowOrder = RowOrder::heaviest_first;  // row_blocks.cuh
+
 enum class Tf32Mode { rounded, compensated };
 
 template <Tf32Mode M>
@@ -102,7 +104,7 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
   Row* const k_stages = q_tile + kRows;  // stage s at k_stages + s * kKeys
   Row* const v_stages = k_stages + 2 * kKeys;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tig = lane % 4;
-  const RowBlock block = this_row_block(p, kRows);
+  const RowBlock block = this_row_block(p, kRows, kRowOrder);
   const std::int64_t bh = block.bh, b = bh / p.H, h = bh % p.H, hk = h / p.group(), i0 = block.i0;
   auto row_of = [&](int a, int half) { return i0 + C::kAtomRows * a + 16 * warp + g + 8 * half; };
   float o[2][DT][4] = {};
@@ -227,7 +229,7 @@ void launch_dim(const ForwardCall& c, cudaStream_t stream) {
   constexpr int rows = Tf32Config<M>::kRows;
   constexpr int smem = (rows + 4 * kKeysFor<D>) * (D + kPad) * int(sizeof(float));  // Q, K and V in two stages
   allow_shared_bytes<forward_tf32_kernel<D, M>>(smem);
-  const dim3 grid = row_block_grid(c.p, rows);
+  const dim3 grid = row_block_grid(c.p, rows, kRowOrder);
   forward_tf32_kernel<D, M><<<grid, Tf32Config<M>::kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
 }
 
@@ -236,7 +238,7 @@ void launch_dim(const ForwardCall& c, cudaStream_t stream) {
 bool launch_dense_forward_tf32(const ForwardCall& c) {
   if (c.p.dtype != DType::f32 || c.p.pedantic) return false;
   if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v)) return false;
-  if (!row_block_grid_fits(c.p, Tf32Config<Tf32Mode::rounded>::kRows)) return false;  // the smaller blocks' grid
+  if (!row_block_grid_fits(c.p, Tf32Config<Tf32Mode::rounded>::kRows, kRowOrder)) return false;  // the smaller blocks' grid
   auto stream = static_cast<cudaStream_t>(c.stream);
   const bool launched = for_head_dim(c.p.D, [&](auto d) {
     constexpr int D = decltype(d)::value;

@@ -27,6 +27,8 @@
 namespace flashtq::cuda {
 namespace {
 
+constexpr RowOrder kRowOrder = RowOrder::by_head;  // row_blocks.cuh
+
 constexpr int kGroupRows = 64, kGroups = 2, kRows = kGroups * kGroupRows;
 constexpr int kThreads = 128 * (kGroups + 1);  // the consumer warpgroups, then the producer warpgroup
 // Keys per K/V tile and tiles in flight: 128 and 3 up to head_dim 128; at 256, 64 and 2 (O's 128
@@ -62,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
   const unsigned k_tiles = q_tile + kQBytes, v_tiles = k_tiles + kStages * kKvBytes;
   const unsigned q_full = v_tiles + kStages * kKvBytes, full = q_full + 8, empty = full + 8 * kStages;  // barriers
   const int tid = threadIdx.x, group = tid / 128;
-  const RowBlock block = this_row_block(p, kRows);
+  const RowBlock block = this_row_block(p, kRows, kRowOrder);
   const std::int64_t bh = block.bh, b = bh / p.H, h = bh % p.H, hk = h / p.group(), i0 = block.i0;
   const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
   const std::int64_t first = range.begin / kKeys * kKeys;
@@ -170,7 +172,7 @@ void launch_dim(const ForwardCall& c, const Maps& maps, dim3 grid, cudaStream_t 
 
 template <typename T>
 void launch_for(const ForwardCall& c, const Maps& maps) {
-  const dim3 grid = row_block_grid(c.p, kRows);
+  const dim3 grid = row_block_grid(c.p, kRows, kRowOrder);
   auto stream = static_cast<cudaStream_t>(c.stream);
   switch (c.p.D) {
     case 64: launch_dim<T, 64>(c, maps, grid, stream); break;
@@ -187,7 +189,7 @@ bool launch_dense_forward_wgmma(const ForwardCall& c) {
   if (c.p.D != 64 && c.p.D != 128 && c.p.D != 256) return false;
   if (c.p.dtype != DType::f16 && c.p.dtype != DType::bf16) return false;
   // Grid y, and the TMA coordinates (32-bit signed).
-  if (!row_block_grid_fits(c.p, kRows) || c.p.Sq >= (std::int64_t(1) << 31) || c.p.Sk >= (std::int64_t(1) << 31)) return false;
+  if (!row_block_grid_fits(c.p, kRows, kRowOrder) || c.p.Sq >= (std::int64_t(1) << 31) || c.p.Sk >= (std::int64_t(1) << 31)) return false;
   if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v) || !device_is_hopper()) return false;
   const unsigned keys = c.p.D <= 128 ? kKeysFor<128> : kKeysFor<256>;
   const auto q = row_tile_map(c.q, kRows), k = row_tile_map(c.k, keys), v = row_tile_map(c.v, keys);
