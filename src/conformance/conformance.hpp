@@ -31,6 +31,7 @@ struct DenseCase {
   std::uint64_t data_seed = 0;
 
   std::string describe() const;
+  DenseProblem shape() const;  // sizes and dtype only: what Backend::unsupported reads
 };
 
 struct TqCase {

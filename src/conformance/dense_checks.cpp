@@ -37,6 +37,12 @@ std::string DenseCase::describe() const {
   return s.str();
 }
 
+DenseProblem DenseCase::shape() const {
+  DenseProblem p;
+  p.B = B; p.Sq = Sq; p.Sk = Sk; p.H = H; p.Hkv = Hkv; p.D = D; p.dtype = dtype;
+  return p;
+}
+
 namespace {
 
 std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
@@ -288,9 +294,7 @@ DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRan
     c.tf32 = c.dtype == DType::f32 && chance(0.4);
     c.pedantic = c.dtype == DType::f32 && !c.tf32 && chance(0.4);  // the cuda FFMA path; the default is 3xTF32
     c.data_seed = rng();
-    DenseProblem p;
-    p.B = c.B; p.Sq = c.Sq; p.Sk = c.Sk; p.H = c.H; p.Hkv = c.Hkv; p.D = c.D; p.dtype = c.dtype;
-    if (!backend.unsupported(p)) return c;
+    if (!backend.unsupported(c.shape())) return c;
   }
 }
 

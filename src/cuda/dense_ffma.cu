@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_ffma_kernel(DenseProblem 
   float (*const p_tile)[kPRow] = reinterpret_cast<float (*)[kPRow]>(v_tile + kKeys);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, rg = lane / 8, kg = lane % 8;
   const RowBlock block = this_row_block(p, kRows, kRowOrder);
-  const std::int64_t bh = block.bh, b = bh / p.H, h = bh % p.H, hk = h / p.group(), i0 = block.i0;
+  const std::int64_t b = block.b, h = block.h, hk = block.hk, i0 = block.i0;
   const int r0 = warp * kWarpRows + rg;  // this thread's rows in the block: r0 + 4 i
   // Layout for dense_softmax.cuh: row i = 2 a + half, key j = 2 nt + x, dim chunk dt / 2 with pair dt % 2.
   auto row_of = [=](int a, int half) { return i0 + r0 + 4 * (2 * a + half); };

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
   Row* const v_stages = k_stages + 2 * kKeys;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tig = lane % 4;
   const RowBlock block = this_row_block(p, kRows, kRowOrder);
-  const std::int64_t bh = block.bh, b = bh / p.H, h = bh % p.H, hk = h / p.group(), i0 = block.i0;
+  const std::int64_t b = block.b, h = block.h, hk = block.hk, i0 = block.i0;
   // This warp's two 16-row atoms: rows kAtomRows * a + 16 warp + [0, 16) of the block; lane (g, tig)
   // holds rows g and g + 8 of each.
   auto row_of = [&](int a, int half) { return i0 + kAtomRows * a + 16 * warp + g + 8 * half; };

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
   Row* const v_stages = k_stages + 2 * kKeys;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tig = lane % 4;
   const RowBlock block = this_row_block(p, kRows, kRowOrder);
-  const std::int64_t bh = block.bh, b = bh / p.H, h = bh % p.H, hk = h / p.group(), i0 = block.i0;
+  const std::int64_t b = block.b, h = block.h, hk = block.hk, i0 = block.i0;
   auto row_of = [&](int a, int half) { return i0 + C::kAtomRows * a + 16 * warp + g + 8 * half; };
   float o[2][DT][4] = {};
   float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {};

@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
   const unsigned q_full = v_tiles + kStages * kKvBytes, full = q_full + 8, empty = full + 8 * kStages;  // barriers
   const int tid = threadIdx.x, group = tid / 128;
   const RowBlock block = this_row_block(p, kRows, kRowOrder);
-  const std::int64_t bh = block.bh, b = bh / p.H, h = bh % p.H, hk = h / p.group(), i0 = block.i0;
+  const std::int64_t b = block.b, h = block.h, hk = block.hk, i0 = block.i0;
   const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
   const std::int64_t first = range.begin / kKeys * kKeys;
   const int tiles = first < range.end ? int((range.end - first + kKeys - 1) / kKeys) : 0;

@@ -36,15 +36,16 @@ inline dim3 row_block_grid(const DenseProblem& p, int rows, RowOrder order) {
 }
 
 struct RowBlock {
-  std::int64_t bh;  // b * H + h
-  std::int64_t i0;  // first query row
+  std::int64_t b, h, hk;  // batch, query head, its kv head
+  std::int64_t i0;        // first query row
 };
 
-// This block's (batch x head, first row) under row_block_grid(p, rows, order).
+// This block's batch, heads and first row under row_block_grid(p, rows, order).
 __device__ __forceinline__ RowBlock this_row_block(const DenseProblem& p, int rows, RowOrder order) {
   const bool y = rows_in_y(p, order);
   const unsigned block = y ? blockIdx.y : blockIdx.x, blocks = y ? gridDim.y : gridDim.x;
-  return {std::int64_t(y ? blockIdx.x : blockIdx.y), std::int64_t(blocks - 1 - block) * rows};
+  const std::int64_t bh = y ? blockIdx.x : blockIdx.y, h = bh % p.H;
+  return {bh / p.H, h, h / p.group(), std::int64_t(blocks - 1 - block) * rows};
 }
 
 }  // namespace flashtq::cuda
