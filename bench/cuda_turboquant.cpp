@@ -64,8 +64,8 @@ Sequences make_sequences(std::int64_t batch, std::int64_t ctx, std::int64_t hkv,
       [&] {
         for (std::int64_t b = 0; b < batch; ++b)
           for (std::int64_t t = 0; t < ctx; t += chunk) {
-            flashtq::tq_encode_keys(cuda, {s.layout, s.tables, x, t, s.keys + b * s.layout.key_words(), nullptr});
-            flashtq::tq_encode_values(cuda, {s.layout, s.tables, x, t, s.values + b * s.layout.value_words(), nullptr});
+            flashtq::tq_encode_keys(cuda, {s.tables, x, t, s.keys + b * s.layout.key_words(), nullptr});
+            flashtq::tq_encode_values(cuda, {s.tables, x, t, s.values + b * s.layout.value_words(), nullptr});
           }
       },
       nullptr, 3);
@@ -98,7 +98,6 @@ AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows,
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "stream");
   flashtq::TqAttendArgs a;
-  a.layout = s.layout;
   a.tables = s.tables;
   a.scratch = scratch;
   a.n_heads = heads;

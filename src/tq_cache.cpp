@@ -2,6 +2,7 @@
 #include <bit>
 #include <cstring>
 #include <fstream>
+#include <type_traits>
 
 #include "core/validate.hpp"
 #include "flashtq/backend.hpp"
@@ -14,40 +15,33 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the cache file format is little-endian");
 
 constexpr char kMagic[8] = {'F', 'T', 'Q', 'C', 'A', 'C', 'H', 'E'};
-constexpr std::uint32_t kFileVersion = 1;
+// Version 2: the header holds the configuration as TqCacheConfig lays it out (version 1 spelt its
+// fields out in another order).
+constexpr std::uint32_t kFileVersion = 2;
 
 struct FileHeader {
   char magic[8];
   std::uint32_t version;
   std::uint32_t header_bytes;
-  std::int64_t layers, n_kv_heads, head_dim, capacity;
-  std::int32_t key_bits, value_bits;
-  std::uint64_t seed;
+  TqCacheConfig config;
 };
-
-TqLayout layout_of(const TqCacheConfig& c) {
-  TqLayout l;
-  l.head_dim = c.head_dim;
-  l.n_kv_heads = c.n_kv_heads;
-  l.capacity = c.capacity;
-  l.key_bits = c.key_bits;
-  l.value_bits = c.value_bits;
-  return l;
-}
+static_assert(std::is_trivially_copyable_v<TqCacheConfig> && sizeof(TqCacheConfig) == 48,
+              "the file header stores TqCacheConfig's bytes: a change to it changes the file format");
 
 }  // namespace
 
 TqKvCache::TqKvCache(const TqCacheConfig& config, Backend* backend)
-    : config_(config), layout_(layout_of(config)), backend_(backend ? backend : &default_backend()) {
+    : config_(config), backend_(backend ? backend : &default_backend()) {
   if (config.layers < 1) throw Error("layers", "must be >= 1");
-  core::validate_tq_layout(layout_);
+  const TqLayout& layout = config.layout;
+  core::validate_tq_layout(layout);
   if (backend_->memory() != Memory::host) {
     throw Error("backend", "TqKvCache keeps its words in host memory; '" + backend_->name() + "' works on device memory");
   }
   for (std::int64_t layer = 0; layer < config.layers; ++layer) {
-    tables_.push_back(make_tq_tables(layout_, config.seed, layer));
-    keys_.emplace_back(std::size_t(layout_.key_words()), 0u);
-    values_.emplace_back(std::size_t(layout_.value_words()), 0u);
+    tables_.push_back(make_tq_tables(layout, config.seed, layer));
+    keys_.emplace_back(std::size_t(layout.key_words()), 0u);
+    values_.emplace_back(std::size_t(layout.value_words()), 0u);
   }
   length_.assign(std::size_t(config.layers), 0);
 }
@@ -61,13 +55,14 @@ void TqKvCache::check_layer(std::int64_t layer) const {
 void TqKvCache::append(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {
   check_layer(layer);
   if (k.shape != v.shape) throw Error("v", "must have the same shape as k");
-  TqEncodeArgs ka{layout_, tables_[std::size_t(layer)], k, start_pos, keys_[std::size_t(layer)].data(), nullptr};
-  TqEncodeArgs va{layout_, tables_[std::size_t(layer)], v, start_pos, values_[std::size_t(layer)].data(), nullptr};
+  const TqTables& tables = tables_[std::size_t(layer)];
   // Both validated before either is written, so a rejected call leaves the cache unchanged.
-  ka = core::validate_tq_encode(*backend_, ka);
-  va = core::validate_tq_encode(*backend_, va);
-  backend_->tq_encode_keys(ka);
-  backend_->tq_encode_values(va);
+  const TqEncodeCall ka =
+      core::validate_tq_encode(*backend_, {tables, k, start_pos, keys_[std::size_t(layer)].data(), nullptr}, true);
+  const TqEncodeCall va =
+      core::validate_tq_encode(*backend_, {tables, v, start_pos, values_[std::size_t(layer)].data(), nullptr}, false);
+  backend_->tq_encode(ka);
+  backend_->tq_encode(va);
   length_[std::size_t(layer)] = std::max(length_[std::size_t(layer)], start_pos + k.shape[1]);
 }
 
@@ -79,10 +74,9 @@ void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t sta
                                  " must lie within the " + std::to_string(length_[std::size_t(layer)]) +
                                  " timesteps appended to this layer");
   }
-  scratch_.resize(std::size_t(tq_scratch_floats(n, heads, layout_.head_dim)));
+  scratch_.resize(std::size_t(tq_scratch_floats(n, heads, config_.layout.head_dim)));
   TqRotateArgs r{tables_[std::size_t(layer)], q, n, scratch_.data(), nullptr};
   TqAttendArgs a;
-  a.layout = layout_;
   a.tables = tables_[std::size_t(layer)];
   a.scratch = scratch_.data();
   a.q_cap = n;
@@ -93,10 +87,10 @@ void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t sta
   a.k_cache = keys_[std::size_t(layer)].data();
   a.v_cache = values_[std::size_t(layer)].data();
   a.out = out;
-  r = core::validate_tq_rotate(*backend_, r);
-  a = core::validate_tq_attend(*backend_, a);
-  backend_->tq_rotate_queries(r);
-  backend_->tq_attend(a);
+  const TqRotateCall rotate = core::validate_tq_rotate(*backend_, r);
+  const TqAttendCall attend = core::validate_tq_attend(*backend_, a);
+  backend_->tq_rotate_queries(rotate);
+  backend_->tq_attend(attend);
 }
 
 std::int64_t TqKvCache::length(std::int64_t layer) const {
@@ -105,11 +99,11 @@ std::int64_t TqKvCache::length(std::int64_t layer) const {
 }
 
 std::int64_t TqKvCache::bytes_per_token() const {
-  return layout_.bytes_per_token_per_head() * config_.n_kv_heads * config_.layers;
+  return config_.layout.bytes_per_token_per_head() * config_.layout.n_kv_heads * config_.layers;
 }
 
 std::int64_t TqKvCache::memory_bytes() const {
-  return 4 * (layout_.key_words() + layout_.value_words()) * config_.layers;
+  return 4 * (config_.layout.key_words() + config_.layout.value_words()) * config_.layers;
 }
 
 const std::vector<std::uint32_t>& TqKvCache::key_words(std::int64_t layer) const {
@@ -129,13 +123,7 @@ void TqKvCache::save(const std::string& path) const {
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.version = kFileVersion;
   h.header_bytes = sizeof(FileHeader);
-  h.layers = config_.layers;
-  h.n_kv_heads = config_.n_kv_heads;
-  h.head_dim = config_.head_dim;
-  h.capacity = config_.capacity;
-  h.key_bits = config_.key_bits;
-  h.value_bits = config_.value_bits;
-  h.seed = config_.seed;
+  h.config = config_;
   f.write(reinterpret_cast<const char*>(&h), sizeof h);
   f.write(reinterpret_cast<const char*>(length_.data()), std::streamsize(length_.size() * sizeof(std::int64_t)));
   for (std::int64_t layer = 0; layer < config_.layers; ++layer) {
@@ -161,7 +149,7 @@ TqKvCache TqKvCache::load(const std::string& path, Backend* backend) {
     throw Error("path", "'" + path + "' has file version " + std::to_string(h.version) + "; this build reads version " +
                             std::to_string(kFileVersion));
   }
-  TqCacheConfig c{h.layers, h.n_kv_heads, h.head_dim, h.capacity, h.key_bits, h.value_bits, h.seed};
+  const TqCacheConfig& c = h.config;
   TqKvCache cache(c, backend);  // validates the header's configuration
   const std::int64_t expected = std::int64_t(sizeof h) + 8 * c.layers + cache.memory_bytes();
   if (file_bytes != expected) {
@@ -170,7 +158,7 @@ TqKvCache TqKvCache::load(const std::string& path, Backend* backend) {
   }
   f.read(reinterpret_cast<char*>(cache.length_.data()), std::streamsize(8 * c.layers));
   for (std::int64_t layer = 0; layer < c.layers; ++layer) {
-    if (cache.length_[std::size_t(layer)] < 0 || cache.length_[std::size_t(layer)] > c.capacity) {
+    if (cache.length_[std::size_t(layer)] < 0 || cache.length_[std::size_t(layer)] > c.layout.capacity) {
       throw Error("path", "'" + path + "' has a layer length outside [0, capacity]");
     }
     auto& k = cache.keys_[std::size_t(layer)];

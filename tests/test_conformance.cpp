@@ -148,8 +148,8 @@ TEST_P(LargeGrids, TurboQuantRowsAndDenseHeads) {
     EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " " << r.detail;
   };
   conformance::TqCase tq;
-  tq.D = 32;
-  tq.tokens = tq.capacity = 70004;
+  tq.layout.head_dim = 32;
+  tq.tokens = tq.layout.capacity = 70004;
   tq.n_queries = 70000;
   tq.max_seq = 4;
   tq.seed = rng();

@@ -14,17 +14,17 @@ namespace {
 using conformance::HostTensor;
 
 TEST(TqKvCache, SeedConfigurationCosts88BytesPerTokenPerHead) {
-  TqKvCache cache({1, 1, 128, 16, 2, 2, 0}, &backend("reference"));
+  TqKvCache cache({1, {128, 1, 16, 2, 2}, 0}, &backend("reference"));
   EXPECT_EQ(cache.layout().bytes_per_token_per_head(), 88);
   EXPECT_EQ(cache.bytes_per_token(), 88);
   EXPECT_NEAR(cache.compression_vs_bf16(), 5.818, 1e-3);
-  TqKvCache bigger({4, 8, 128, 16, 3, 4, 0}, &backend("reference"));
+  TqKvCache bigger({4, {128, 8, 16, 3, 4}, 0}, &backend("reference"));
   EXPECT_EQ(bigger.layout().bytes_per_token_per_head(), 4 * (12 + 4 + 1 + 16 + 1));
   EXPECT_EQ(bigger.bytes_per_token(), 4 * 8 * 4 * 34);
 }
 
 struct Model {
-  TqKvCache cache{{2, 2, 64, 32, 2, 3, 99}, &backend("reference")};
+  TqKvCache cache{{2, {64, 2, 32, 2, 3}, 99}, &backend("reference")};
   HostTensor k{{1, 10, 2, 64}, DType::bf16, false}, v{k};
   Model() {
     std::mt19937_64 rng(std::random_device{}());
@@ -41,7 +41,7 @@ TEST(TqKvCache, AppendAndAttendMatchTheOperations) {
   // The same words as the low-level encode with layer 1's tables.
   const TqTables t = make_tq_tables(m.cache.layout(), 99, 1);
   std::vector<std::uint32_t> keys(std::size_t(m.cache.layout().key_words()), 0u);
-  tq_encode_keys(backend("reference"), {m.cache.layout(), t, m.k.view, 0, keys.data(), nullptr});
+  tq_encode_keys(backend("reference"), {t, m.k.view, 0, keys.data(), nullptr});
   EXPECT_EQ(keys, m.cache.key_words(1));
 
   HostTensor q({1, 3, 4, 64}, DType::f32, false), out({1, 3, 4, 64}, DType::f32, false);
@@ -89,7 +89,7 @@ TEST(TqKvCache, SaveLoadRoundTripAndHeaderChecks) {
     f.seekp(at);
     f.put(byte);
   };
-  corrupt(8, 2);  // version 1 -> 2
+  corrupt(8, 3);  // version 2 -> 3
   EXPECT_THROW(TqKvCache::load(path, &backend("reference")), Error);
   m.cache.save(path);
   corrupt(0, 'X');  // magic

@@ -65,8 +65,8 @@ TEST(Layout, HandComputedOffsetsOfEveryRegion) {
   x.fill(v);
   const TqTables t = make_tq_tables(l, 7, 0);
   std::vector<std::uint32_t> keys(std::size_t(l.key_words()), 0u), values(std::size_t(l.value_words()), 0u);
-  tq_encode_keys(backend("reference"), {l, t, x.view, 3, keys.data(), nullptr});
-  tq_encode_values(backend("reference"), {l, t, x.view, 3, values.data(), nullptr});
+  tq_encode_keys(backend("reference"), {t, x.view, 3, keys.data(), nullptr});
+  tq_encode_values(backend("reference"), {t, x.view, 3, values.data(), nullptr});
   auto in = [](std::int64_t w, std::int64_t lo, std::int64_t hi) { return w >= lo && w < hi; };
   for (std::int64_t w = 0; w < l.key_words(); ++w) {
     if (!(in(w, 104, 112) || in(w, 212, 216) || w == 253)) {

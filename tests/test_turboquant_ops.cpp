@@ -31,8 +31,8 @@ struct Fixture {
     v.fill_normal(rng);
   }
   void encode() {
-    tq_encode_keys(backend("reference"), {l, t, k.view, 0, keys.data(), nullptr});
-    tq_encode_values(backend("reference"), {l, t, v.view, 0, values.data(), nullptr});
+    tq_encode_keys(backend("reference"), {t, k.view, 0, keys.data(), nullptr});
+    tq_encode_values(backend("reference"), {t, v.view, 0, values.data(), nullptr});
   }
   // Attention of queries q [1, n, H, D] at start_pos (max_seq as given) into a fresh f32 output.
   std::vector<double> attend(const HostTensor& q, std::int64_t start_pos, std::optional<std::int64_t> max_seq = {}) {
@@ -42,7 +42,6 @@ struct Fixture {
     HostTensor out({1, n, H, l.head_dim}, DType::f32, false);
     out.poison();
     TqAttendArgs a;
-    a.layout = l;
     a.tables = t;
     a.scratch = scratch.data();
     a.n_heads = H;
@@ -126,7 +125,8 @@ TEST(TqOps, GqaReadsTheRightKvHead) {
   Fixture two(64, 2, 12);
   two.encode();
   Fixture one(64, 1, 12);
-  one.t = two.t;
+  one.t = two.t;  // the same signs and codebooks, over a one-head layout
+  one.t.layout = one.l;
   std::vector<double> k2 = two.k.values(), v2 = two.v.values(), k1(12 * 64), v1(12 * 64);
   for (int t = 0; t < 12; ++t)
     for (int d = 0; d < 64; ++d) {
@@ -166,7 +166,6 @@ TEST(TqOps, BatchedCallEqualsOneCallPerSequence) {
   HostTensor out({2, n, H, D}, DType::f32, false);
   out.poison();
   TqAttendArgs args;
-  args.layout = a.l;
   args.tables = a.t;
   args.scratch = scratch.data();
   args.n_heads = H;
@@ -198,7 +197,7 @@ TEST_P(TqBadInput, RejectedNamingTheArgumentCacheUnchanged) {
   TqLayout l{64, 2, 8, 2, 2};
   HostTensor x({1, 4, 2, 64}, DType::f32, false);
   std::vector<std::uint32_t> cache(std::size_t(l.key_words()), 0x12345678u);
-  TqEncodeArgs a{l, make_tq_tables(l, 1, 0), x.view, 0, cache.data(), nullptr};
+  TqEncodeArgs a{make_tq_tables(l, 1, 0), x.view, 0, cache.data(), nullptr};
   GetParam().breaker(a);
   try {
     tq_encode_keys(backend("reference"), a);
@@ -211,19 +210,18 @@ TEST_P(TqBadInput, RejectedNamingTheArgumentCacheUnchanged) {
 
 INSTANTIATE_TEST_SUITE_P(
     Spec4, TqBadInput,
-    ::testing::Values(BadTq{"head_dim_not_power_of_two", "head_dim", [](TqEncodeArgs& a) { a.layout.head_dim = 96; }},
-                      BadTq{"head_dim_not_multiple_of_32", "head_dim", [](TqEncodeArgs& a) { a.layout.head_dim = 16; }},
-                      BadTq{"head_dim_too_large", "head_dim", [](TqEncodeArgs& a) { a.layout.head_dim = 512; }},
-                      BadTq{"key_bits", "key_bits", [](TqEncodeArgs& a) { a.layout.key_bits = 4; }},
-                      BadTq{"value_bits", "value_bits", [](TqEncodeArgs& a) { a.layout.value_bits = 1; }},
+    ::testing::Values(BadTq{"head_dim_not_power_of_two", "head_dim", [](TqEncodeArgs& a) { a.tables.layout.head_dim = 96; }},
+                      BadTq{"head_dim_not_multiple_of_32", "head_dim", [](TqEncodeArgs& a) { a.tables.layout.head_dim = 16; }},
+                      BadTq{"head_dim_too_large", "head_dim", [](TqEncodeArgs& a) { a.tables.layout.head_dim = 512; }},
+                      BadTq{"key_bits", "key_bits", [](TqEncodeArgs& a) { a.tables.layout.key_bits = 4; }},
+                      BadTq{"value_bits", "value_bits", [](TqEncodeArgs& a) { a.tables.layout.value_bits = 1; }},
                       BadTq{"cache_full", "start_pos", [](TqEncodeArgs& a) { a.start_pos = 5; }},
                       BadTq{"start_pos_past_capacity", "start_pos", [](TqEncodeArgs& a) { a.start_pos = 9; }},
                       BadTq{"start_pos_negative", "start_pos", [](TqEncodeArgs& a) { a.start_pos = -1; }},
                       BadTq{"mismatched_heads", "x", [](TqEncodeArgs& a) { a.x.shape[2] = 1; }},
                       BadTq{"mismatched_dim", "x", [](TqEncodeArgs& a) { a.x.shape[3] = 32; }},
-                      BadTq{"tables_for_other_bits", "tables", [](TqEncodeArgs& a) { a.tables.key_bits = 3; }},
                       BadTq{"null_cache", "cache", [](TqEncodeArgs& a) { a.cache = nullptr; }},
-                      BadTq{"capacity_overflow", "capacity", [](TqEncodeArgs& a) { a.layout.capacity = std::int64_t(1) << 62; }}),
+                      BadTq{"capacity_overflow", "capacity", [](TqEncodeArgs& a) { a.tables.layout.capacity = std::int64_t(1) << 62; }}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A small valid decode call on host memory (head_dim 64, 4 query heads over 2 kv heads, 8 timesteps),
@@ -235,7 +233,6 @@ struct AttendCall {
   AttendCall() { f.encode(); }
   TqAttendArgs args() const {
     TqAttendArgs a;
-    a.layout = f.l;
     a.tables = f.t;
     a.scratch = scratch.data();
     a.n_heads = 4;
@@ -296,11 +293,10 @@ class WorkspaceBackend final : public Backend {
   void download(void* dst, const void* src, std::size_t bytes) override { inner_.download(dst, src, bytes); }
   void forward(const ForwardCall& call) override { inner_.forward(call); }
   void backward(const BackwardCall& call) override { inner_.backward(call); }
-  void tq_encode_keys(const TqEncodeArgs& call) override { inner_.tq_encode_keys(call); }
-  void tq_encode_values(const TqEncodeArgs& call) override { inner_.tq_encode_values(call); }
-  void tq_rotate_queries(const TqRotateArgs& call) override { inner_.tq_rotate_queries(call); }
-  void tq_attend(const TqAttendArgs& call) override { inner_.tq_attend(call); }
-  std::size_t tq_attend_workspace(const TqAttendArgs&) const override { return kBytes; }
+  void tq_encode(const TqEncodeCall& call) override { inner_.tq_encode(call); }
+  void tq_rotate_queries(const TqRotateCall& call) override { inner_.tq_rotate_queries(call); }
+  void tq_attend(const TqAttendCall& call) override { inner_.tq_attend(call); }
+  std::size_t tq_attend_workspace(const TqAttendCall&) const override { return kBytes; }
 
  private:
   Backend& inner_ = backend("reference");

@@ -41,12 +41,11 @@ class Backend {
 
   virtual void forward(const ForwardCall& call) = 0;
   virtual void backward(const BackwardCall& call) = 0;
-  virtual void tq_encode_keys(const TqEncodeArgs& call) = 0;
-  virtual void tq_encode_values(const TqEncodeArgs& call) = 0;
-  virtual void tq_rotate_queries(const TqRotateArgs& call) = 0;
-  virtual void tq_attend(const TqAttendArgs& call) = 0;
+  virtual void tq_encode(const TqEncodeCall& call) = 0;  // keys or values: call.keys
+  virtual void tq_rotate_queries(const TqRotateCall& call) = 0;
+  virtual void tq_attend(const TqAttendCall& call) = 0;
   // Workspace bytes tq_attend needs for a validated call.
-  virtual std::size_t tq_attend_workspace(const TqAttendArgs&) const { return 0; }
+  virtual std::size_t tq_attend_workspace(const TqAttendCall&) const { return 0; }
 };
 
 // Every compiled-in backend, available or not, in a fixed order (reference first).

@@ -35,9 +35,9 @@ struct DenseCase {
 };
 
 struct TqCase {
-  std::int64_t D = 128, Hkv = 1, H = 1, capacity = 1, tokens = 1, n_queries = 1, start_pos = 0;
+  TqLayout layout{128, 1, 1, 2, 2};  // head_dim, kv heads, capacity, bits
+  std::int64_t H = 1, tokens = 1, n_queries = 1, start_pos = 0;
   std::optional<std::int64_t> max_seq;
-  int key_bits = 2, value_bits = 2;
   DType dtype = DType::f32;
   std::uint64_t seed = 0, data_seed = 0;
   bool zero_rows = false;  // some all-zero keys and values

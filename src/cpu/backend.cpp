@@ -21,10 +21,9 @@ class CpuBackend final : public core::HostBackend {
 
   void forward(const ForwardCall& c) override { dense_forward(c, threads_); }
   void backward(const BackwardCall& c) override { dense_backward(c, threads_); }
-  void tq_encode_keys(const TqEncodeArgs& c) override { tq_encode(c, true, threads_); }
-  void tq_encode_values(const TqEncodeArgs& c) override { tq_encode(c, false, threads_); }
-  void tq_rotate_queries(const TqRotateArgs& c) override { tq_rotate(c, threads_); }
-  void tq_attend(const TqAttendArgs& c) override { cpu::tq_attend(c, threads_); }
+  void tq_encode(const TqEncodeCall& c) override { cpu::tq_encode(c, threads_); }
+  void tq_rotate_queries(const TqRotateCall& c) override { tq_rotate(c, threads_); }
+  void tq_attend(const TqAttendCall& c) override { cpu::tq_attend(c, threads_); }
 
  private:
   int threads_ = std::max(1, omp_get_num_procs());

@@ -98,27 +98,26 @@ void build_key_tables(const float* const* q_rot, const float* const* q_jl, int h
 // Heads [g0, g0 + GT) (GT <= 4) of one (row, kv head) over timesteps [t0, t1): fills their m, l and
 // rotated-space accumulators (acc: GT x D). Each code word is read once for all the heads.
 template <int GT>
-void attend_heads(const TqAttendArgs& a, std::int64_t row, std::int64_t kvh, std::int64_t g0, std::int64_t t0,
+void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t g0, std::int64_t t0,
                   std::int64_t t1, float* m, float* l, float* acc) {
   const hn::ScalableTag<float> d;
   const hn::Full128<float> d4;  // one lane per head of the quad
   using V = hn::Vec<decltype(d)>;
   using V4 = hn::Vec<decltype(d4)>;
   const std::int64_t N = std::int64_t(hn::Lanes(d));
-  const TqLayout& lay = a.layout;
+  const TqLayout& lay = a.layout();
   const std::int64_t D = lay.head_dim, H = a.n_heads, G = H / lay.n_kv_heads, b = row / a.n_queries;
-  const std::int64_t region = a.q_cap * H * D;
   const std::uint32_t* keys = a.k_cache + b * lay.key_words();
   const std::uint32_t* values = a.v_cache + b * lay.value_words();
   alignas(64) float vc[16] = {};
   for (int i = 0; i < 4; ++i) vc[i] = a.tables.value_centroids[std::size_t(i)];
   const V value_c = hn::LoadU(d, vc);
-  const float scale = *a.scale, qjl = *a.qjl_scale;
+  const float scale = a.scale, qjl = a.qjl_scale;
   const float* q_rot[GT];
   const float* q_jl[GT];
   for (int g = 0; g < GT; ++g) {
-    q_rot[g] = a.scratch + (row * H + kvh * G + g0 + g) * D;
-    q_jl[g] = q_rot[g] + region;
+    q_rot[g] = a.scratch + a.scratch_layout.q_rot(row, kvh * G + g0 + g);
+    q_jl[g] = a.scratch + a.scratch_layout.q_jl(row, kvh * G + g0 + g);
     m[g] = -std::numeric_limits<float>::infinity();
     l[g] = 0.0f;
   }
@@ -178,9 +177,9 @@ void attend_heads(const TqAttendArgs& a, std::int64_t row, std::int64_t kvh, std
 }
 
 // One (row, kv head): every head of its group, in quads (the last one 3, 2 or 1 heads).
-void AttendRange(const TqAttendArgs& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1, float* m,
+void AttendRange(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1, float* m,
                  float* l, float* acc) {
-  const std::int64_t G = a.n_heads / a.layout.n_kv_heads, D = a.layout.head_dim;
+  const std::int64_t G = a.group(), D = a.layout().head_dim;
   std::int64_t g = 0;
   for (; g + 4 <= G; g += 4) attend_heads<4>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
   if (G - g == 3) attend_heads<3>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
@@ -193,7 +192,7 @@ bool Supported() {
   return hn::Lanes(d) >= 4 && hn::Lanes(d) <= 16;
 }
 #else
-void AttendRange(const TqAttendArgs&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*, float*, float*) {}
+void AttendRange(const TqAttendCall&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*, float*, float*) {}
 bool Supported() { return false; }
 #endif
 
@@ -206,8 +205,8 @@ namespace flashtq::cpu {
 HWY_EXPORT(AttendRange);
 HWY_EXPORT(Supported);
 
-bool tq_attend_simd(const TqAttendArgs& a, int threads) {
-  const TqLayout& l = a.layout;
+bool tq_attend_simd(const TqAttendCall& a, int threads) {
+  const TqLayout& l = a.layout();
   if (l.key_bits != 2 || l.value_bits != 2 || !HWY_DYNAMIC_DISPATCH(Supported)()) return false;
   const std::int64_t D = l.head_dim, H = a.n_heads, G = H / l.n_kv_heads, rows = a.batch * a.n_queries;
   // Units of (row, kv head, split); splits keep every thread busy in decode.
@@ -219,7 +218,7 @@ bool tq_attend_simd(const TqAttendArgs& a, int threads) {
     const std::int64_t split = u % splits, row = (u / splits) / l.n_kv_heads, kvh = (u / splits) % l.n_kv_heads;
     const std::int64_t b = row / a.n_queries, j = row % a.n_queries;
     const std::int64_t start = a.start_positions ? std::int64_t(a.start_positions[b]) : a.start_pos;
-    const std::int64_t seq = std::max<std::int64_t>(0, std::min({start + j + 1, *a.max_seq, l.capacity}));
+    const std::int64_t seq = std::max<std::int64_t>(0, std::min({start + j + 1, a.max_seq, l.capacity}));
     const std::int64_t per = (seq + splits - 1) / splits;
     const std::int64_t t0 = std::min(seq, split * per), t1 = std::min(seq, t0 + per);
     float* out = part.data() + u * G * (D + 2);

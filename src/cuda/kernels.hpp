@@ -23,9 +23,9 @@ void launch_dense_backward(const BackwardCall& call);
 // The Hopper backward (wgmma; f16/bf16, head_dim 64 and 128, 16-byte aligned rows, sm_90 devices); false when it does not apply.
 bool launch_dense_backward_wgmma(const BackwardCall& call);
 
-void launch_tq_encode(const TqEncodeArgs& call, bool keys);
-void launch_tq_rotate(const TqRotateArgs& call);
-std::size_t tq_attend_workspace(const TqAttendArgs& call);
-void launch_tq_attend(const TqAttendArgs& call);
+void launch_tq_encode(const TqEncodeCall& call);
+void launch_tq_rotate(const TqRotateCall& call);
+std::size_t tq_attend_workspace(const TqAttendCall& call);
+void launch_tq_attend(const TqAttendCall& call);
 
 }  // namespace flashtq::cuda

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "flashtq/turboquant.hpp"
+#include "flashtq/problem.hpp"
 
 namespace flashtq::cuda {
 
@@ -17,7 +17,8 @@ constexpr int kMmaMaxSplitTokens = 4096;
 struct AttendParams {
   TqLayout l;
   const float* scratch;
-  std::int64_t q_cap, H, n_queries, start_pos, max_seq;
+  TqScratchLayout scratch_layout;
+  std::int64_t H, n_queries, start_pos, max_seq;
   float scale, qjl_scale;
   const std::uint32_t* k;
   const std::uint32_t* v;
@@ -60,7 +61,7 @@ constexpr int kPartialHeader = 4;
 __host__ __device__ constexpr int partial_stride(int head_dim) { return head_dim + kPartialHeader; }
 
 // The tensor-core decode path: head_dim 128, keys 2+1 bits, values 2 bits, GQA groups of 4k heads.
-bool mma_decode_supported(const TqAttendArgs& c);
+bool mma_decode_supported(const TqAttendCall& c);
 bool mma_decode_supported(const AttendParams& a);
 // Bytes of the prepared query fragments per (query row, group of 4 heads).
 constexpr std::size_t kKeyFragmentBytes = 6208;

@@ -348,9 +348,9 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
 
 }  // namespace
 
-bool mma_decode_supported(const TqAttendArgs& c) {
-  return c.layout.head_dim == kD && c.layout.key_bits == 2 && c.layout.value_bits == 2 &&
-         (c.n_heads / c.layout.n_kv_heads) % 4 == 0;
+bool mma_decode_supported(const TqAttendCall& c) {
+  const TqLayout& l = c.layout();
+  return l.head_dim == kD && l.key_bits == 2 && l.value_bits == 2 && c.group() % 4 == 0;
 }
 
 bool mma_decode_supported(const AttendParams& a) {

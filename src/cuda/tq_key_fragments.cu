@@ -28,11 +28,9 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_key_fragments(AttendP
   KeyFragments& out = reinterpret_cast<KeyFragments*>(a.key_fragments)[blockIdx.x];
   const float kc0 = a.key_centroids[2], kc1 = a.key_centroids[3];
   const float lo_coef = kc1 - kc0, hi_coef = kc0 + kc1;  // centroid = -c1 + lo_coef lo + hi_coef hi
-  const std::int64_t region = a.q_cap * a.H * kD;
   for (int i = tid; i < 4 * kD; i += kPrepareThreads) {
-    const std::int64_t at = (j * a.H + h0 + i / kD) * kD + i % kD;
-    q_rot[i / kD][i % kD] = a.scratch[at];
-    q_jl[i / kD][i % kD] = a.scratch[region + at];
+    q_rot[i / kD][i % kD] = a.scratch[a.scratch_layout.q_rot(j, h0 + i / kD) + i % kD];
+    q_jl[i / kD][i % kD] = a.scratch[a.scratch_layout.q_jl(j, h0 + i / kD) + i % kD];
   }
   __syncthreads();
   if (warp < 4) {  // warp w: the fixed-point exponents and constant terms of head w

@@ -151,7 +151,7 @@ Command add_bench(CLI::App& app) {
                                       AttentionParams{});
                   },
                   reps);
-              TqKvCache cache({1, Hkv, D, ctx, 2, 2, 7}, &cpu);
+              TqKvCache cache({1, {D, Hkv, ctx, 2, 2}, 7}, &cpu);
               const TensorView kv = TensorView::bshd(k.data(), DType::f16, 1, ctx, Hkv, D);
               const double encode = median_s([&] { cache.append(0, kv, kv, 0); }, 1);
               std::vector<float> qf(std::size_t(H * D), 0.5f), out(std::size_t(H * D));

@@ -59,15 +59,14 @@ nlohmann::json turboquant_decode(Backend& b, std::int64_t ctx, int repeats) {
     conformance::DeviceBuffer x(b, random_floats(std::size_t(chunk * Hkv * D), rng));
     for (std::int64_t t = 0; t < ctx; t += chunk) {
       const TensorView xv = TensorView::bshd(x.get(), DType::f32, 1, chunk, Hkv, D, b.memory());
-      tq_encode_keys(b, {layout, tables, xv, t, static_cast<std::uint32_t*>(keys.get()), nullptr});
-      tq_encode_values(b, {layout, tables, xv, t, static_cast<std::uint32_t*>(values.get()), nullptr});
+      tq_encode_keys(b, {tables, xv, t, static_cast<std::uint32_t*>(keys.get()), nullptr});
+      tq_encode_values(b, {tables, xv, t, static_cast<std::uint32_t*>(values.get()), nullptr});
     }
     b.synchronize();
   }
   conformance::DeviceBuffer q(b, random_floats(std::size_t(H * D), rng)), out(b, std::size_t(H * D) * 4),
       scratch(b, std::size_t(tq_scratch_floats(1, H, D)) * 4);
   TqAttendArgs a;
-  a.layout = layout;
   a.tables = tables;
   a.scratch = static_cast<const float*>(scratch.get());
   a.n_heads = H;

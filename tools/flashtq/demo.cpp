@@ -66,7 +66,7 @@ void turboquant_part() {
       for (std::int64_t d = 0; d < D; ++d) q[std::size_t((row * H + h) * D + d)] = 1.5f * target[d] + n(rng);
     }
 
-  TqKvCache cache({1, Hkv, D, ctx, 2, 2, 2024}, &host);
+  TqKvCache cache({1, {D, Hkv, ctx, 2, 2}, 2024}, &host);
   auto t0 = std::chrono::steady_clock::now();
   cache.append(0, TensorView::bshd(k.data(), DType::f32, 1, ctx, Hkv, D), TensorView::bshd(v.data(), DType::f32, 1, ctx, Hkv, D), 0);
   const double encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

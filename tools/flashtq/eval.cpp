@@ -68,7 +68,7 @@ nlohmann::json attention_rows(std::mt19937_64& rng, const std::vector<std::int64
     const Workload w = make_workload(llm, T, Hkv, H, D, rng);
     const std::vector<double> kd(w.k.begin(), w.k.end()), vd(w.v.begin(), w.v.end()), qd(w.q.begin(), w.q.end());
     for (const auto& [kb, vb] : kConfigs) {
-      TqKvCache cache({1, Hkv, D, T, kb, vb, rng()}, &default_backend());
+      TqKvCache cache({1, {D, Hkv, T, kb, vb}, rng()}, &default_backend());
       cache.append(0, TensorView::bshd(const_cast<float*>(w.k.data()), DType::f32, 1, T, Hkv, D),
                    TensorView::bshd(const_cast<float*>(w.v.data()), DType::f32, 1, T, Hkv, D), 0);
       for (std::int64_t ctx : contexts) {

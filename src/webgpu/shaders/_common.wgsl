@@ -90,3 +90,13 @@ fn key_visible(j: i32, pos: i32, sk: i32, causal: u32, window: i32) -> bool {
   }
   return true;
 }
+
+// The rotated-query scratch [q_rot | q_jl | sums] (TqScratchLayout in include/flashtq/turboquant.hpp),
+// `base` words into its buffer, region = rows * n_heads * head_dim: the one place WGSL computes it.
+// part 0 is q_rot, part 1 q_jl; element d of (row, head) is at the returned index + d.
+fn scratch_vector(base: u32, region: u32, part: u32, row: u32, n_heads: u32, head: u32, head_dim: u32) -> u32 {
+  return base + part * region + (row * n_heads + head) * head_dim;
+}
+fn scratch_sum(base: u32, region: u32, row: u32, n_heads: u32, head: u32) -> u32 {
+  return base + 2u * region + row * n_heads + head;
+}
