@@ -74,7 +74,7 @@ constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 // The two gradients one score contributes: P with dropout applied (dV's weight) and dS / scale (the
 // kernels multiply dK and dQ by the softmax scale once, when they store them). `lse2` is the row's LSE in log2 units (+inf for a row that sees nothing,
 // so P = 0); `checked` asks for the per-element visibility test (tiles not fully visible). (Not
-// inlining it, to spare the instruction cache, measured slower: the call saves every accumulator.)
+// inlining it, to spare the instruction cache, was slower: the call saves every accumulator.)
 struct ScoreGrads {
   float p_kept, ds;
 };
@@ -399,8 +399,8 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
         }
       }
     };
-    // One turn per key tile: dQ of tile t with the scores of tile t + 1 (measured faster than two
-    // turns per tile, at 64 keys and at 128).
+    // One turn per key tile: dQ of tile t with the scores of tile t + 1 (faster than two turns per
+    // tile, at 64 keys and at 128; docs/benchmarks.md).
     tma::wait(full, 0);
     my_turn();
     wgmma::fence();

@@ -30,8 +30,8 @@ constexpr int kRows = 128, kAtomRows = 64, kThreads = 128;
 template <int D>
 constexpr int kKeysFor = D >= 96 ? 32 : 64;
 
-// Volatile asm: the products issue in source order (measured: non-volatile, letting the compiler
-// reorder them, was 3 % slower here and in the TurboQuant decode).
+// Volatile asm: the products issue in source order (non-volatile, letting the compiler reorder
+// them, was slower here and in the TurboQuant decode; docs/benchmarks.md).
 template <typename T>
 __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);
 template <>

@@ -8,7 +8,7 @@
 //   error-compensated "3xTF32" scheme of CUTLASS's OpMultiplyAddFastF32, which PyTorch's efficient
 //   attention runs for f32. Each key tile's P V is summed in fresh accumulators and added to O in
 //   f32 (the tensor cores' accumulation truncates; over thousands of keys O would drift). Three
-//   tensor-core products still beat f32 FMAs (1.4x the FFMA kernel on an H200). A block of 8 warps
+//   tensor-core products still beat f32 FMAs (timings: docs/benchmarks.md). A block of 8 warps
 //   owns 256 rows (two atoms per warp), so each split K/V fragment feeds two atoms.
 // K and V tiles are double-buffered by cp.async. Q's and K's fragments come through ldmatrix (an
 // 8 x 8 matrix of 16-bit halves is an 8 x 4 matrix of floats); V's by single loads: P's C fragments
