@@ -31,6 +31,9 @@ class Backend {
   // Threads a host backend uses (0 = all cores); device backends ignore it.
   virtual void set_threads(int) {}
   virtual int threads() const { return 1; }
+  // For benchmarks' rooflines: the f32 FMA rate (FLOP/s) the backend's threads reach on a tight loop
+  // of independent FMAs (the median of a few runs); 0 where the backend has no such probe.
+  virtual double measure_fma_flops() { return 0; }
 
   // Memory of this backend's kind, used by tools and the conformance suite.
   virtual void* allocate(std::size_t bytes) = 0;

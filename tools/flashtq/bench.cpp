@@ -12,28 +12,10 @@
 
 #include "commands.hpp"
 #include "timing.hpp"
-#include "cpu/kernels.hpp"
 #include "flashtq/flashtq.hpp"
 
 namespace flashtq::cli {
 namespace {
-
-double fma_peak_gflops(int threads) {
-  double flops = 0;
-  const double s = median_s(
-      [&] {
-        double total = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-        {
-          float checksum;
-          total += cpu::fma_burst(20'000'000, &checksum);
-          if (checksum == 12345.0f) std::puts("");  // keeps the work observable
-        }
-        flops = total;
-      },
-      3);
-  return flops / s / 1e9;
-}
 
 double copy_bandwidth_gbs(int threads) {
   const std::size_t bytes = std::size_t(1) << 29;
@@ -99,12 +81,12 @@ Command add_bench(CLI::App& app) {
             std::mt19937_64 rng(1);
             nlohmann::json r;
             r["threads"] = threads;
-            r["simd_target"] = cpu::simd_target();
-            r["fma_peak_gflops"] = fma_peak_gflops(threads);
+            r["backend"] = cpu.description();
+            r["fma_peak_gflops"] = cpu.measure_fma_flops() / 1e9;
             r["copy_bandwidth_gbs"] = copy_bandwidth_gbs(threads);
             const double peak = r["fma_peak_gflops"], bw = r["copy_bandwidth_gbs"];
             fmt::print(stderr, "{} threads, {}: FMA peak {:.1f} GFLOP/s, copy {:.1f} GB/s\n", threads,
-                       r["simd_target"].get<std::string>(), peak, bw);
+                       r["backend"].get<std::string>(), peak, bw);
             const int reps = opts->quick ? 1 : 3;
             // Dense forward and backward: B = 1, H = 8, S x S.
             for (DType dtype : opts->decode_only ? std::vector<DType>{} : std::vector<DType>{DType::f32, DType::bf16}) {
