@@ -7,6 +7,7 @@
 
 #include "conformance/conformance.hpp"
 #include "flashtq/flashtq.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
@@ -40,7 +41,7 @@ class Conformance : public ::testing::TestWithParam<SuiteCase> {
     EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " "
                           << r.detail;
   }
-  std::mt19937_64 rng{std::random_device{}()};
+  std::mt19937_64 rng = test_rng();
 };
 
 TEST_P(Conformance, DenseForwardAndBackward) {
@@ -85,7 +86,7 @@ TEST_P(LongSequences, DenseForwardAndBackward) {
   for (Backend* x : all_backends())
     if (x->name() == GetParam().backend) b = x;
   if (!b->available()) GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
-  std::mt19937_64 rng{std::random_device{}()};
+  std::mt19937_64 rng = test_rng();
   const auto c = conformance::draw_long_dense_case(rng, *b);
   for (const auto& r : {conformance::check_forward(*b, c), conformance::check_backward(*b, c)}) {
     EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " " << r.detail;
@@ -110,7 +111,7 @@ TEST_P(LongKeyRanges, F32Forward) {
   for (Backend* x : all_backends())
     if (x->name() == GetParam()) b = x;
   if (!b->available()) GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
-  std::mt19937_64 rng{std::random_device{}()};
+  std::mt19937_64 rng = test_rng();
   conformance::DenseCase c;
   c.B = 1;
   c.H = c.Hkv = 1;
@@ -143,7 +144,7 @@ TEST_P(LargeGrids, TurboQuantRowsAndDenseHeads) {
   for (Backend* x : all_backends())
     if (x->name() == GetParam()) b = x;
   if (!b->available()) GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
-  std::mt19937_64 rng{std::random_device{}()};
+  std::mt19937_64 rng = test_rng();
   auto expect_pass = [](const conformance::CheckResult& r) {
     EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " " << r.detail;
   };

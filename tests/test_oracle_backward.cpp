@@ -6,6 +6,7 @@
 
 #include "conformance/host_tensor.hpp"
 #include "reference/dense.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
@@ -22,7 +23,7 @@ class OracleBackward : public ::testing::TestWithParam<GradCase> {};
 
 TEST_P(OracleBackward, MatchesCentralFiniteDifferences) {
   const GradCase gc = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   DenseProblem p;
   p.B = 2;
   p.Sq = 5;

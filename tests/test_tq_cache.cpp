@@ -7,6 +7,7 @@
 
 #include "conformance/host_tensor.hpp"
 #include "flashtq/flashtq.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
@@ -27,7 +28,7 @@ struct Model {
   TqKvCache cache{{2, {64, 2, 32, 2, 3}, 99}, &backend("reference")};
   HostTensor k{{1, 10, 2, 64}, DType::bf16, false}, v{k};
   Model() {
-    std::mt19937_64 rng(std::random_device{}());
+    std::mt19937_64 rng = test_rng();
     k.fill_normal(rng);
     v.fill_normal(rng);
   }
@@ -45,7 +46,7 @@ TEST(TqKvCache, AppendAndAttendMatchTheOperations) {
   EXPECT_EQ(keys, m.cache.key_words(1));
 
   HostTensor q({1, 3, 4, 64}, DType::f32, false), out({1, 3, 4, 64}, DType::f32, false);
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   q.fill_normal(rng);
   out.poison();
   m.cache.attend(1, q.view, 7, out.view);

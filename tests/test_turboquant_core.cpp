@@ -13,6 +13,7 @@
 #include "core/signs.hpp"
 #include "flashtq/flashtq.hpp"
 #include "reference/quality.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
@@ -24,7 +25,7 @@ class Packing : public ::testing::TestWithParam<int> {};
 TEST_P(Packing, CodesRoundTrip) {
   const int bits = GetParam();
   const std::int64_t D = 128;
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng{static_cast<std::uint32_t>(fresh_seed())};
   std::vector<std::uint32_t> codes(D), words(std::size_t(D * bits / 32), 0u);
   for (auto& c : codes) c = rng() & ((1u << bits) - 1u);
   for (std::int64_t d = 0; d < D; ++d) core::put_code(words.data(), d, bits, codes[std::size_t(d)]);
@@ -58,7 +59,7 @@ TEST(Layout, HandComputedOffsetsOfEveryRegion) {
   // Encode one timestep (t = 3) where kv head 0 is zero and head 1 is not: only slot 13's words
   // change: codes 104..111, QJL 212..215, norm 253 (keys); codes 104..111, norm 173 (values).
   HostTensor x({1, 1, 2, 128}, DType::f32, false);
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   std::vector<double> v(256, 0.0);
   std::normal_distribution<double> n(0, 1);
   for (int d = 128; d < 256; ++d) v[std::size_t(d)] = n(rng);
@@ -98,8 +99,8 @@ class Rht : public ::testing::TestWithParam<std::int64_t> {};
 
 TEST_P(Rht, IsTheOrthonormalMatrixAndItsInverseInverts) {
   const std::int64_t D = GetParam();
-  const auto s = core::sign_bits(std::random_device{}(), 0, 0);
-  std::mt19937_64 rng(std::random_device{}());
+  const auto s = core::sign_bits(fresh_seed(), 0, 0);
+  std::mt19937_64 rng = test_rng();
   std::normal_distribution<double> n(0, 1);
   std::vector<double> x(static_cast<std::size_t>(D));
   for (double& e : x) e = n(rng);
@@ -140,7 +141,7 @@ class CodebookMse : public ::testing::TestWithParam<int> {};
 TEST_P(CodebookMse, MeasuredDistortionMatchesSpec) {
   const int b = GetParam();
   const double spec[] = {0, 0.361, 0.116, 0.034, 0.0093};
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   EXPECT_NEAR(reference::measure_mse(128, b, 4000, rng), spec[b], 0.03 * spec[b]);
   EXPECT_NEAR(core::codebook(128, b).mse_per_coordinate * 128, spec[b], 0.03 * spec[b]);  // the exact integral
 }
@@ -150,7 +151,7 @@ INSTANTIATE_TEST_SUITE_P(Bits, CodebookMse, ::testing::Values(1, 2, 3, 4));
 class KeyEstimator : public ::testing::TestWithParam<int> {};
 TEST_P(KeyEstimator, UnbiasedWithBoundedError) {
   const int b_mse = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   const auto stats = reference::measure_key_estimator(128, b_mse, 20000, rng);
   EXPECT_GE(stats.slope, 0.99);
   EXPECT_LE(stats.slope, 1.01);

@@ -7,6 +7,7 @@
 
 #include "conformance/host_tensor.hpp"
 #include "flashtq/flashtq.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
@@ -21,12 +22,12 @@ struct Fixture {
   HostTensor k, v;
   Fixture(std::int64_t D, std::int64_t Hkv, std::int64_t tokens, int kb = 2, int vb = 2)
       : l{D, Hkv, tokens, kb, vb},
-        t(make_tq_tables(l, std::random_device{}(), 0)),
+        t(make_tq_tables(l, fresh_seed(), 0)),
         keys(std::size_t(l.key_words()), 0xFFFFFFFFu),
         values(std::size_t(l.value_words()), 0xFFFFFFFFu),
         k({1, tokens, Hkv, D}, DType::f32, false),
         v(k) {
-    std::mt19937_64 rng(std::random_device{}());
+    std::mt19937_64 rng = test_rng();
     k.fill_normal(rng);
     v.fill_normal(rng);
   }
@@ -58,7 +59,7 @@ struct Fixture {
 
 HostTensor random_queries(std::int64_t n, std::int64_t H, std::int64_t D) {
   HostTensor q({1, n, H, D}, DType::f32, false);
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   q.fill_normal(rng);
   return q;
 }
@@ -158,7 +159,7 @@ TEST(TqOps, BatchedCallEqualsOneCallPerSequence) {
   values.insert(values.end(), b.values.begin(), b.values.end());
   const std::int64_t H = 4, D = 64, n = 2;
   HostTensor q({2, n, H, D}, DType::f32, false);
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   q.fill_normal(rng);
   std::vector<float> scratch(std::size_t(tq_scratch_floats(2 * n, H, D)));
   tq_rotate_queries(backend("reference"), {a.t, q.view, 2 * n, scratch.data(), nullptr});

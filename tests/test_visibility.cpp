@@ -7,6 +7,7 @@
 #include <random>
 
 #include "core/visibility.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
@@ -23,7 +24,7 @@ DenseProblem random_problem(std::mt19937_64& rng) {
 }
 
 TEST(Visibility, RangesHoldEveryVisiblePairAndFullTilesAreFull) {
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   for (int trial = 0; trial < 400; ++trial) {
     const DenseProblem p = random_problem(rng);
     auto range = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "flashtq/flashtq.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
@@ -28,7 +29,7 @@ Backend* webgpu_or_skip() {
 TEST(WebGpuMemory, ViewsAtOffsetsInsideOneAllocation) {
   REQUIRE_WEBGPU(gpu);
   const std::int64_t B = 1, S = 37, H = 2, D = 32, n = B * S * H * D, pad = 5;  // odd offsets of f32 elements
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   std::normal_distribution<float> dist(0, 1);
   std::vector<float> host(std::size_t(3 * (n + pad)));
   for (float& x : host) x = dist(rng);

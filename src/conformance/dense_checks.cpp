@@ -34,6 +34,7 @@ std::string DenseCase::describe() const {
   if (scale) s << " scale" << *scale;
   if (tf32) s << " tf32";
   if (pedantic) s << " pedantic";
+  s << " seed=" << seed << " data_seed=" << data_seed;
   return s.str();
 }
 

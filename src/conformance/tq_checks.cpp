@@ -24,6 +24,7 @@ std::string TqCase::describe() const {
   if (max_seq) s << " max_seq" << *max_seq;
   if (zero_rows) s << " zeros";
   if (batch > 1) s << " batch" << batch << (starts.empty() ? "" : " own-starts");
+  s << " seed=" << seed << " data_seed=" << data_seed;
   return s.str();
 }
 

@@ -71,13 +71,25 @@ void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size
   }
 }
 
+// f16 -> f32 for N lanes. Highway's emulated conversion (targets without F16C: SSSE3, scalar) treats
+// exponent 31 as a normal number, so infinities and NaNs are rebuilt from the bits here.
+template <class D>
+HWY_INLINE hn::Vec<D> widen_f16(D d, const hwy::float16_t* p) {
+  const hn::Rebind<hwy::float16_t, D> dh;
+  const hn::Rebind<uint16_t, D> du16;
+  const hn::RebindToUnsigned<D> du;
+  const auto widened = hn::PromoteTo(d, hn::LoadU(dh, p));
+  const auto bits = hn::PromoteTo(du, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p)));
+  const auto special = hn::Eq(hn::And(bits, hn::Set(du, 0x7C00u)), hn::Set(du, 0x7C00u));
+  const auto rebuilt = hn::Or(hn::Or(hn::ShiftLeft<16>(hn::And(bits, hn::Set(du, 0x8000u))), hn::Set(du, 0x7F800000u)),
+                              hn::ShiftLeft<13>(hn::And(bits, hn::Set(du, 0x03FFu))));
+  return hn::IfThenElse(hn::RebindMask(d, special), hn::BitCast(d, rebuilt), widened);
+}
+
 template <class D>
 HWY_INLINE hn::Vec<D> load_as_f32(D d, const void* base, size_t i, int dtype) {
   if (dtype == 0) return hn::LoadU(d, static_cast<const float*>(base) + i);
-  if (dtype == 1) {
-    const hn::Rebind<hwy::float16_t, D> dh;
-    return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::float16_t*>(base) + i));
-  }
+  if (dtype == 1) return widen_f16(d, static_cast<const hwy::float16_t*>(base) + i);
   const hn::Rebind<hwy::bfloat16_t, D> db;
   return hn::PromoteTo(d, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(base) + i));
 }
@@ -169,9 +181,8 @@ void LoadRow(const void* src, int dtype, float* dst, size_t n, float factor) {
     for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, s + i), f), d, dst + i);
     for (; i < n; ++i) dst[i] = s[i] * factor;
   } else if (dtype == 1) {
-    const hn::Rebind<hwy::float16_t, decltype(d)> dh;
     const hwy::float16_t* s = static_cast<const hwy::float16_t*>(src);
-    for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::PromoteTo(d, hn::LoadU(dh, s + i)), f), d, dst + i);
+    for (; i + N <= n; i += N) hn::StoreU(hn::Mul(widen_f16(d, s + i), f), d, dst + i);
     for (; i < n; ++i) dst[i] = core::f16_to_f32(static_cast<const uint16_t*>(src)[i]) * factor;
   } else {
     const hn::Rebind<hwy::bfloat16_t, decltype(d)> db;
