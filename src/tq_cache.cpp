@@ -36,7 +36,8 @@ TqKvCache::TqKvCache(const TqCacheConfig& config, Backend* backend)
   const TqLayout& layout = config.layout;
   core::validate_tq_layout(layout);
   if (backend_->memory() != Memory::host) {
-    throw Error("backend", "TqKvCache keeps its words in host memory; '" + backend_->name() + "' works on device memory");
+    throw Error("backend",
+                "TqKvCache keeps its words in host memory; '" + backend_->name() + "' works on device memory");
   }
   for (std::int64_t layer = 0; layer < config.layers; ++layer) {
     tables_.push_back(make_tq_tables(layout, config.seed, layer));

@@ -11,8 +11,8 @@ namespace {
 class ReplayPrinter : public ::testing::EmptyTestEventListener {
   void OnTestEnd(const ::testing::TestInfo& info) override {
     if (!info.result()->Failed()) return;
-    std::printf("[  REPLAY  ] %s ./flashtq_tests --gtest_filter='%s.%s'\n",
-                flashtq::conformance::replay_hint().c_str(), info.test_suite_name(), info.name());
+    std::printf("[  REPLAY  ] %s ./flashtq_tests --gtest_filter='%s.%s'\n", flashtq::conformance::replay_hint().c_str(),
+                info.test_suite_name(), info.name());
   }
 };
 

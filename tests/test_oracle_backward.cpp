@@ -49,8 +49,8 @@ TEST_P(OracleBackward, MatchesCentralFiniteDifferences) {
     for (double& e : x) e = n(rng);
     return x;
   };
-  std::vector<double> q = draw(p.B * p.Sq * p.H * p.D), k = draw(p.B * p.Sk * p.Hkv * p.D), v = draw(std::int64_t(k.size())),
-                      dout = draw(std::int64_t(q.size()));
+  std::vector<double> q = draw(p.B * p.Sq * p.H * p.D), k = draw(p.B * p.Sk * p.Hkv * p.D),
+                      v = draw(std::int64_t(k.size())), dout = draw(std::int64_t(q.size()));
   std::vector<double> out(q.size()), lse(std::size_t(p.B * p.H * p.Sq));
   auto loss = [&]() {
     reference::dense_forward(p, q.data(), k.data(), v.data(), out.data(), lse.data());
@@ -82,15 +82,15 @@ TEST_P(OracleBackward, MatchesCentralFiniteDifferences) {
   EXPECT_LE(conformance::relative_error(numeric(v), dv, detail), 1e-6) << "dv " << detail;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Features, OracleBackward,
-    ::testing::Values(GradCase{"plain", 2, 2, 8, false, false, 0, 0.0f}, GradCase{"gqa", 4, 2, 8, false, false, 0, 0.0f},
-                      GradCase{"mqa_causal", 3, 1, 17, true, false, 0, 0.0f},
-                      GradCase{"dropout", 2, 2, 8, false, false, 0, 0.3f},
-                      GradCase{"dropout_gqa", 4, 1, 8, true, true, 0, 0.2f},
-                      GradCase{"mask_window", 2, 1, 5, true, true, 3, 0.0f},
-                      GradCase{"window_not_causal", 2, 2, 8, false, false, 2, 0.1f}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Features, OracleBackward,
+                         ::testing::Values(GradCase{"plain", 2, 2, 8, false, false, 0, 0.0f},
+                                           GradCase{"gqa", 4, 2, 8, false, false, 0, 0.0f},
+                                           GradCase{"mqa_causal", 3, 1, 17, true, false, 0, 0.0f},
+                                           GradCase{"dropout", 2, 2, 8, false, false, 0, 0.3f},
+                                           GradCase{"dropout_gqa", 4, 1, 8, true, true, 0, 0.2f},
+                                           GradCase{"mask_window", 2, 1, 5, true, true, 3, 0.0f},
+                                           GradCase{"window_not_causal", 2, 2, 8, false, false, 2, 0.1f}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace flashtq

@@ -23,7 +23,8 @@ struct FeatureCase {
 };
 
 std::string name_of(const ::testing::TestParamInfo<FeatureCase>& info) {
-  return "case" + std::to_string(info.param.index) + "_D" + std::to_string(info.param.D) + "_" + dtype_name(info.param.dtype);
+  return "case" + std::to_string(info.param.index) + "_D" + std::to_string(info.param.D) + "_" +
+         dtype_name(info.param.dtype);
 }
 
 std::vector<FeatureCase> feature_matrix() {
@@ -67,7 +68,8 @@ TEST_P(OracleForward, MatchesBruteForce) {
     }
     mask.resize(std::size_t(stride));
     std::normal_distribution<float> n(0, 1);
-    for (std::size_t m = 0; m < mask.size(); ++m) mask[m] = (m % 7 == 3) ? -std::numeric_limits<float>::infinity() : n(rng);
+    for (std::size_t m = 0; m < mask.size(); ++m)
+      mask[m] = (m % 7 == 3) ? -std::numeric_limits<float>::infinity() : n(rng);
     params.mask = mask.data();
     params.mask_elements = std::int64_t(mask.size());
   }
@@ -87,7 +89,12 @@ TEST_P(OracleForward, MatchesBruteForce) {
   attention_forward(ref, {q.view, k.view, v.view, out.view, lse.data()}, params);
 
   DenseProblem p;
-  p.B = B; p.Sq = Sq; p.Sk = Sk; p.H = H; p.Hkv = Hkv; p.D = fc.D;
+  p.B = B;
+  p.Sq = Sq;
+  p.Sk = Sk;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.D = fc.D;
   p.scale = float(1.0 / std::sqrt(double(fc.D)));
   p.causal = params.causal;
   p.causal_offset = params.causal_offset.value_or(Sk - Sq);
@@ -108,7 +115,8 @@ TEST_P(OracleForward, MatchesBruteForce) {
   // Through the public API the output is rounded into the dtype.
   const double tol = fc.dtype == DType::f32 ? 1e-6 : fc.dtype == DType::f16 ? 1e-3 : 8e-3;
   EXPECT_LE(conformance::relative_error(expect.out, out.values(), detail), tol) << detail;
-  EXPECT_LE(conformance::relative_error(expect.lse, std::vector<double>(lse.begin(), lse.end()), detail), 1e-6) << detail;
+  EXPECT_LE(conformance::relative_error(expect.lse, std::vector<double>(lse.begin(), lse.end()), detail), 1e-6)
+      << detail;
   for (double x : out.values()) ASSERT_FALSE(std::isnan(x));
 }
 

@@ -31,8 +31,10 @@ class OffByOnePercent final : public Backend {
         for (std::int64_t h = 0; h < o.shape[2]; ++h)
           for (std::int64_t d = 0; d < o.shape[3]; ++d) {
             const std::int64_t at = b * o.strides[0] + s * o.strides[1] + h * o.strides[2] + d;
-            if (o.dtype == DType::f32) static_cast<float*>(o.data)[at] *= 1.01f;
-            else static_cast<std::uint16_t*>(o.data)[at] ^= 0x0100u;  // a wrong mantissa bit
+            if (o.dtype == DType::f32)
+              static_cast<float*>(o.data)[at] *= 1.01f;
+            else
+              static_cast<std::uint16_t*>(o.data)[at] ^= 0x0100u;  // a wrong mantissa bit
           }
   }
   void backward(const BackwardCall& call) override { inner_.backward(call); }
@@ -52,8 +54,10 @@ class SeedOverride {
     setenv("FLASHTQ_TEST_SEED", value.c_str(), 1);
   }
   ~SeedOverride() {
-    if (old_) setenv("FLASHTQ_TEST_SEED", old_->c_str(), 1);
-    else unsetenv("FLASHTQ_TEST_SEED");
+    if (old_)
+      setenv("FLASHTQ_TEST_SEED", old_->c_str(), 1);
+    else
+      unsetenv("FLASHTQ_TEST_SEED");
   }
 
  private:

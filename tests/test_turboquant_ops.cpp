@@ -71,17 +71,20 @@ TEST(TqOps, ZeroKeyAndValueGiveZeroWordsAndContributeNothing) {
   f.k.fill(k);
   f.v.fill(v);
   f.encode();
-  for (std::int64_t w = 0; w < f.l.key_code_words(); ++w) EXPECT_EQ(f.keys[std::size_t(5 * f.l.key_code_words() + w)], 0u);
-  for (std::int64_t w = 0; w < f.l.jl_words(); ++w) EXPECT_EQ(f.keys[std::size_t(f.l.key_jl_offset() + 5 * f.l.jl_words() + w)], 0u);
+  for (std::int64_t w = 0; w < f.l.key_code_words(); ++w)
+    EXPECT_EQ(f.keys[std::size_t(5 * f.l.key_code_words() + w)], 0u);
+  for (std::int64_t w = 0; w < f.l.jl_words(); ++w)
+    EXPECT_EQ(f.keys[std::size_t(f.l.key_jl_offset() + 5 * f.l.jl_words() + w)], 0u);
   EXPECT_EQ(f.keys[std::size_t(f.l.key_norm_offset() + 5)], 0u);
-  for (std::int64_t w = 0; w < f.l.value_code_words(); ++w) EXPECT_EQ(f.values[std::size_t(2 * f.l.value_code_words() + w)], 0u);
+  for (std::int64_t w = 0; w < f.l.value_code_words(); ++w)
+    EXPECT_EQ(f.values[std::size_t(2 * f.l.value_code_words() + w)], 0u);
   EXPECT_EQ(f.values[std::size_t(f.l.value_norm_offset() + 2)], 0u);
   // A decode over only the zero value (timestep 2 is the last one seen when it is all there is
   // besides two others) equals the same decode with the value slot removed: check via one row
   // that sees timesteps 0..2 against a cache whose slot 2 value is zeroed anyway, i.e. the result
   // is a weighted sum of values 0 and 1 only: it lies in their span.
   const HostTensor q = random_queries(1, 1, 64);
-  const auto out = f.attend(q, 0);  // sees only timestep 0
+  const auto out = f.attend(q, 0);   // sees only timestep 0
   const auto out2 = f.attend(q, 2);  // sees 0, 1, 2
   EXPECT_FALSE(std::isnan(out[0]));
   EXPECT_FALSE(std::isnan(out2[0]));
@@ -105,7 +108,8 @@ TEST(TqOps, ChunkedPrefillEqualsSingleRowDecodes) {
     std::vector<double> qv = q.values();
     row.fill(std::vector<double>(qv.begin() + j * H * 128, qv.begin() + (j + 1) * H * 128));
     const auto single = f.attend(row, start + j);
-    for (std::int64_t e = 0; e < H * 128; ++e) ASSERT_EQ(single[std::size_t(e)], chunk[std::size_t(j * H * 128 + e)]) << j;
+    for (std::int64_t e = 0; e < H * 128; ++e)
+      ASSERT_EQ(single[std::size_t(e)], chunk[std::size_t(j * H * 128 + e)]) << j;
   }
 }
 
@@ -183,7 +187,8 @@ TEST(TqOps, BatchedCallEqualsOneCallPerSequence) {
     HostTensor qs({1, n, H, D}, DType::f32, false);
     qs.fill(std::vector<double>(qv.begin() + s * n * H * D, qv.begin() + (s + 1) * n * H * D));
     const auto single = (s == 0 ? a : b).attend(qs, starts[std::size_t(s)]);
-    for (std::int64_t e = 0; e < n * H * D; ++e) ASSERT_EQ(single[std::size_t(e)], batched[std::size_t(s * n * H * D + e)]) << s;
+    for (std::int64_t e = 0; e < n * H * D; ++e)
+      ASSERT_EQ(single[std::size_t(e)], batched[std::size_t(s * n * H * D + e)]) << s;
   }
 }
 
@@ -211,18 +216,20 @@ TEST_P(TqBadInput, RejectedNamingTheArgumentCacheUnchanged) {
 
 INSTANTIATE_TEST_SUITE_P(
     Spec4, TqBadInput,
-    ::testing::Values(BadTq{"head_dim_not_power_of_two", "head_dim", [](TqEncodeArgs& a) { a.tables.layout.head_dim = 96; }},
-                      BadTq{"head_dim_not_multiple_of_32", "head_dim", [](TqEncodeArgs& a) { a.tables.layout.head_dim = 16; }},
-                      BadTq{"head_dim_too_large", "head_dim", [](TqEncodeArgs& a) { a.tables.layout.head_dim = 512; }},
-                      BadTq{"key_bits", "key_bits", [](TqEncodeArgs& a) { a.tables.layout.key_bits = 4; }},
-                      BadTq{"value_bits", "value_bits", [](TqEncodeArgs& a) { a.tables.layout.value_bits = 1; }},
-                      BadTq{"cache_full", "start_pos", [](TqEncodeArgs& a) { a.start_pos = 5; }},
-                      BadTq{"start_pos_past_capacity", "start_pos", [](TqEncodeArgs& a) { a.start_pos = 9; }},
-                      BadTq{"start_pos_negative", "start_pos", [](TqEncodeArgs& a) { a.start_pos = -1; }},
-                      BadTq{"mismatched_heads", "x", [](TqEncodeArgs& a) { a.x.shape[2] = 1; }},
-                      BadTq{"mismatched_dim", "x", [](TqEncodeArgs& a) { a.x.shape[3] = 32; }},
-                      BadTq{"null_cache", "cache", [](TqEncodeArgs& a) { a.cache = nullptr; }},
-                      BadTq{"capacity_overflow", "capacity", [](TqEncodeArgs& a) { a.tables.layout.capacity = std::int64_t(1) << 62; }}),
+    ::testing::Values(
+        BadTq{"head_dim_not_power_of_two", "head_dim", [](TqEncodeArgs& a) { a.tables.layout.head_dim = 96; }},
+        BadTq{"head_dim_not_multiple_of_32", "head_dim", [](TqEncodeArgs& a) { a.tables.layout.head_dim = 16; }},
+        BadTq{"head_dim_too_large", "head_dim", [](TqEncodeArgs& a) { a.tables.layout.head_dim = 512; }},
+        BadTq{"key_bits", "key_bits", [](TqEncodeArgs& a) { a.tables.layout.key_bits = 4; }},
+        BadTq{"value_bits", "value_bits", [](TqEncodeArgs& a) { a.tables.layout.value_bits = 1; }},
+        BadTq{"cache_full", "start_pos", [](TqEncodeArgs& a) { a.start_pos = 5; }},
+        BadTq{"start_pos_past_capacity", "start_pos", [](TqEncodeArgs& a) { a.start_pos = 9; }},
+        BadTq{"start_pos_negative", "start_pos", [](TqEncodeArgs& a) { a.start_pos = -1; }},
+        BadTq{"mismatched_heads", "x", [](TqEncodeArgs& a) { a.x.shape[2] = 1; }},
+        BadTq{"mismatched_dim", "x", [](TqEncodeArgs& a) { a.x.shape[3] = 32; }},
+        BadTq{"null_cache", "cache", [](TqEncodeArgs& a) { a.cache = nullptr; }},
+        BadTq{"capacity_overflow", "capacity",
+              [](TqEncodeArgs& a) { a.tables.layout.capacity = std::int64_t(1) << 62; }}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A small valid decode call on host memory (head_dim 64, 4 query heads over 2 kv heads, 8 timesteps),
@@ -258,7 +265,9 @@ void expect_rejected(Backend& b, const TqAttendArgs& a, const std::string& arg) 
 TEST(TqBadInput, AttendArgumentsAreChecked) {
   const AttendCall call;
   auto base = [&] { return call.args(); };
-  auto expect_arg = [&](const TqAttendArgs& a, const std::string& arg) { expect_rejected(backend("reference"), a, arg); };
+  auto expect_arg = [&](const TqAttendArgs& a, const std::string& arg) {
+    expect_rejected(backend("reference"), a, arg);
+  };
   auto a = base();
   a.n_heads = 3;
   expect_arg(a, "n_heads");

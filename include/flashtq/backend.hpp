@@ -1,4 +1,4 @@
-// The backend interface and registry. A backend computes what SPEC.md defines on memory of one
+// The backend interface and registry. A backend computes what docs/spec.md defines on memory of one
 // kind; it receives only calls that the validator has accepted.
 #pragma once
 

@@ -35,7 +35,7 @@ struct DenseProblem {
   std::array<std::int64_t, 4> mask_strides{};
   float dropout_p = 0.0f;
   std::uint32_t seed = 0;
-  bool tf32 = false;  // f32 products may run on TF32 tensor cores (AttentionParams::allow_tf32)
+  bool tf32 = false;      // f32 products may run on TF32 tensor cores (AttentionParams::allow_tf32)
   bool pedantic = false;  // f32 products in f32 FMAs only (AttentionParams::pedantic_f32, without tf32)
 
   FLASHTQ_HOST_DEVICE std::int64_t group() const { return H / Hkv; }  // query heads per kv head
@@ -62,7 +62,7 @@ struct TqEncodeCall {
   explicit TqEncodeCall(Validated) {}
   TqTables tables;  // tables.layout is the cache's layout
   bool keys = true;
-  TensorView x;     // [1, T, n_kv_heads, head_dim]
+  TensorView x;  // [1, T, n_kv_heads, head_dim]
   std::int64_t start_pos = 0;
   std::uint32_t* cache = nullptr;
   void* stream = nullptr;

@@ -1,6 +1,6 @@
 // TurboQuant-compressed KV cache: packed layout, per-layer tables, the three operations
 // (encode, rotate queries, attend over the packed words) and a cache object for users.
-// Semantics: SPEC §2; layout: docs/turboquant_layout.md.
+// Semantics: docs/spec.md §2; layout: docs/turboquant_layout.md.
 #pragma once
 
 #include <array>
@@ -41,9 +41,7 @@ struct TqLayout {
   FLASHTQ_HOST_DEVICE std::int64_t bytes_per_token_per_head() const {
     return 4 * (key_code_words() + jl_words() + 1 + value_code_words() + 1);
   }
-  double compression_vs_bf16() const {
-    return double(2 * 2 * head_dim) / double(bytes_per_token_per_head());
-  }
+  double compression_vs_bf16() const { return double(2 * 2 * head_dim) / double(bytes_per_token_per_head()); }
 };
 
 // An exact Lloyd–Max codebook (double, as computed): what encoders quantize with, so that every
@@ -60,8 +58,8 @@ struct TqTables {
   TqLayout layout;
   std::array<std::uint32_t, 8> polar_sign_bits{};  // bit d set: s_polar[d] = -1
   std::array<std::uint32_t, 8> jl_sign_bits{};
-  TqCodebook key_codebook, value_codebook;                    // encoders
-  std::array<float, 16> key_centroids{}, value_centroids{};   // attention (f32), 2^bits used
+  TqCodebook key_codebook, value_codebook;                   // encoders
+  std::array<float, 16> key_centroids{}, value_centroids{};  // attention (f32), 2^bits used
 };
 
 // Builds the tables of (seed, layer) for a layout.
@@ -126,15 +124,16 @@ struct TqAttendArgs {
   std::int64_t n_heads = 0;
   std::int64_t n_queries = 1;
   std::int64_t start_pos = 0;
-  std::optional<std::int64_t> max_seq;  // causal clamp; empty means start_pos + n_queries (capacity with start_positions)
+  std::optional<std::int64_t>
+      max_seq;  // causal clamp; empty means start_pos + n_queries (capacity with start_positions)
   std::int64_t batch = 1;
   const std::int32_t* start_positions = nullptr;
   std::optional<float> scale;      // default 1/sqrt(head_dim)
   std::optional<float> qjl_scale;  // default sqrt(pi/2)/sqrt(head_dim)
   const std::uint32_t* k_cache = nullptr;
   const std::uint32_t* v_cache = nullptr;
-  TensorView out;  // f32 [batch, n_queries, n_heads, head_dim]
-  void* workspace = nullptr;      // in the backend's memory, tq_attend_workspace_bytes() large, 16-byte aligned
+  TensorView out;             // f32 [batch, n_queries, n_heads, head_dim]
+  void* workspace = nullptr;  // in the backend's memory, tq_attend_workspace_bytes() large, 16-byte aligned
   std::size_t workspace_bytes = 0;
   void* stream = nullptr;
 };
@@ -168,7 +167,7 @@ class TqKvCache {
   std::int64_t length(std::int64_t layer) const;  // timesteps written so far (highest end)
   std::int64_t bytes_per_token() const;           // all layers and kv heads
   double compression_vs_bf16() const { return config_.layout.compression_vs_bf16(); }
-  std::int64_t memory_bytes() const;              // packed words held, all layers
+  std::int64_t memory_bytes() const;  // packed words held, all layers
   const std::vector<std::uint32_t>& key_words(std::int64_t layer) const;
   const std::vector<std::uint32_t>& value_words(std::int64_t layer) const;
 

@@ -1,5 +1,5 @@
 // The conformance suite: fresh random cases, each run on a backend and on the oracle, compared at
-// the SPEC §3 tolerances with outputs poisoned first. Used by the tests and by `flashtq check`.
+// the docs/spec.md §3 tolerances with outputs poisoned first. Used by the tests and by `flashtq check`.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +40,7 @@ struct TqCase {
   std::optional<std::int64_t> max_seq;
   DType dtype = DType::f32;
   std::uint64_t seed = 0, data_seed = 0;
-  bool zero_rows = false;  // some all-zero keys and values
+  bool zero_rows = false;            // some all-zero keys and values
   std::int64_t batch = 1;            // sequences attended in one call (attend only)
   std::vector<std::int32_t> starts;  // per-sequence start positions, or empty: start_pos for all
 
@@ -57,7 +57,7 @@ struct CheckResult {
   double seconds = 0;  // time of the backend's call
 };
 
-// Per SPEC §3: relative error bound for a dtype (and for f32 with the opt-in TF32 path).
+// Per docs/spec.md §3: relative error bound for a dtype (and for f32 with the opt-in TF32 path).
 double tolerance(DType dtype, bool tf32 = false);
 
 DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend);

@@ -41,7 +41,8 @@ HostTensor kv_rows(const TqCase& c, std::uint64_t salt) {
   if (c.zero_rows) {
     std::vector<double> v = x.values();
     for (std::int64_t t = 0; t < c.tokens; t += 3)
-      for (std::int64_t d = 0; d < c.layout.head_dim; ++d) v[std::size_t(t * c.layout.n_kv_heads * c.layout.head_dim + d)] = 0.0;  // head 0 of every 3rd
+      for (std::int64_t d = 0; d < c.layout.head_dim; ++d)
+        v[std::size_t(t * c.layout.n_kv_heads * c.layout.head_dim + d)] = 0.0;  // head 0 of every 3rd
     x.fill(v);
   }
   return x;
@@ -69,16 +70,18 @@ OracleCache oracle_cache(const TqCase& c, const TqTables& tables, std::int64_t s
 
 // The oracle's rotated coordinates (what its codes quantize) and, for keys, the QJL projections of
 // the residual (what its sign bits keep), per slot [slot * D + d]; NaN where the oracle wrote zeros.
-// They tell which differing codes and bits are flips at a boundary, which SPEC 3 allows: a
+// They tell which differing codes and bits are flips at a boundary, which docs/spec.md §3 allows: a
 // coordinate that lies within rounding of a boundary, and the QJL bits of a slot whose code flipped
 // that way (its residual is another vector).
 struct OracleRotations {
   std::vector<double> rotated, projected;
 };
-OracleRotations oracle_rotations(const TqLayout& l, const TqTables& tables, const HostTensor& x, std::int64_t start, bool keys) {
+OracleRotations oracle_rotations(const TqLayout& l, const TqTables& tables, const HostTensor& x, std::int64_t start,
+                                 bool keys) {
   const std::int64_t D = l.head_dim, T = x.view.shape[1];
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  OracleRotations o{std::vector<double>(std::size_t(l.slots() * D), nan), std::vector<double>(std::size_t(l.slots() * D), nan)};
+  OracleRotations o{std::vector<double>(std::size_t(l.slots() * D), nan),
+                    std::vector<double>(std::size_t(l.slots() * D), nan)};
   const std::vector<double> v = x.values();
   for (std::int64_t t = 0; t < T; ++t) {
     for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
@@ -157,8 +160,8 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
   }
   const double fraction = codes ? double(differ) / double(codes) : 0.0;
   if (fraction > 1e-3) {
-    detail = std::to_string(differ) + " of " + std::to_string(codes) + " codes differ (besides " + std::to_string(flips) +
-             " flips at a boundary)";
+    detail = std::to_string(differ) + " of " + std::to_string(codes) + " codes differ (besides " +
+             std::to_string(flips) + " flips at a boundary)";
   }
   return fraction;
 }
@@ -190,8 +193,10 @@ CheckResult check_tq_encode(Backend& backend, const TqCase& c) {
       vc(backend, std::vector<std::uint32_t>(ref.values.size(), kPoisonWord));
   const Memory mem = backend.memory();
   const auto t0 = std::chrono::steady_clock::now();
-  tq_encode_keys(backend, {tables, k.on(dk.get(), mem), encode_start(c), static_cast<std::uint32_t*>(kc.get()), nullptr});
-  tq_encode_values(backend, {tables, v.on(dv.get(), mem), encode_start(c), static_cast<std::uint32_t*>(vc.get()), nullptr});
+  tq_encode_keys(backend,
+                 {tables, k.on(dk.get(), mem), encode_start(c), static_cast<std::uint32_t*>(kc.get()), nullptr});
+  tq_encode_values(backend,
+                   {tables, v.on(dv.get(), mem), encode_start(c), static_cast<std::uint32_t*>(vc.get()), nullptr});
   backend.synchronize();
   r.seconds = seconds_since(t0);
   auto rotations = [&](const HostTensor& x, bool keys) {
@@ -216,7 +221,8 @@ CheckResult check_tq_rotate(Backend& backend, const TqCase& c) {
   backend.synchronize();
   r.seconds = seconds_since(t0);
   const std::vector<float> got = scratch.read<float>();
-  r.error = relative_error(std::vector<double>(ref.begin(), ref.end()), std::vector<double>(got.begin(), got.end()), r.detail);
+  r.error = relative_error(std::vector<double>(ref.begin(), ref.end()), std::vector<double>(got.begin(), got.end()),
+                           r.detail);
   r.passed = r.error <= r.tolerance;
   return r;
 }
@@ -273,12 +279,15 @@ void draw_batch(TqCase& c, Range&& range) {
   if (range(0, 1) == 0) return;
   c.batch = range(2, 4);
   if (range(0, 1) == 0) return;
-  for (std::int64_t b = 0; b < c.batch; ++b) c.starts.push_back(std::int32_t(range(0, c.layout.capacity - c.n_queries)));
+  for (std::int64_t b = 0; b < c.batch; ++b)
+    c.starts.push_back(std::int32_t(range(0, c.layout.capacity - c.n_queries)));
 }
 }  // namespace
 
 TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
-  auto range = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  auto range = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
   for (;;) {
     TqCase c;
     const std::int64_t dims[] = {32, 64, 128, 256};
@@ -303,7 +312,9 @@ TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
 }
 
 TqCase draw_tq_decode_case(std::mt19937_64& rng) {
-  auto range = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  auto range = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
   TqCase c;
   c.layout.head_dim = 128;
   c.layout.key_bits = c.layout.value_bits = 2;

@@ -71,7 +71,8 @@ void tq_encode_rows(const TqEncodeCall& c, std::int64_t first, std::int64_t end)
       std::uint32_t* codes = c.cache + slot * code_words;
       std::uint32_t* jl = c.cache + l.key_jl_offset() + slot * l.jl_words();
       for (std::int64_t w = 0; w < code_words; ++w) codes[w] = 0;
-      if (c.keys) for (std::int64_t w = 0; w < l.jl_words(); ++w) jl[w] = 0;
+      if (c.keys)
+        for (std::int64_t w = 0; w < l.jl_words(); ++w) jl[w] = 0;
       c.cache[norm_off + slot] = 0;
       read_row(c.x, t, h, r);
       const EncodedRow e = encode_row(r, c.tables, c.keys);
@@ -162,7 +163,8 @@ void tq_attend_row_head(const TqAttendCall& a, std::int64_t row, std::int64_t h)
     sum += p;
     const double vn = f16_value(v_cache[l.value_norm_offset() + slot]);
     const std::uint32_t* codes = v_cache + slot * l.value_code_words();
-    for (std::int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += p * vn * vcb.centroids[get_code(codes, d, l.value_bits)];
+    for (std::int64_t d = 0; d < D; ++d)
+      acc[std::size_t(d)] += p * vn * vcb.centroids[get_code(codes, d, l.value_bits)];
   }
   for (double& e : acc) e /= sum;
   inverse_rht(acc.data(), D, a.tables.polar_sign_bits);  // back from rotated space, once

@@ -35,8 +35,8 @@ const char* memory_name(Memory m) {
 }
 
 std::string shape_text(const std::array<std::int64_t, 4>& s) {
-  return "[" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) +
-         ", " + std::to_string(s[3]) + "]";
+  return "[" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) + ", " +
+         std::to_string(s[3]) + "]";
 }
 
 void check_pointer(const std::string& name, const void* ptr, std::size_t alignment) {
@@ -49,8 +49,8 @@ void check_pointer(const std::string& name, const void* ptr, std::size_t alignme
 // Checks one view: memory kind, pointer, dims, strides, and that its extent fits in 64 bits.
 void check_view(const std::string& name, const TensorView& t, const Backend& backend) {
   if (t.memory != backend.memory()) {
-    throw Error(name, std::string("lives in ") + memory_name(t.memory) + " memory but backend '" +
-                          backend.name() + "' works on " + memory_name(backend.memory()) + " memory");
+    throw Error(name, std::string("lives in ") + memory_name(t.memory) + " memory but backend '" + backend.name() +
+                          "' works on " + memory_name(backend.memory()) + " memory");
   }
   check_pointer(name, t.data, dtype_size(t.dtype));
   for (int d = 0; d < 4; ++d) {
@@ -81,8 +81,8 @@ void check_dtype(const std::string& name, const TensorView& t, DType want) {
   }
 }
 
-DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const TensorView& k,
-                             const TensorView& v, const TensorView& out, const AttentionParams& params) {
+DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& out, const AttentionParams& params) {
   check_view("q", q, backend);
   check_view("k", k, backend);
   check_view("v", v, backend);
@@ -134,13 +134,12 @@ DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const 
     std::int64_t last = 0;
     for (int d = 0; d < 4; ++d) {
       if (params.mask_strides[d] < 0) throw Error("mask_strides", "must be >= 0 (0 broadcasts)");
-      last = checked_add(last, checked_mul(extent[d] - 1, params.mask_strides[d], "mask_strides"),
-                         "mask_strides");
+      last = checked_add(last, checked_mul(extent[d] - 1, params.mask_strides[d], "mask_strides"), "mask_strides");
     }
     if (params.mask_elements <= last) {
       throw Error("mask_elements", "mask of " + std::to_string(params.mask_elements) +
-                                       " elements is too small for its strides (needs " +
-                                       std::to_string(last + 1) + ")");
+                                       " elements is too small for its strides (needs " + std::to_string(last + 1) +
+                                       ")");
     }
     p.mask = params.mask;
     p.mask_strides = params.mask_strides;
@@ -217,8 +216,7 @@ TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& a, b
   if (a.start_pos < 0) throw Error("start_pos", "must be >= 0");
   if (a.start_pos > l.capacity - T) {
     throw Error("start_pos", "cache full: timesteps " + std::to_string(a.start_pos) + ".." +
-                                 std::to_string(a.start_pos + T - 1) + " pass capacity " +
-                                 std::to_string(l.capacity));
+                                 std::to_string(a.start_pos + T - 1) + " pass capacity " + std::to_string(l.capacity));
   }
   check_pointer("cache", a.cache, alignof(std::uint32_t));
   if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
@@ -236,7 +234,8 @@ TqRotateCall validate_tq_rotate(const Backend& backend, const TqRotateArgs& a) {
   const TqLayout& l = a.tables.layout;
   validate_tq_layout(l);
   check_view("q", a.q, backend);
-  check_shape("q", a.q, {a.q.shape[0], a.q.shape[1], a.q.shape[2], l.head_dim}, "[batch, n_queries, n_heads, head_dim]");
+  check_shape("q", a.q, {a.q.shape[0], a.q.shape[1], a.q.shape[2], l.head_dim},
+              "[batch, n_queries, n_heads, head_dim]");
   const std::int64_t rows = checked_mul(a.q.shape[0], a.q.shape[1], "q");
   const std::int64_t q_cap = a.q_cap == 0 ? rows : a.q_cap;
   if (q_cap < rows) throw Error("q_cap", "must be >= batch * n_queries");

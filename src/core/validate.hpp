@@ -1,4 +1,4 @@
-// The one validator (SPEC §4): every public entry point passes through here before any work.
+// The one validator (docs/spec.md §4): every public entry point passes through here before any work.
 #pragma once
 
 #include <algorithm>
@@ -15,10 +15,8 @@ struct Validator {
   static Validated stamp() { return Validated{}; }
 };
 
-ForwardCall validate_forward(const Backend& backend, const ForwardArgs& args,
-                             const AttentionParams& params);
-BackwardCall validate_backward(const Backend& backend, const BackwardArgs& args,
-                               const AttentionParams& params);
+ForwardCall validate_forward(const Backend& backend, const ForwardArgs& args, const AttentionParams& params);
+BackwardCall validate_backward(const Backend& backend, const BackwardArgs& args, const AttentionParams& params);
 
 void validate_tq_layout(const TqLayout& layout);
 TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& args, bool keys);

@@ -121,9 +121,12 @@ void ScoreRows(const float* Q, size_t ldq, size_t rows, const void* keys, size_t
       float s = hn::GetLane(hn::SumOfLanes(d, acc[r]));
       for (size_t i = vec_end; i < dim; ++i) {  // a head_dim that is not a multiple of the lanes
         float kf;
-        if (dtype == 0) kf = static_cast<const float*>(k)[i];
-        else if (dtype == 1) kf = core::f16_to_f32(static_cast<const uint16_t*>(k)[i]);
-        else kf = core::bf16_to_f32(static_cast<const uint16_t*>(k)[i]);
+        if (dtype == 0)
+          kf = static_cast<const float*>(k)[i];
+        else if (dtype == 1)
+          kf = core::f16_to_f32(static_cast<const uint16_t*>(k)[i]);
+        else
+          kf = core::bf16_to_f32(static_cast<const uint16_t*>(k)[i]);
         s += Q[r * ldq + i] * kf;
       }
       S[r * lds + j] = s;
@@ -204,8 +207,9 @@ double FmaBurst(size_t iterations, float* checksum) {
     v4 = hn::MulAdd(v4, a, b), v5 = hn::MulAdd(v5, a, b), v6 = hn::MulAdd(v6, a, b), v7 = hn::MulAdd(v7, a, b);
     v8 = hn::MulAdd(v8, a, b), v9 = hn::MulAdd(v9, a, b), v10 = hn::MulAdd(v10, a, b), v11 = hn::MulAdd(v11, a, b);
   }
-  const auto sum = hn::Add(hn::Add(hn::Add(v0, v1), hn::Add(v2, v3)),
-                           hn::Add(hn::Add(hn::Add(v4, v5), hn::Add(v6, v7)), hn::Add(hn::Add(v8, v9), hn::Add(v10, v11))));
+  const auto sum =
+      hn::Add(hn::Add(hn::Add(v0, v1), hn::Add(v2, v3)),
+              hn::Add(hn::Add(hn::Add(v4, v5), hn::Add(v6, v7)), hn::Add(hn::Add(v8, v9), hn::Add(v10, v11))));
   *checksum = hn::GetLane(hn::SumOfLanes(d, sum));
   return 2.0 * 12.0 * double(hn::Lanes(d)) * double(iterations);
 }
@@ -241,7 +245,9 @@ float max_of(const float* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(MaxOf)
 void load_row(const void* src, int dtype, float* dst, std::size_t n, float factor) {
   HWY_DYNAMIC_DISPATCH(LoadRow)(src, dtype, dst, n, factor);
 }
-double fma_burst(std::size_t iterations, float* checksum) { return HWY_DYNAMIC_DISPATCH(FmaBurst)(iterations, checksum); }
+double fma_burst(std::size_t iterations, float* checksum) {
+  return HWY_DYNAMIC_DISPATCH(FmaBurst)(iterations, checksum);
+}
 const char* simd_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
 }  // namespace flashtq::cpu

@@ -77,7 +77,8 @@ void build_key_tables(const float* const* q_rot, const float* const* q_jl, int h
       const auto q = across_heads(q_rot, 4 * j + i);
       for (int code = 3; code >= 0; --code) {  // code 0 last: it overwrites the entries it reads
         const auto part = hn::Mul(q, hn::Set(d4, centroids[code]));
-        for (int x = 0; x < filled; ++x) hn::Store(hn::Add(hn::Load(d4, e + x * 4), part), d4, e + (x + filled * code) * 4);
+        for (int x = 0; x < filled; ++x)
+          hn::Store(hn::Add(hn::Load(d4, e + x * 4), part), d4, e + (x + filled * code) * 4);
       }
     }
   }
@@ -161,7 +162,8 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       l[g] = l[g] * corr + exp_shift_sum(s, std::size_t(n), m_new);
       if (corr != 1.0f) ::flashtq::cpu::scale(acc + g * D, std::size_t(D), corr);
       m[g] = m_new;
-      for (std::int64_t t = 0; t < n; ++t) s[t] *= f16_low(values[lay.value_norm_offset() + kvh * lay.capacity + tb + t]);
+      for (std::int64_t t = 0; t < n; ++t)
+        s[t] *= f16_low(values[lay.value_norm_offset() + kvh * lay.capacity + tb + t]);
     }
     // Values, chunk by chunk: the heads' accumulators of a chunk stay in registers over the block.
     for (std::int64_t c = 0; c < D; c += N) {
@@ -231,10 +233,14 @@ bool tq_attend_simd(const TqAttendCall& a, int threads) {
     const std::int64_t b = row / a.n_queries, j = row % a.n_queries;
     std::vector<float> x(static_cast<std::size_t>(D));
     for (std::int64_t g = 0; g < G; ++g) {
-      const float L = merge_partials(splits, D, [&](std::int64_t s) {
-        const float* u = part.data() + (r * splits + s) * G * (D + 2);
-        return Partial{u[g], u[G + g], u + 2 * G + g * D};
-      }, x.data()).second;
+      const float L = merge_partials(
+                          splits, D,
+                          [&](std::int64_t s) {
+                            const float* u = part.data() + (r * splits + s) * G * (D + 2);
+                            return Partial{u[g], u[G + g], u + 2 * G + g * D};
+                          },
+                          x.data())
+                          .second;
       for (float& e : x) e = L > 0.0f ? e / L : 0.0f;  // a row that sees nothing writes zeros
       core::inverse_rht(x.data(), D, a.tables.polar_sign_bits);
       float* out = static_cast<float*>(a.out.data) + core::offset(a.out, b, j, kvh * G + g);

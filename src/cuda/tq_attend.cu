@@ -18,10 +18,6 @@ namespace {
 
 constexpr int kThreads = 128;
 
-
-
-
-
 template <int D, int HT>
 __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   __shared__ float q_rot[HT][D], q_jl[HT][D], q_sum[HT];
@@ -204,7 +200,8 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge(AttendParams a) {
     y[d] = (d & len) ? other - mine : mine + other;
   }
   const float sign = ((a.polar_signs[d / 32] >> (d % 32)) & 1u) ? -1.0f : 1.0f;
-  a.out[b * a.out_batch_stride + j * a.out_row_stride + h * a.out_head_stride + d] = y[d] * (1.0f / sqrtf(float(D))) * sign;
+  a.out[b * a.out_batch_stride + j * a.out_row_stride + h * a.out_head_stride + d] =
+      y[d] * (1.0f / sqrtf(float(D))) * sign;
 }
 
 // Timesteps per block. The tensor-core decode kernel pays a fixed cost per block (copying the query
@@ -245,11 +242,12 @@ void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, cud
     const dim3 grid(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), unsigned(std::min(kMaxGridZ, rows - first)));
     if (mma_decode_supported(a)) {
       launch_mma_decode(a, grid, stream);
-    } else switch (ht) {
-      case 4: attend_partial<D, 4><<<grid, kThreads, 0, stream>>>(a); break;
-      case 2: attend_partial<D, 2><<<grid, kThreads, 0, stream>>>(a); break;
-      default: attend_partial<D, 1><<<grid, kThreads, 0, stream>>>(a); break;
-    }
+    } else
+      switch (ht) {
+        case 4: attend_partial<D, 4><<<grid, kThreads, 0, stream>>>(a); break;
+        case 2: attend_partial<D, 2><<<grid, kThreads, 0, stream>>>(a); break;
+        default: attend_partial<D, 1><<<grid, kThreads, 0, stream>>>(a); break;
+      }
     FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant attend kernel");
   }
   const AttendParams& a = all_rows;

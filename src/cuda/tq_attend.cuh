@@ -10,8 +10,8 @@
 
 namespace flashtq::cuda {
 
-constexpr int kSplitTokens = 256;      // tokens per block of the scalar kernel
-constexpr int kMmaSplitTokens = 512;   // least tokens per block of the tensor-core decode kernel
+constexpr int kSplitTokens = 256;     // tokens per block of the scalar kernel
+constexpr int kMmaSplitTokens = 512;  // least tokens per block of the tensor-core decode kernel
 constexpr int kMmaMaxSplitTokens = 4096;
 
 struct AttendParams {
@@ -35,7 +35,9 @@ struct AttendParams {
   std::uint32_t polar_signs[8];
 };
 
-__device__ __forceinline__ float f16_low(std::uint32_t w) { return __half2float(__ushort_as_half(std::uint16_t(w & 0xFFFFu))); }
+__device__ __forceinline__ float f16_low(std::uint32_t w) {
+  return __half2float(__ushort_as_half(std::uint16_t(w & 0xFFFFu)));
+}
 
 // Timesteps that row z = b * n_queries + j sees, clamped into [0, capacity].
 __device__ __forceinline__ std::int64_t seq_len_of(const AttendParams& a, std::int64_t z) {

@@ -26,8 +26,8 @@ __device__ __forceinline__ void store_bitstream(std::uint32_t* shared_words, std
 }
 
 template <typename T, int E>
-__global__ void __launch_bounds__(32 * kWarps) encode_kernel(TqTables tables, TensorView x, std::int64_t start,
-                                                             std::uint32_t* cache, bool keys) {
+__global__ void __launch_bounds__(32 * kWarps)
+    encode_kernel(TqTables tables, TensorView x, std::int64_t start, std::uint32_t* cache, bool keys) {
   const TqLayout& l = tables.layout;
   const TqCodebook& cb = keys ? tables.key_codebook : tables.value_codebook;
   __shared__ std::uint32_t words[kWarps][32];
@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(32 * kWarps) encode_kernel(TqTables tables, Te
 }
 
 template <typename T, int E>
-__global__ void __launch_bounds__(32 * kWarps) rotate_kernel(TqTables tables, TensorView q, TqScratchLayout s, float* scratch) {
+__global__ void __launch_bounds__(32 * kWarps)
+    rotate_kernel(TqTables tables, TensorView q, TqScratchLayout s, float* scratch) {
   allow_next_grid();  // the attention's first kernel may start launching (it waits for this one's output)
   const int lane = threadIdx.x % 32;
   const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;

@@ -69,7 +69,8 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_key_fragments(AttendP
   for (int e = tid; e < kKeySteps * 4 * 32; e += kPrepareThreads) {
     const int step = e / 128, head = (e / 32) % 4, k = e % 32;
     const int sigma = 4 * (k / 16) + (k % 16) / 4, bit = 8 * (k % 4) + sigma;
-    const float x = step < 8 ? q_rot[head][16 * step + bit / 2] * ((bit & 1) ? hi_coef : lo_coef) : q_jl[head][32 * (step - 8) + bit];
+    const float x = step < 8 ? q_rot[head][16 * step + bit / 2] * ((bit & 1) ? hi_coef : lo_coef)
+                             : q_jl[head][32 * (step - 8) + bit];
     const int exponent = (step < 8 ? fix_exp[head] : jl_exp[head]) - sigma;  // in [-105, 100]: a normal float
     const int fixed = __float2int_rn(x * __int_as_float((127 + exponent) << 23));
     digits[step][head][k] = (std::uint32_t(fixed) + 0x80808080u) ^ 0x80808080u;
@@ -89,8 +90,8 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_key_fragments(AttendP
 }  // namespace
 
 void launch_mma_prepare(const AttendParams& a, cudaStream_t stream) {
-  launch_dependent(prepare_key_fragments, dim3(unsigned(a.batch * a.n_queries * (a.H / 4))), dim3(kPrepareThreads), stream,
-                   "TurboQuant query fragment kernel", a);
+  launch_dependent(prepare_key_fragments, dim3(unsigned(a.batch * a.n_queries * (a.H / 4))), dim3(kPrepareThreads),
+                   stream, "TurboQuant query fragment kernel", a);
 }
 
 }  // namespace flashtq::cuda

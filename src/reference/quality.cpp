@@ -35,7 +35,8 @@ double measure_mse(std::int64_t D, int bits, int trials, std::mt19937_64& rng) {
     random_unit(x, rng);
     y = x;
     core::rht(y.data(), D, signs);
-    for (double& e : y) e = cb.centroids[std::size_t(core::quantize(e, cb.boundaries.data(), int(cb.boundaries.size())))];
+    for (double& e : y)
+      e = cb.centroids[std::size_t(core::quantize(e, cb.boundaries.data(), int(cb.boundaries.size())))];
     core::inverse_rht(y.data(), D, signs);
     for (std::int64_t d = 0; d < D; ++d) total += std::pow(y[std::size_t(d)] - x[std::size_t(d)], 2);
   }
@@ -69,8 +70,10 @@ EstimatorStats measure_key_estimator(std::int64_t D, int b_mse, std::int64_t pai
   std::vector<std::uint32_t> words(std::size_t(l.key_words()));
   std::vector<float> scratch(std::size_t(tq_scratch_floats(pairs, 1, D)));
   Backend& oracle = flashtq::backend("reference");
-  flashtq::tq_encode_keys(oracle, {tables, TensorView::bshd(k.data(), DType::f32, 1, pairs, 1, D), 0, words.data(), nullptr});
-  flashtq::tq_rotate_queries(oracle, {tables, TensorView::bshd(q.data(), DType::f32, 1, pairs, 1, D), pairs, scratch.data(), nullptr});
+  flashtq::tq_encode_keys(oracle,
+                          {tables, TensorView::bshd(k.data(), DType::f32, 1, pairs, 1, D), 0, words.data(), nullptr});
+  flashtq::tq_rotate_queries(
+      oracle, {tables, TensorView::bshd(q.data(), DType::f32, 1, pairs, 1, D), pairs, scratch.data(), nullptr});
   const double qjl_scale = std::sqrt(std::acos(-1.0) / 2) / std::sqrt(double(D));
   const TqScratchLayout s{pairs, 1, D};
   double sx = 0, sy = 0, sxx = 0, sxy = 0, sq_err = 0;

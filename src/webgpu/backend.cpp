@@ -64,7 +64,9 @@ Placed place(const void* data, std::int64_t elements, std::size_t element_bytes,
   return {at.buffer, std::int64_t(at.offset / element_bytes)};
 }
 
-Placed place(const TensorView& t, const char* what) { return place(t.data, extent_elements(t), dtype_size(t.dtype), what); }
+Placed place(const TensorView& t, const char* what) {
+  return place(t.data, extent_elements(t), dtype_size(t.dtype), what);
+}
 
 // WebGPU lets a writable binding share its buffer with no other binding of a dispatch. An output
 // whose buffer also holds an input, or an earlier output (tensors packed in one allocation), is
@@ -145,14 +147,19 @@ Placed place_mask(const DenseProblem& p) {
 }
 
 void add_mask(Params& P, const DenseProblem& p, const Placed& mask) {
-  P.u(mask.offset, "mask").u(p.mask_strides[0], "mask_strides").u(p.mask_strides[1], "mask_strides")
-      .u(p.mask_strides[2], "mask_strides").u(p.mask_strides[3], "mask_strides");
+  P.u(mask.offset, "mask")
+      .u(p.mask_strides[0], "mask_strides")
+      .u(p.mask_strides[1], "mask_strides")
+      .u(p.mask_strides[2], "mask_strides")
+      .u(p.mask_strides[3], "mask_strides");
 }
 
 class WebGpuBackend final : public Backend {
  public:
   std::string name() const override { return "webgpu"; }
-  std::string description() const override { return Context::usable() ? Context::get().adapter_description() : "no adapter"; }
+  std::string description() const override {
+    return Context::usable() ? Context::get().adapter_description() : "no adapter";
+  }
   Memory memory() const override { return Memory::webgpu; }
   bool available() const override { return Context::usable(); }
   std::string unavailable_reason() const override { return Context::unusable_reason(); }
@@ -167,7 +174,8 @@ class WebGpuBackend final : public Backend {
       const std::int64_t iterations = std::max(p.Sk, p.group() * p.Sq) * (2 * (p.D / 4) + 4) + 4096;
       if (iterations > 65535) {
         return "on llvmpipe (lavapipe), which stops a shader invocation's loops after 65535 iterations, the dense "
-               "kernels take at most about " + std::to_string(61439 / (2 * (p.D / 4) + 4)) +
+               "kernels take at most about " +
+               std::to_string(61439 / (2 * (p.D / 4) + 4)) +
                " keys per query row and query rows (times the GQA group) per key at this head_dim";
       }
     }
@@ -204,7 +212,8 @@ class WebGpuBackend final : public Backend {
     P.u(lse.offset, "lse");
     const std::size_t y0 = P.size();
     P.u(0).u(0);
-    dispatch_chunked("dense_forward", P, y0, {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}},
+    dispatch_chunked("dense_forward", P, y0,
+                     {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}},
                      {groups(p.Sq, 64), p.B * p.H, 1}, 1);
     outputs.finish();
   }
@@ -235,10 +244,27 @@ class WebGpuBackend final : public Backend {
     const std::size_t y0 = P.size();
     P.u(0).u(0).u(0);
     dispatch_chunked("dense_backward#dq", P, y0,
-                     {{q.buffer}, {k.buffer}, {v.buffer}, {out.buffer}, {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}, {dq.buffer}},
+                     {{q.buffer},
+                      {k.buffer},
+                      {v.buffer},
+                      {out.buffer},
+                      {dout.buffer},
+                      {lse.buffer},
+                      {mask.buffer},
+                      {delta},
+                      {dq.buffer}},
                      {groups(p.Sq, 64), p.B * p.H, 1}, 1);
     dispatch_chunked("dense_backward#dkdv", P, y0,
-                     {{q.buffer}, {k.buffer}, {v.buffer}, {out.buffer}, {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}, {dk.buffer}, {dv.buffer}},
+                     {{q.buffer},
+                      {k.buffer},
+                      {v.buffer},
+                      {out.buffer},
+                      {dout.buffer},
+                      {lse.buffer},
+                      {mask.buffer},
+                      {delta},
+                      {dk.buffer},
+                      {dv.buffer}},
                      {groups(p.Sk, 64), p.B * p.Hkv, 1}, 1);
     outputs.finish();
   }
@@ -278,7 +304,9 @@ void WebGpuBackend::tq_encode(const TqEncodeCall& c) {
   Params P;
   P.u(D).u(l.n_kv_heads).u(l.capacity).u(bits).u(keys ? 1 : 0).u(dtype_code(c.x.dtype)).u(c.start_pos).u(T);
   add_view(P, x, c.x, "x");
-  P.u(cache.offset, "cache").u(keys ? l.key_code_words() : l.value_code_words()).u(l.key_jl_offset(), "cache")
+  P.u(cache.offset, "cache")
+      .u(keys ? l.key_code_words() : l.value_code_words())
+      .u(l.key_jl_offset(), "cache")
       .u(keys ? l.key_norm_offset() : l.value_norm_offset(), "cache");
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
@@ -330,11 +358,19 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   const Placed out = outputs.add(place(c.out, "out"), extent_elements(c.out), 4);
   Params P;
   P.u(D).u(l.n_kv_heads).u(l.capacity).u(l.key_bits).u(l.value_bits).u(c.n_heads).u(c.n_queries).u(c.batch);
-  P.i(c.start_pos, "start_pos").i(std::min<std::int64_t>(c.max_seq, std::numeric_limits<std::int32_t>::max()), "max_seq")
-      .u(c.start_positions ? 1 : 0).u(starts.offset, "start_positions");
+  P.i(c.start_pos, "start_pos")
+      .i(std::min<std::int64_t>(c.max_seq, std::numeric_limits<std::int32_t>::max()), "max_seq")
+      .u(c.start_positions ? 1 : 0)
+      .u(starts.offset, "start_positions");
   P.f(c.scale).f(c.qjl_scale).u(splits).u(kSplitTokens);
-  P.u(scratch.offset, "scratch").u(c.scratch_layout.region(), "q_cap").u(keys.offset, "k_cache").u(values.offset, "v_cache");
-  P.u(l.key_words(), "k_cache").u(l.value_words(), "v_cache").u(l.key_jl_offset(), "k_cache").u(l.key_norm_offset(), "k_cache");
+  P.u(scratch.offset, "scratch")
+      .u(c.scratch_layout.region(), "q_cap")
+      .u(keys.offset, "k_cache")
+      .u(values.offset, "v_cache");
+  P.u(l.key_words(), "k_cache")
+      .u(l.value_words(), "v_cache")
+      .u(l.key_jl_offset(), "k_cache")
+      .u(l.key_norm_offset(), "k_cache");
   P.u(l.value_norm_offset(), "v_cache").u(ws.offset, "workspace").u(out.offset, "out").u(c.out.strides[0], "out");
   P.u(c.out.strides[1], "out").u(c.out.strides[2], "out");
   const std::size_t row0 = P.size();
@@ -342,7 +378,8 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.key_centroids[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.value_centroids[std::size_t(i)]);
-  dispatch_chunked("tq_attend#partial", P, row0, {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}},
+  dispatch_chunked("tq_attend#partial", P, row0,
+                   {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}},
                    {splits, c.n_heads, rows}, 2);
   dispatch_chunked("tq_attend#merge", P, row0, {{nullptr}, {nullptr}, {nullptr}, {nullptr}, {ws.buffer}, {out.buffer}},
                    {c.n_heads, rows, 1}, 1);

@@ -44,7 +44,10 @@ Command add_check(CLI::App& app) {
                 if (r.passed) continue;
                 ++failed;
                 if (failures.size() < 10) {
-                  failures.push_back({{"op", r.op}, {"case", r.description}, {"error", r.error}, {"tolerance", r.tolerance},
+                  failures.push_back({{"op", r.op},
+                                      {"case", r.description},
+                                      {"error", r.error},
+                                      {"tolerance", r.tolerance},
                                       {"detail", r.detail}});
                 }
                 if (!opts->json) {
@@ -55,7 +58,8 @@ Command add_check(CLI::App& app) {
               failed_total += failed;
               report["backends"][b->name()] = {{"cases", results.size()}, {"failed", failed}};
               if (failed) report["backends"][b->name()]["failures"] = failures;
-              if (!opts->json) fmt::print("{:<10} {:>6} checks {:>4} failed (seed {})\n", b->name(), results.size(), failed, seed);
+              if (!opts->json)
+                fmt::print("{:<10} {:>6} checks {:>4} failed (seed {})\n", b->name(), results.size(), failed, seed);
             }
             report["seed"] = seed;
             if (opts->json) fmt::print("{}\n", report.dump());

@@ -1,4 +1,4 @@
-// TurboQuant attention over the packed cache (SPEC 2), after the seed 003, split over the sequence:
+// TurboQuant attention over the packed cache (docs/spec.md §2), after the seed 003, split over the sequence:
 //   partial: one workgroup per (split, head, query row) scores tiles of 128 tokens straight from the
 //            packed words (thread t: token t of the tile), keeps a running max and sum, and
 //            accumulates values in rotated space (thread t: coordinates t, t + 128); writes

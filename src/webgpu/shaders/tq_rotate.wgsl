@@ -1,4 +1,4 @@
-// TurboQuant query rotation (SPEC 2): one workgroup per (query row, head), thread d owns
+// TurboQuant query rotation (docs/spec.md §2): one workgroup per (query row, head), thread d owns
 // coordinate d. q_rot = RHT_polar(q), q_jl = RHT_jl(q_rot), sum = sum_d q_jl[d], into the scratch
 // [q_rot | q_jl | sums] at row b * n_queries + j.
 
