@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -151,37 +152,49 @@ struct TqCacheConfig {
   std::uint64_t seed = 0;
 };
 
-// A host-memory TurboQuant KV cache for every layer of a model, run on a host backend.
+// A TurboQuant KV cache for every layer of a model, its packed words in the memory of the backend it
+// runs on (host memory for reference and cpu, device memory for cuda and webgpu). Every operation
+// goes to the cache's stream (set_stream; cudaStream_t on cuda) and does not wait for the device,
+// except the ones that read words back to the host (key_words, value_words, save).
 class TqKvCache {
  public:
   explicit TqKvCache(const TqCacheConfig& config, Backend* backend = nullptr);
+  ~TqKvCache();
+  TqKvCache(TqKvCache&&) noexcept;
+  TqKvCache& operator=(TqKvCache&&) noexcept;
 
-  // Encodes k, v [1, T, n_kv_heads, head_dim] at timesteps start_pos...; a call that would pass
-  // capacity is rejected and leaves the cache unchanged.
+  // Encodes k, v [1, T, n_kv_heads, head_dim] (in the backend's memory, any dtype and strides) at
+  // timesteps start_pos...; a call that would pass capacity is rejected and leaves the cache unchanged.
   void append(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos);
-  // Attention of q [1, n, n_heads, head_dim] at positions start_pos... into out (f32, same shape).
+  // Attention of q [1, n, n_heads, head_dim] at positions start_pos... into out (f32, same shape), both
+  // in the backend's memory. The rotated queries and the kernels' workspace live in buffers the cache
+  // owns, grown to the largest call so far and reused.
   void attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out);
+  void set_stream(void* stream) { stream_ = stream; }
 
   const TqCacheConfig& config() const { return config_; }
   const TqLayout& layout() const { return config_.layout; }
+  Backend& backend() const { return *backend_; }
   std::int64_t length(std::int64_t layer) const;  // timesteps written so far (highest end)
   std::int64_t bytes_per_token() const;           // all layers and kv heads
   double compression_vs_bf16() const { return config_.layout.compression_vs_bf16(); }
   std::int64_t memory_bytes() const;  // packed words held, all layers
-  const std::vector<std::uint32_t>& key_words(std::int64_t layer) const;
-  const std::vector<std::uint32_t>& value_words(std::int64_t layer) const;
+  // A host copy of a layer's words (waits for the device).
+  std::vector<std::uint32_t> key_words(std::int64_t layer) const;
+  std::vector<std::uint32_t> value_words(std::int64_t layer) const;
 
   void save(const std::string& path) const;
   static TqKvCache load(const std::string& path, Backend* backend = nullptr);
 
  private:
+  struct Storage;  // the layers' word buffers and the scratch, in the backend's memory
   void check_layer(std::int64_t layer) const;
   TqCacheConfig config_;
   Backend* backend_;
+  void* stream_ = nullptr;
   std::vector<TqTables> tables_;
-  std::vector<std::vector<std::uint32_t>> keys_, values_;
   std::vector<std::int64_t> length_;
-  std::vector<float> scratch_;
+  std::unique_ptr<Storage> storage_;
 };
 
 }  // namespace flashtq
