@@ -110,7 +110,11 @@ TEST(TqKvCache, SaveLoadRoundTripAndHeaderChecks) {
 class TqKvCacheOn : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TqKvCacheOn, AttendEqualsTheOracleOnTheSameWords) {
-  Backend& b = backend(GetParam());
+  Backend* found = nullptr;
+  for (Backend* x : all_backends())
+    if (x->name() == GetParam()) found = x;
+  ASSERT_NE(found, nullptr);
+  Backend& b = *found;
   if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is not available here: " << b.unavailable_reason();
   std::mt19937_64 rng = test_rng();
   const std::int64_t D = 128, Hkv = 2, H = 8, T = 300, n = 5;
