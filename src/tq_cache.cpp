@@ -19,9 +19,9 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the cache file format is little-endian");
 
 constexpr char kMagic[8] = {'F', 'T', 'Q', 'C', 'A', 'C', 'H', 'E'};
-// Version 2: the header holds the configuration as TqCacheConfig lays it out (version 1 spelt its
-// fields out in another order).
-constexpr std::uint32_t kFileVersion = 2;
+// Version 3: the header holds the configuration as TqCacheConfig lays it out, the layout's qjl flag
+// included (version 2 had none, version 1 spelt the fields out in another order).
+constexpr std::uint32_t kFileVersion = 3;
 
 struct FileHeader {
   char magic[8];
@@ -29,7 +29,7 @@ struct FileHeader {
   std::uint32_t header_bytes;
   TqCacheConfig config;
 };
-static_assert(std::is_trivially_copyable_v<TqCacheConfig> && sizeof(TqCacheConfig) == 48,
+static_assert(std::is_trivially_copyable_v<TqCacheConfig> && sizeof(TqCacheConfig) == 56,
               "the file header stores TqCacheConfig's bytes: a change to it changes the file format");
 
 // A buffer in the backend's memory that grows to the largest request and is kept.

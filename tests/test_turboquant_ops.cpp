@@ -7,6 +7,8 @@
 
 #include "conformance/host_tensor.hpp"
 #include "flashtq/flashtq.hpp"
+#include "core/half.hpp"
+#include "core/tq_rows.hpp"
 #include "seeded.hpp"
 
 namespace flashtq {
@@ -189,6 +191,38 @@ TEST(TqOps, BatchedCallEqualsOneCallPerSequence) {
     const auto single = (s == 0 ? a : b).attend(qs, starts[std::size_t(s)]);
     for (std::int64_t e = 0; e < n * H * D; ++e)
       ASSERT_EQ(single[std::size_t(e)], batched[std::size_t(s * n * H * D + e)]) << s;
+  }
+}
+
+TEST(TqOps, KeysWithoutQjlScoreWithTheirCodesAlone) {
+  // MSE-only keys (3-bit codes, no sketch): the same 52 bytes per key at D = 128 as 2 bits + QJL, no jl
+  // region, gamma 0, and a score that is the norm times the codebook dot product, read off by hand.
+  const TqLayout mse{128, 1, 6, 3, 2, false}, seed{128, 1, 6, 2, 2, true};
+  EXPECT_EQ(mse.key_code_words() + mse.jl_words() + 1, seed.key_code_words() + seed.jl_words() + 1);
+  EXPECT_EQ(mse.jl_words(), 0);
+  EXPECT_EQ(mse.key_norm_offset(), mse.slots() * mse.key_code_words());
+  std::mt19937_64 rng = test_rng();
+  const TqTables t = make_tq_tables(mse, rng(), 0);
+  HostTensor k({1, 6, 1, 128}, DType::f32, false);
+  k.fill_normal(rng);
+  std::vector<std::uint32_t> keys(std::size_t(mse.key_words()), 0xFFFFFFFFu);
+  tq_encode_keys(backend("reference"), {t, k.view, 0, keys.data(), nullptr});
+  const HostTensor q = random_queries(1, 1, 128);
+  std::vector<float> scratch(std::size_t(tq_scratch_floats(1, 1, 128)));
+  tq_rotate_queries(backend("reference"), {t, q.view, 1, scratch.data(), nullptr});
+  for (std::int64_t slot = 0; slot < 6; ++slot) {
+    const std::uint32_t nw = keys[std::size_t(mse.key_norm_offset() + slot)];
+    EXPECT_EQ(nw >> 16, 0u) << "gamma of an MSE-only key";
+    double dot = 0;
+    for (std::int64_t d = 0; d < 128; ++d) {
+      const std::uint32_t code =
+          (keys[std::size_t(slot * 12 + d * 3 / 32)] >> (d * 3 % 32)) |
+          (d * 3 % 32 > 29 ? keys[std::size_t(slot * 12 + d * 3 / 32 + 1)] << (32 - d * 3 % 32) : 0u);
+      dot += double(scratch[std::size_t(d)]) * t.key_codebook.centroids[code & 7u];
+    }
+    const double norm = core::f16_to_f32(std::uint16_t(nw & 0xFFFFu));
+    EXPECT_NEAR(core::tq_key_dot(t, scratch.data(), scratch.data() + 128, scratch[256], keys.data(), slot, 1.0),
+                norm * dot, 1e-9 * std::fabs(norm * dot) + 1e-12);
   }
 }
 

@@ -26,12 +26,15 @@ struct TqLayout {
   std::int64_t head_dim = 128;
   std::int64_t n_kv_heads = 1;
   std::int64_t capacity = 0;  // timesteps per kv head: the per-head stride of every region
-  int key_bits = 2;           // b_mse of keys; the QJL bit comes on top
+  int key_bits = 2;           // b_mse of keys; the QJL bit comes on top unless qjl is false
   int value_bits = 2;
+  // Keys carry a 1-bit QJL sketch of their residual (the paper's unbiased estimator); false spends
+  // those bits elsewhere ("MSE-only" keys: codes only, up to 4 bits, no jl region, gamma 0).
+  bool qjl = true;
 
   FLASHTQ_HOST_DEVICE std::int64_t slots() const { return n_kv_heads * capacity; }
   FLASHTQ_HOST_DEVICE std::int64_t key_code_words() const { return head_dim * key_bits / 32; }  // per slot
-  FLASHTQ_HOST_DEVICE std::int64_t jl_words() const { return head_dim / 32; }                   // per slot
+  FLASHTQ_HOST_DEVICE std::int64_t jl_words() const { return qjl ? head_dim / 32 : 0; }         // per slot
   FLASHTQ_HOST_DEVICE std::int64_t value_code_words() const { return head_dim * value_bits / 32; }
   FLASHTQ_HOST_DEVICE std::int64_t key_jl_offset() const { return slots() * key_code_words(); }
   FLASHTQ_HOST_DEVICE std::int64_t key_norm_offset() const { return key_jl_offset() + slots() * jl_words(); }

@@ -19,8 +19,8 @@ namespace flashtq::conformance {
 std::string TqCase::describe() const {
   std::ostringstream s;
   s << dtype_name(dtype) << " D" << layout.head_dim << " H" << H << "/" << layout.n_kv_heads << " k" << layout.key_bits
-    << "v" << layout.value_bits << " cap" << layout.capacity << " T" << tokens << " nq" << n_queries << " pos"
-    << start_pos;
+    << (layout.qjl ? "" : "mse") << "v" << layout.value_bits << " cap" << layout.capacity << " T" << tokens << " nq"
+    << n_queries << " pos" << start_pos;
   if (max_seq) s << " max_seq" << *max_seq;
   if (zero_rows) s << " zeros";
   if (batch > 1) s << " batch" << batch << (starts.empty() ? "" : " own-starts");
@@ -144,7 +144,7 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
         }
       }
     }
-    if (!keys) continue;
+    if (!keys || !l.qjl) continue;
     const std::uint32_t* rj = ref.data() + l.key_jl_offset() + slot * l.jl_words();
     const std::uint32_t* gj = got.data() + l.key_jl_offset() + slot * l.jl_words();
     for (std::int64_t d = 0; d < l.head_dim; ++d) {
@@ -295,6 +295,10 @@ TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
     c.layout.key_bits = int(range(1, 3));
     c.layout.value_bits = int(range(2, 4));
     if (range(0, 2) == 0) c.layout.key_bits = c.layout.value_bits = 2;  // the seed's configuration, often
+    if (range(0, 3) == 0) {  // MSE-only keys: codes of 1 to 4 bits, no QJL sketch
+      c.layout.qjl = false;
+      c.layout.key_bits = int(range(1, 4));
+    }
     c.layout.n_kv_heads = range(1, 2);
     c.H = c.layout.n_kv_heads * (std::int64_t(1) << range(0, 2));
     c.tokens = range(1, c.layout.head_dim >= 256 ? 80 : 200);

@@ -48,7 +48,7 @@ EncodedRow encode_row(std::vector<double> x, const TqTables& t, bool keys) {
     e.codes[d] = quantize(x[d], cb.boundaries.data(), cb.levels - 1);
     x[d] -= cb.centroids[std::size_t(e.codes[d])];  // x becomes the residual
   }
-  if (!keys) return e;
+  if (!keys || !t.layout.qjl) return e;
   e.gamma = norm(x);
   if (e.gamma >= kZeroNorm) {
     // Only the signs of H diag(s_jl) e matter, so the 1/sqrt(D) of the RHT is irrelevant.
@@ -79,7 +79,7 @@ void tq_encode_rows(const TqEncodeCall& c, std::int64_t first, std::int64_t end)
       if (e.codes.empty()) continue;  // a zero vector
       for (std::int64_t d = 0; d < D; ++d) put_code(codes, d, bits, std::uint32_t(e.codes[std::size_t(d)]));
       std::uint32_t word = f16_bits(e.norm);
-      if (c.keys) {
+      if (c.keys && l.qjl) {
         for (std::size_t d = 0; d < e.projected.size(); ++d) {
           if (e.projected[d] >= 0) jl[d / 32] |= 1u << (d % 32);
         }
@@ -124,8 +124,9 @@ double tq_key_dot(const TqTables& t, const float* q_rot, const float* q_jl, doub
   double polar = 0, positive = 0;
   for (std::int64_t d = 0; d < l.head_dim; ++d) {
     polar += double(q_rot[d]) * t.key_codebook.centroids[get_code(codes, d, l.key_bits)];
-    if ((jl[d / 32] >> (d % 32)) & 1u) positive += double(q_jl[d]);
+    if (l.qjl && ((jl[d / 32] >> (d % 32)) & 1u)) positive += double(q_jl[d]);
   }
+  if (!l.qjl) return n * polar;
   return n * (polar + gamma * qjl_scale * (2.0 * positive - q_jl_sum));
 }
 

@@ -196,7 +196,8 @@ void validate_tq_layout(const TqLayout& l) {
   if (d < 32 || d > kMaxHeadDim || (d & (d - 1)) != 0 || d % 32 != 0) {
     throw Error("head_dim", std::to_string(d) + " must be a power of two, a multiple of 32, and <= 256");
   }
-  if (l.key_bits < 1 || l.key_bits > 3) throw Error("key_bits", "must be 1, 2 or 3 (plus the QJL bit)");
+  if (l.qjl && (l.key_bits < 1 || l.key_bits > 3)) throw Error("key_bits", "must be 1, 2 or 3 (plus the QJL bit)");
+  if (!l.qjl && (l.key_bits < 1 || l.key_bits > 4)) throw Error("key_bits", "must be 1 to 4 for keys without QJL");
   if (l.value_bits < 2 || l.value_bits > 4) throw Error("value_bits", "must be 2, 3 or 4");
   if (l.n_kv_heads < 1) throw Error("n_kv_heads", "must be >= 1");
   if (l.capacity < 1) throw Error("capacity", "must be >= 1");

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
     float polar[HT] = {}, positive[HT] = {};
     for (int d = 0; d < D; ++d) {
       const float c = kc[core::get_code(codes, d, kb)];
-      const bool bit = (jl[d / 32] >> (d % 32)) & 1u;
+      const bool bit = l.qjl && ((jl[d / 32] >> (d % 32)) & 1u);  // no jl words without QJL
 #pragma unroll
       for (int g = 0; g < HT; ++g) {
         polar[g] = fmaf(q_rot[g][d], c, polar[g]);

@@ -352,14 +352,14 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
 
 }  // namespace
 
-bool mma_decode_supported(const TqAttendCall& c) {
-  const TqLayout& l = c.layout();
-  return l.head_dim == kD && l.key_bits == 2 && l.value_bits == 2 && c.group() % 4 == 0;
+namespace {
+bool mma_decode_supported(const TqLayout& l, std::int64_t group) {
+  return l.head_dim == kD && l.key_bits == 2 && l.qjl && l.value_bits == 2 && group % 4 == 0;
 }
+}  // namespace
 
-bool mma_decode_supported(const AttendParams& a) {
-  return a.l.head_dim == kD && a.l.key_bits == 2 && a.l.value_bits == 2 && (a.H / a.l.n_kv_heads) % 4 == 0;
-}
+bool mma_decode_supported(const TqAttendCall& c) { return mma_decode_supported(c.layout(), c.group()); }
+bool mma_decode_supported(const AttendParams& a) { return mma_decode_supported(a.l, a.H / a.l.n_kv_heads); }
 
 void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream) {
   launch_dependent(mma_decode_kernel, grid, dim3(32 * kWarps), stream, "TurboQuant decode kernel", a);

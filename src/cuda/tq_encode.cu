@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   const double n = sqrt(warp_sum(n2));
   if (n < 1e-12) {  // a zero vector: every word of its slot is 0
     if (lane < code_words) codes[lane] = 0u;
-    if (keys && lane < int(l.jl_words())) jl[lane] = 0u;
+    if (keys && lane < int(l.jl_words())) jl[lane] = 0u;  // none without QJL
     if (lane == 0) *norm_word = 0u;
     return;
   }
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
   store_bitstream(words[warp], codes, code_words, lane_codes, E * bits, lane);
   std::uint32_t word = __half_as_ushort(__float2half_rn(float(n)));
-  if (keys) {
+  if (keys && l.qjl) {
     const double gamma = sqrt(warp_sum(e2));
     std::uint32_t lane_jl = 0;
     if (gamma >= 1e-12) {

@@ -183,6 +183,8 @@ class WebGpuBackend final : public Backend {
   }
   std::optional<std::string> unsupported(const TqLayout& l) const override {
     if (l.head_dim > 256) return "the webgpu TurboQuant kernels take head_dim up to 256";
+    if (!l.qjl)
+      return "the webgpu TurboQuant kernels need keys with the QJL bit (MSE-only keys are not written in WGSL yet)";
     return std::nullopt;
   }
 
