@@ -3,11 +3,14 @@
 #include <bit>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <type_traits>
 
 #include "core/backend_buffer.hpp"
+#include "core/atomic_file.hpp"
 #include "core/checked.hpp"
+#include "core/crc32c.hpp"
 #include "core/validate.hpp"
 #include "flashtq/backend.hpp"
 #include "flashtq/error.hpp"
@@ -20,7 +23,8 @@ static_assert(std::endian::native == std::endian::little, "the cache file format
 
 constexpr char kMagic[8] = {'F', 'T', 'Q', 'C', 'A', 'C', 'H', 'E'};
 // Version 3: the header holds the configuration as TqCacheConfig lays it out, the layout's qjl flag
-// included (version 2 had none, version 1 spelt the fields out in another order).
+// included, and a CRC-32C of everything before it ends the file (version 2 had neither, version 1
+// spelt the fields out in another order).
 constexpr std::uint32_t kFileVersion = 3;
 
 struct FileHeader {
@@ -49,6 +53,9 @@ struct GrowingBuffer {
 struct TqKvCache::Storage {
   std::vector<core::BackendBuffer> keys, values;  // one per layer
   GrowingBuffer scratch, workspace;
+  // One call at a time: calls from several threads are safe and run one after the other (they
+  // share the words, the lengths and the scratch).
+  std::mutex mutex;
 };
 
 TqKvCache::TqKvCache(const TqCacheConfig& config, Backend* backend)
@@ -60,12 +67,19 @@ TqKvCache::TqKvCache(const TqCacheConfig& config, Backend* backend)
     throw Error("backend", "'" + backend_->name() + "' is not available here: " + backend_->unavailable_reason());
   }
   if (auto why = backend_->unsupported(layout)) throw Error("backend", backend_->name() + ": " + *why);
+  const std::int64_t total = core::checked_mul(
+      core::checked_mul(4, layout.key_words() + layout.value_words(), "capacity"), config.layers, "layers");
   const std::vector<std::uint32_t> zero_keys(std::size_t(layout.key_words()), 0u),
       zero_values(std::size_t(layout.value_words()), 0u);
-  for (std::int64_t layer = 0; layer < config.layers; ++layer) {
-    tables_.push_back(make_tq_tables(layout, config.seed, layer));
-    storage_->keys.emplace_back(*backend_, zero_keys);
-    storage_->values.emplace_back(*backend_, zero_values);
+  try {
+    for (std::int64_t layer = 0; layer < config.layers; ++layer) {
+      tables_.push_back(make_tq_tables(layout, config.seed, layer));
+      storage_->keys.emplace_back(*backend_, zero_keys);
+      storage_->values.emplace_back(*backend_, zero_values);
+    }
+  } catch (const std::bad_alloc&) {
+    throw Error("capacity",
+                "the cache's " + std::to_string(total) + " bytes cannot be allocated on '" + backend_->name() + "'");
   }
   length_.assign(std::size_t(config.layers), 0);
 }
@@ -82,6 +96,7 @@ void TqKvCache::check_layer(std::int64_t layer) const {
 
 void TqKvCache::append(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {
   check_layer(layer);
+  std::lock_guard<std::mutex> lock(storage_->mutex);
   if (k.shape != v.shape) throw Error("v", "must have the same shape as k");
   const TqTables& tables = tables_[std::size_t(layer)];
   auto* keys = static_cast<std::uint32_t*>(storage_->keys[std::size_t(layer)].get());
@@ -96,6 +111,7 @@ void TqKvCache::append(std::int64_t layer, const TensorView& k, const TensorView
 
 void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out) {
   check_layer(layer);
+  std::lock_guard<std::mutex> lock(storage_->mutex);
   const std::int64_t n = q.shape[1], heads = q.shape[2];
   if (n < 1 || heads < 1) throw Error("q", "must have at least one query row and one head");
   const std::int64_t length = length_[std::size_t(layer)];
@@ -132,6 +148,7 @@ void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t sta
 
 std::int64_t TqKvCache::length(std::int64_t layer) const {
   check_layer(layer);
+  std::lock_guard<std::mutex> lock(storage_->mutex);
   return length_[std::size_t(layer)];
 }
 
@@ -145,30 +162,39 @@ std::int64_t TqKvCache::memory_bytes() const {
 
 std::vector<std::uint32_t> TqKvCache::key_words(std::int64_t layer) const {
   check_layer(layer);
+  std::lock_guard<std::mutex> lock(storage_->mutex);
   return storage_->keys[std::size_t(layer)].read<std::uint32_t>();
 }
 
 std::vector<std::uint32_t> TqKvCache::value_words(std::int64_t layer) const {
   check_layer(layer);
+  std::lock_guard<std::mutex> lock(storage_->mutex);
   return storage_->values[std::size_t(layer)].read<std::uint32_t>();
 }
 
 void TqKvCache::save(const std::string& path) const {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw Error("path", "cannot open '" + path + "' for writing");
+  std::lock_guard<std::mutex> lock(storage_->mutex);
   FileHeader h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.version = kFileVersion;
   h.header_bytes = sizeof(FileHeader);
-  h.config = config_;
-  f.write(reinterpret_cast<const char*>(&h), sizeof h);
-  f.write(reinterpret_cast<const char*>(length_.data()), std::streamsize(length_.size() * sizeof(std::int64_t)));
+  std::memcpy(&h.config, &config_, sizeof config_);
+  core::AtomicFile f(path);
+  std::uint32_t crc = 0;
+  auto put = [&](const void* data, std::size_t bytes) {
+    f.write(data, bytes);
+    crc = core::crc32c(crc, data, bytes);
+  };
+  put(&h, sizeof h);
+  put(length_.data(), length_.size() * sizeof(std::int64_t));
   for (std::int64_t layer = 0; layer < config_.layers; ++layer) {
-    const std::vector<std::uint32_t> k = key_words(layer), v = value_words(layer);
-    f.write(reinterpret_cast<const char*>(k.data()), std::streamsize(k.size() * 4));
-    f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));
+    const std::vector<std::uint32_t> k = storage_->keys[std::size_t(layer)].read<std::uint32_t>(),
+                                     v = storage_->values[std::size_t(layer)].read<std::uint32_t>();
+    put(k.data(), k.size() * 4);
+    put(v.data(), v.size() * 4);
   }
-  if (!f) throw Error("path", "writing '" + path + "' failed");
+  f.write(&crc, sizeof crc);
+  f.commit();
 }
 
 TqKvCache TqKvCache::load(const std::string& path, Backend* backend) {
@@ -185,18 +211,42 @@ TqKvCache TqKvCache::load(const std::string& path, Backend* backend) {
     throw Error("path", "'" + path + "' has file version " + std::to_string(h.version) + "; this build reads version " +
                             std::to_string(kFileVersion));
   }
+  // Everything the header implies is checked against the file before anything is allocated.
   const TqCacheConfig& c = h.config;
-  TqKvCache cache(c, backend);  // validates the header's configuration
-  const std::int64_t expected = std::int64_t(sizeof h) + 8 * c.layers + cache.memory_bytes();
+  if (c.layers < 1) throw Error("path", "'" + path + "' names a cache of no layers");
+  core::validate_tq_layout(c.layout);
+  const std::int64_t layer_bytes = core::checked_mul(4, c.layout.key_words() + c.layout.value_words(), "path");
+  const std::int64_t expected =
+      core::checked_add(core::checked_add(std::int64_t(sizeof h) + 4, core::checked_mul(8, c.layers, "path"), "path"),
+                        core::checked_mul(layer_bytes, c.layers, "path"), "path");
   if (file_bytes != expected) {
     throw Error("path", "'" + path + "' holds " + std::to_string(file_bytes) + " bytes; its header implies " +
                             std::to_string(expected));
   }
-  f.read(reinterpret_cast<char*>(cache.length_.data()), std::streamsize(8 * c.layers));
-  for (std::int64_t layer = 0; layer < c.layers; ++layer) {
-    if (cache.length_[std::size_t(layer)] < 0 || cache.length_[std::size_t(layer)] > c.layout.capacity) {
+  {  // The checksum of all that precedes it, before the file's contents are trusted.
+    std::uint32_t crc = core::crc32c(0, &h, sizeof h), stored = 0;
+    std::vector<char> chunk(1 << 20);
+    for (std::int64_t left = expected - std::int64_t(sizeof h) - 4; left > 0;) {
+      const std::size_t n = std::size_t(std::min<std::int64_t>(left, std::int64_t(chunk.size())));
+      if (!f.read(chunk.data(), std::streamsize(n))) throw Error("path", "reading '" + path + "' failed");
+      crc = core::crc32c(crc, chunk.data(), n);
+      left -= std::int64_t(n);
+    }
+    if (!f.read(reinterpret_cast<char*>(&stored), sizeof stored) || stored != crc) {
+      throw Error("path", "'" + path + "' is damaged: its checksum does not match its contents");
+    }
+  }
+  f.seekg(std::streamoff(sizeof h));
+  std::vector<std::int64_t> lengths(std::size_t(c.layers));
+  f.read(reinterpret_cast<char*>(lengths.data()), std::streamsize(8 * c.layers));
+  for (std::int64_t length : lengths) {
+    if (length < 0 || length > c.layout.capacity) {
       throw Error("path", "'" + path + "' has a layer length outside [0, capacity]");
     }
+  }
+  TqKvCache cache(c, backend);
+  cache.length_ = lengths;
+  for (std::int64_t layer = 0; layer < c.layers; ++layer) {
     std::vector<std::uint32_t> k(std::size_t(c.layout.key_words())), v(std::size_t(c.layout.value_words()));
     f.read(reinterpret_cast<char*>(k.data()), std::streamsize(k.size() * 4));
     f.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4));

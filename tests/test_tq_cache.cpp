@@ -2,7 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sys/resource.h>
+
+#include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iterator>
 #include <fstream>
 #include <random>
 
@@ -92,7 +98,7 @@ TEST(TqKvCache, SaveLoadRoundTripAndHeaderChecks) {
     f.seekp(at);
     f.put(byte);
   };
-  corrupt(8, 3);  // version 2 -> 3
+  corrupt(8, 4);  // version 3 -> 4
   EXPECT_THROW(TqKvCache::load(path, &backend("reference")), Error);
   m.cache.save(path);
   corrupt(0, 'X');  // magic
@@ -102,6 +108,92 @@ TEST(TqKvCache, SaveLoadRoundTripAndHeaderChecks) {
   EXPECT_THROW(TqKvCache::load(path, &backend("reference")), Error);
   EXPECT_THROW(TqKvCache::load(path + ".missing", &backend("reference")), Error);
   std::remove(path.c_str());
+}
+
+// Every single-bit flip of a saved file is refused (the checksum, the header checks and the size
+// rule between them), and a header that claims more than the file holds is refused before anything
+// is allocated for it.
+TEST(TqKvCacheFile, EveryBitFlipIsRefused) {
+  TqKvCache cache({1, {32, 1, 2, 1, 2}, 5}, &backend("reference"));
+  HostTensor k({1, 2, 1, 32}, DType::f32, false);
+  std::mt19937_64 rng = test_rng();
+  k.fill_normal(rng);
+  cache.append(0, k.view, k.view, 0);
+  const std::string path = testing::TempDir() + "flashtq_bitflips.bin";
+  cache.save(path);
+  std::vector<char> bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(bytes.size(), 72u);
+  EXPECT_NO_THROW(TqKvCache::load(path, &backend("reference")));
+  int accepted = 0;
+  for (std::size_t bit = 0; bit < bytes.size() * 8; ++bit) {
+    std::vector<char> flipped = bytes;
+    flipped[bit / 8] = char(flipped[bit / 8] ^ (1 << (bit % 8)));
+    { std::ofstream(path, std::ios::binary | std::ios::trunc).write(flipped.data(), std::streamsize(flipped.size())); }
+    try {
+      TqKvCache::load(path, &backend("reference"));
+      ++accepted;
+      ADD_FAILURE() << "bit " << bit << " flipped and the file still loaded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "path") << e.what();
+    }
+  }
+  EXPECT_EQ(accepted, 0) << " of " << bytes.size() * 8 << " bit flips loaded";
+  // A 72-byte header whose layout claims 2^40 timesteps: refused by size, at once.
+  std::vector<char> header(bytes.begin(), bytes.begin() + 72);
+  const std::int64_t huge = std::int64_t(1) << 40;
+  std::memcpy(header.data() + 16 + 8 + 16, &huge, sizeof huge);  // config.layout.capacity
+  { std::ofstream(path, std::ios::binary | std::ios::trunc).write(header.data(), std::streamsize(header.size())); }
+  EXPECT_THROW(TqKvCache::load(path, &backend("reference")), Error);
+  std::remove(path.c_str());
+}
+
+// A save that fails part-way (here a file-size limit, as a full disk would) throws and leaves the
+// previous file as it was, with no temporary file left beside it.
+TEST(TqKvCacheFile, FailedSaveKeepsThePreviousFile) {
+  const std::string dir = testing::TempDir() + "flashtq_failed_save/";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "cache.bin";
+  TqKvCache small({1, {32, 1, 4, 2, 2}, 1}, &backend("reference"));
+  small.save(path);
+  std::vector<char> before;
+  {
+    std::ifstream in(path, std::ios::binary);
+    before.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  TqKvCache big({4, {128, 8, 4096, 2, 2}, 2}, &backend("reference"));  // about 11 MB
+  struct rlimit old {};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  struct rlimit limited = old;
+  limited.rlim_cur = 1 << 20;
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
+  bool threw = false;
+  try {
+    big.save(path);
+  } catch (const Error& e) {
+    threw = true;
+    EXPECT_EQ(e.argument(), "path");
+    EXPECT_NE(std::string(e.what()).find("kept"), std::string::npos) << e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_TRUE(threw) << "a save past the file-size limit reported success";
+  std::vector<char> after;
+  {
+    std::ifstream in(path, std::ios::binary);
+    after.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  EXPECT_EQ(after, before) << "the previous file changed";
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) files += entry.is_regular_file();
+  EXPECT_EQ(files, 1) << "a temporary file was left behind";
+  EXPECT_NO_THROW(TqKvCache::load(path, &backend("reference")));
+  std::filesystem::remove_all(dir);
 }
 
 // The cache on every backend, its words in that backend's memory: appended rows and attention over
