@@ -214,7 +214,11 @@ TqKvCache TqKvCache::load(const std::string& path, Backend* backend) {
   // Everything the header implies is checked against the file before anything is allocated.
   const TqCacheConfig& c = h.config;
   if (c.layers < 1) throw Error("path", "'" + path + "' names a cache of no layers");
-  core::validate_tq_layout(c.layout);
+  try {
+    core::validate_tq_layout(c.layout);
+  } catch (const Error& e) {
+    throw Error("path", "'" + path + "' holds an invalid configuration (" + e.what() + ")");
+  }
   const std::int64_t layer_bytes = core::checked_mul(4, c.layout.key_words() + c.layout.value_words(), "path");
   const std::int64_t expected =
       core::checked_add(core::checked_add(std::int64_t(sizeof h) + 4, core::checked_mul(8, c.layers, "path"), "path"),
