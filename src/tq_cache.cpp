@@ -109,7 +109,8 @@ void TqKvCache::append(std::int64_t layer, const TensorView& k, const TensorView
   length_[std::size_t(layer)] = std::max(length_[std::size_t(layer)], start_pos + k.shape[1]);
 }
 
-void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out) {
+void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out,
+                       std::int64_t window) {
   check_layer(layer);
   std::lock_guard<std::mutex> lock(storage_->mutex);
   const std::int64_t n = q.shape[1], heads = q.shape[2];
@@ -131,6 +132,7 @@ void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t sta
   a.n_queries = n;
   a.start_pos = start_pos;
   a.max_seq = start_pos + n;
+  a.window = window;
   a.k_cache = static_cast<const std::uint32_t*>(storage_->keys[std::size_t(layer)].get());
   a.v_cache = static_cast<const std::uint32_t*>(storage_->values[std::size_t(layer)].get());
   a.out = out;

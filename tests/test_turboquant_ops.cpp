@@ -226,6 +226,44 @@ TEST(TqOps, KeysWithoutQjlScoreWithTheirCodesAlone) {
   }
 }
 
+TEST(TqOps, KeysBeforeTheWindowHaveNoInfluence) {
+  // Two caches that differ only in timesteps 0..9 (different keys and values there): attention with
+  // a window that starts after them gives the same outputs bit for bit; without a window they differ.
+  const std::int64_t D = 64, T = 24, n = 3, window = 8;  // rows at 21..23 see (13.., ..23]
+  Fixture a(D, 1, T), b(D, 1, T);
+  b.t = a.t;
+  std::vector<double> kb = a.k.values(), vb = a.v.values();
+  std::mt19937_64 rng = test_rng();
+  std::normal_distribution<double> noise(0.0, 5.0);
+  for (std::int64_t i = 0; i < 10 * D; ++i) kb[std::size_t(i)] = noise(rng), vb[std::size_t(i)] = noise(rng);
+  b.k.fill(kb);
+  b.v.fill(vb);
+  a.encode();
+  b.encode();
+  const HostTensor q = random_queries(n, 2, D);
+  auto attend = [&](Fixture& f, std::int64_t w) {
+    std::vector<float> scratch(std::size_t(tq_scratch_floats(n, 2, D)));
+    tq_rotate_queries(backend("reference"), {f.t, q.view, n, scratch.data(), nullptr});
+    HostTensor out({1, n, 2, D}, DType::f32, false);
+    out.poison();
+    TqAttendArgs args;
+    args.tables = f.t;
+    args.scratch = scratch.data();
+    args.n_heads = 2;
+    args.n_queries = n;
+    args.start_pos = T - n;
+    args.window = w;
+    args.k_cache = f.keys.data();
+    args.v_cache = f.values.data();
+    args.out = out.view;
+    tq_attend(backend("reference"), args);
+    return out.values();
+  };
+  EXPECT_EQ(attend(a, window), attend(b, window));
+  EXPECT_NE(attend(a, 0), attend(b, 0));
+  EXPECT_NE(attend(a, window), attend(a, 0));
+}
+
 struct BadTq {
   const char* name;
   const char* argument;
@@ -303,6 +341,9 @@ TEST(TqBadInput, AttendArgumentsAreChecked) {
     expect_rejected(backend("reference"), a, arg);
   };
   auto a = base();
+  a.window = -1;
+  expect_arg(a, "window");
+  a = base();
   a.n_heads = 3;
   expect_arg(a, "n_heads");
   a = base();

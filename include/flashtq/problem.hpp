@@ -91,7 +91,8 @@ struct TqAttendCall {
   const float* scratch = nullptr;
   std::int64_t n_heads = 0, n_queries = 1, start_pos = 0, batch = 1;
   std::int64_t max_seq = 0;      // causal clamp, resolved
-  std::int64_t longest_row = 0;  // most timesteps any row sees: what split plans are sized by
+  std::int64_t longest_row = 0;  // the last timestep + 1 any row sees: what split plans are sized by
+  std::int64_t window = 0;       // 0 = none; else row p sees timesteps (p - window, p] only
   const std::int32_t* start_positions = nullptr;
   float scale = 0.0f, qjl_scale = 0.0f;
   const std::uint32_t* k_cache = nullptr;
@@ -104,6 +105,10 @@ struct TqAttendCall {
   const TqLayout& layout() const { return tables.layout; }
   std::int64_t rows() const { return batch * n_queries; }  // scratch rows in use
   std::int64_t group() const { return n_heads / tables.layout.n_kv_heads; }
+  // The first timestep a row at absolute position p sees.
+  FLASHTQ_HOST_DEVICE std::int64_t first_visible(std::int64_t p) const {
+    return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+  }
 };
 
 }  // namespace flashtq

@@ -114,7 +114,8 @@ struct TqRotateArgs {
 };
 
 // Attention of n_queries rotated query rows against the packed caches. Row j sits at absolute
-// position start_pos + j and sees timesteps [0, min(start_pos + j + 1, max_seq)).
+// position p = start_pos + j and sees timesteps [0, min(p + 1, max_seq)), or with a sliding window
+// only those of them after p - window (the last `window` positions up to p, as Gemma's local layers).
 //
 // Batching: `batch` sequences in one call, each with its own caches (sequence b's words start at
 // k_cache + b * layout.key_words() and v_cache + b * layout.value_words()), its query rows at
@@ -132,6 +133,7 @@ struct TqAttendArgs {
       max_seq;  // causal clamp; empty means start_pos + n_queries (capacity with start_positions)
   std::int64_t batch = 1;
   const std::int32_t* start_positions = nullptr;
+  std::int64_t window = 0;         // 0 = none
   std::optional<float> scale;      // default 1/sqrt(head_dim)
   std::optional<float> qjl_scale;  // default sqrt(pi/2)/sqrt(head_dim)
   const std::uint32_t* k_cache = nullptr;
@@ -170,9 +172,10 @@ class TqKvCache {
   // timesteps start_pos...; a call that would pass capacity is rejected and leaves the cache unchanged.
   void append(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos);
   // Attention of q [1, n, n_heads, head_dim] at positions start_pos... into out (f32, same shape), both
-  // in the backend's memory. The rotated queries and the kernels' workspace live in buffers the cache
-  // owns, grown to the largest call so far and reused.
-  void attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out);
+  // in the backend's memory; with a window (> 0), row p sees only timesteps (p - window, p]. The rotated queries and
+  // the kernels' workspace live in buffers the cache owns, grown to the largest call so far and reused.
+  void attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out,
+              std::int64_t window = 0);
   void set_stream(void* stream) { stream_ = stream; }
 
   const TqCacheConfig& config() const { return config_; }

@@ -38,6 +38,7 @@ struct TqCase {
   TqLayout layout{128, 1, 1, 2, 2};  // head_dim, kv heads, capacity, bits
   std::int64_t H = 1, tokens = 1, n_queries = 1, start_pos = 0;
   std::optional<std::int64_t> max_seq;
+  std::int64_t window = 0;  // attention only: 0 = none
   DType dtype = DType::f32;
   std::uint64_t seed = 0, data_seed = 0;
   bool zero_rows = false;            // some all-zero keys and values

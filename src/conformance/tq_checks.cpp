@@ -22,6 +22,7 @@ std::string TqCase::describe() const {
     << (layout.qjl ? "" : "mse") << "v" << layout.value_bits << " cap" << layout.capacity << " T" << tokens << " nq"
     << n_queries << " pos" << start_pos;
   if (max_seq) s << " max_seq" << *max_seq;
+  if (window) s << " win" << window;
   if (zero_rows) s << " zeros";
   if (batch > 1) s << " batch" << batch << (starts.empty() ? "" : " own-starts");
   s << " seed=" << seed << " data_seed=" << data_seed;
@@ -241,6 +242,7 @@ CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
   a.n_queries = c.n_queries;
   a.start_pos = c.start_pos;
   a.max_seq = c.max_seq;
+  a.window = c.window;
   a.batch = c.batch;
   a.start_positions = c.starts.empty() ? nullptr : c.starts.data();
   a.k_cache = cache.keys.data();
@@ -306,6 +308,7 @@ TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
     c.n_queries = range(1, std::min<std::int64_t>(8, c.layout.capacity));
     c.start_pos = range(0, c.layout.capacity - c.n_queries);
     if (range(0, 3) == 0) c.max_seq = range(0, c.layout.capacity);
+    if (range(0, 3) == 0) c.window = range(1, c.layout.capacity);
     c.dtype = std::array{DType::f32, DType::f16, DType::bf16}[std::size_t(range(0, 2))];
     c.zero_rows = range(0, 3) == 0;
     draw_batch(c, range);
@@ -329,6 +332,7 @@ TqCase draw_tq_decode_case(std::mt19937_64& rng) {
   c.n_queries = range(1, std::min<std::int64_t>(3, c.layout.capacity));
   c.start_pos = std::max<std::int64_t>(0, std::min(c.tokens - 1, c.layout.capacity - c.n_queries) - range(0, 3));
   if (range(0, 4) == 0) c.max_seq = range(0, c.layout.capacity);
+  if (range(0, 4) == 0) c.window = range(1, 2 * c.tokens);
   c.dtype = std::array{DType::f32, DType::f16, DType::bf16}[std::size_t(range(0, 2))];
   c.zero_rows = range(0, 3) == 0;
   draw_batch(c, range);

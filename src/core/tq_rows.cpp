@@ -142,23 +142,24 @@ void tq_attend_row_head(const TqAttendCall& a, std::int64_t row, std::int64_t h)
   const std::int64_t start = a.start_positions ? std::int64_t(a.start_positions[b]) : a.start_pos;
   // Clamped like the kernels, so a bad per-sequence start position never reads out of bounds.
   const std::int64_t seq_len = std::max<std::int64_t>(0, std::min({start + j + 1, a.max_seq, l.capacity}));
+  const std::int64_t first = std::min(a.first_visible(start + j), seq_len);
   const float* q_rot = a.scratch + s.q_rot(row, h);
   const float* q_jl = a.scratch + s.q_jl(row, h);
   const double q_jl_sum = a.scratch[s.sum(row, h)];
   const std::int64_t slot0 = (h / a.group()) * l.capacity;
   std::vector<double> scores(static_cast<std::size_t>(seq_len)), acc(static_cast<std::size_t>(D), 0.0);
   double m = -std::numeric_limits<double>::infinity();
-  for (std::int64_t t = 0; t < seq_len; ++t) {
+  for (std::int64_t t = first; t < seq_len; ++t) {
     scores[std::size_t(t)] = scale * tq_key_dot(a.tables, q_rot, q_jl, q_jl_sum, k_cache, slot0 + t, qjl_scale);
     m = std::max(m, scores[std::size_t(t)]);
   }
   float* out = static_cast<float*>(a.out.data) + offset(a.out, b, j, h);
-  if (seq_len == 0) {
+  if (first == seq_len) {  // nothing visible
     for (std::int64_t d = 0; d < D; ++d) out[d] = 0.0f;
     return;
   }
   double sum = 0;
-  for (std::int64_t t = 0; t < seq_len; ++t) {
+  for (std::int64_t t = first; t < seq_len; ++t) {
     const std::int64_t slot = slot0 + t;
     const double p = std::exp(scores[std::size_t(t)] - m);
     sum += p;

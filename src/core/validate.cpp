@@ -295,6 +295,8 @@ TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
   // With per-sequence starts any row may see up to max_seq timesteps; else the last row's limit.
   c.longest_row = a.start_positions ? max_seq : std::min(a.start_pos + a.n_queries, max_seq);
   c.start_positions = a.start_positions;
+  if (a.window < 0) throw Error("window", "must be >= 0 (0 = no window)");
+  c.window = a.window;
   const float inv_sqrt_d = float(1.0 / std::sqrt(double(l.head_dim)));
   c.scale = a.scale.value_or(inv_sqrt_d);
   c.qjl_scale = a.qjl_scale.value_or(float(std::sqrt(std::acos(-1.0) / 2.0) / std::sqrt(double(l.head_dim))));

@@ -221,8 +221,9 @@ bool tq_attend_simd(const TqAttendCall& a, int threads) {
     const std::int64_t b = row / a.n_queries, j = row % a.n_queries;
     const std::int64_t start = a.start_positions ? std::int64_t(a.start_positions[b]) : a.start_pos;
     const std::int64_t seq = std::max<std::int64_t>(0, std::min({start + j + 1, a.max_seq, l.capacity}));
-    const std::int64_t per = (seq + splits - 1) / splits;
-    const std::int64_t t0 = std::min(seq, split * per), t1 = std::min(seq, t0 + per);
+    const std::int64_t first = std::min(a.first_visible(start + j), seq);
+    const std::int64_t per = (seq - first + splits - 1) / splits;
+    const std::int64_t t0 = std::min(seq, first + split * per), t1 = std::min(seq, t0 + per);
     float* out = part.data() + u * G * (D + 2);
     HWY_DYNAMIC_DISPATCH(AttendRange)(a, row, kvh, t0, t1, out, out + G, out + 2 * G);
   }

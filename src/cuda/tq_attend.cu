@@ -30,8 +30,9 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   const std::uint32_t* values = values_of(a, j);
   const std::int64_t G = a.H / a.l.n_kv_heads, h0 = kvh * G + (blockIdx.y % a.n_tiles) * HT;
   const std::int64_t t0 = std::int64_t(split) * kSplitTokens;
-  const std::int64_t visible = seq_len_of(a, j) - t0;
-  const int n = visible <= 0 ? 0 : visible >= kSplitTokens ? kSplitTokens : int(visible);
+  const std::int64_t visible = seq_len_of(a, j) - t0, first = first_visible_of(a, j);
+  // A split wholly before the window's start is empty; one that straddles it masks its early keys.
+  const int n = visible <= 0 || t0 + kSplitTokens <= first ? 0 : visible >= kSplitTokens ? kSplitTokens : int(visible);
   float* ws = a.ws + ((j * a.H + h0) * a.n_splits + split) * partial_stride(D);
   if (n == 0) {  // nothing to see in this split: an empty partial
     if (tid < HT) {
@@ -71,7 +72,8 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
     }
 #pragma unroll
     for (int g = 0; g < HT; ++g) {
-      p[g][tt] = a.scale * norm * (polar[g] + gamma * a.qjl_scale * (2.0f * positive[g] - q_sum[g]));
+      p[g][tt] = t0 + tt < first ? -INFINITY
+                                 : a.scale * norm * (polar[g] + gamma * a.qjl_scale * (2.0f * positive[g] - q_sum[g]));
     }
     v_norm[tt] = f16_low(values[l.value_norm_offset() + slot]);
   }
@@ -293,6 +295,7 @@ void launch_tq_attend(const TqAttendCall& c) {
   a.key_fragments = static_cast<char*>(c.workspace) + fragment_offset(c);
   a.n_splits = n_splits_of(c);
   a.split_tokens = int(split_tokens_of(c));
+  a.window = c.window;
   const int ht = head_tile(c.group());
   a.n_tiles = int(c.group() / ht);
   for (int i = 0; i < 16; ++i) {

@@ -30,7 +30,8 @@ struct AttendParams {
   float* ws;
   void* key_fragments;  // the tensor-core decode's per (row, head group) query fragments, in the workspace
   int n_splits, n_tiles;
-  int split_tokens;  // timesteps per block (split)
+  int split_tokens;     // timesteps per block (split)
+  std::int64_t window;  // 0 = none; else row p sees (p - window, p]
   float key_centroids[16], value_centroids[16];
   std::uint32_t polar_signs[8];
 };
@@ -44,6 +45,14 @@ __device__ __forceinline__ std::int64_t seq_len_of(const AttendParams& a, std::i
   const std::int64_t b = z / a.n_queries, j = z % a.n_queries;
   const std::int64_t start = a.starts != nullptr ? std::int64_t(a.starts[b]) : a.start_pos;
   return max(std::int64_t(0), min(min(start + j + 1, a.max_seq), a.l.capacity));
+}
+
+// The first timestep row z sees (the sliding window's start; 0 without one).
+__device__ __forceinline__ std::int64_t first_visible_of(const AttendParams& a, std::int64_t z) {
+  if (a.window <= 0) return 0;
+  const std::int64_t b = z / a.n_queries, j = z % a.n_queries;
+  const std::int64_t p = (a.starts != nullptr ? std::int64_t(a.starts[b]) : a.start_pos) + j;
+  return p - a.window + 1 > 0 ? p - a.window + 1 : 0;
 }
 
 // Sequence b's caches.

@@ -358,8 +358,12 @@ bool mma_decode_supported(const TqLayout& l, std::int64_t group) {
 }
 }  // namespace
 
-bool mma_decode_supported(const TqAttendCall& c) { return mma_decode_supported(c.layout(), c.group()); }
-bool mma_decode_supported(const AttendParams& a) { return mma_decode_supported(a.l, a.H / a.l.n_kv_heads); }
+bool mma_decode_supported(const TqAttendCall& c) {
+  return c.window == 0 && mma_decode_supported(c.layout(), c.group());
+}
+bool mma_decode_supported(const AttendParams& a) {
+  return a.window == 0 && mma_decode_supported(a.l, a.H / a.l.n_kv_heads);
+}
 
 void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream) {
   launch_dependent(mma_decode_kernel, grid, dim3(32 * kWarps), stream, "TurboQuant decode kernel", a);

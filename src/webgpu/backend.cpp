@@ -376,7 +376,7 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   P.u(l.value_norm_offset(), "v_cache").u(ws.offset, "workspace").u(out.offset, "out").u(c.out.strides[0], "out");
   P.u(c.out.strides[1], "out").u(c.out.strides[2], "out");
   const std::size_t row0 = P.size();
-  P.u(0).u(0);
+  P.u(0).u(c.window, "window");
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.key_centroids[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.value_centroids[std::size_t(i)]);

@@ -6,7 +6,7 @@
 //   merge:   one workgroup per (head, query row) combines the splits by their maxima, normalises,
 //            and rotates back once (inverse RHT_polar).
 // Decode and chunked prefill are the same kernel: row j of sequence b sees timesteps
-// [0, min(start_b + j + 1, max_seq, capacity)).
+// [0, min(start_b + j + 1, max_seq, capacity)), with a sliding window only those after p - window.
 
 struct Params {
   D: u32, n_kv: u32, capacity: u32, key_bits: u32,
@@ -16,7 +16,7 @@ struct Params {
   scratch_off: u32, region: u32, k_off: u32, v_off: u32,
   key_words: u32, value_words: u32, key_jl_off: u32, key_norm_off: u32,
   value_norm_off: u32, ws_off: u32, out_off: u32, out_sb: u32,
-  out_ss: u32, out_sh: u32, row0: u32, pad1: u32,  // row0: first query row of this dispatch
+  out_ss: u32, out_sh: u32, row0: u32, window: u32,  // row0: first query row of this dispatch; window 0 = none
   polar: array<vec4<u32>, 2>,
   key_centroids: array<vec4<f32>, 4>,
   value_centroids: array<vec4<f32>, 4>,
@@ -37,6 +37,7 @@ var<workgroup> q_jl: array<f32, 256>;
 var<workgroup> weight: array<f32, 128>;  // score, then p * |v| of each token of the tile
 var<workgroup> prob: array<f32, 128>;    // p of each token of the tile
 var<workgroup> stats: vec4<f32>;         // unused, correction, running max, running sum
+var<workgroup> begin_shared: u32;
 var<workgroup> end_shared: u32;
 
 fn f16_lo(w: u32) -> f32 { return unpack2x16float(w).x; }
@@ -69,6 +70,16 @@ fn seq_len(row: u32) -> u32 {
   return u32(clamp(s, 0, max(limit, 0)));
 }
 
+// The first timestep query row `row` sees: the sliding window's start (0 without one).
+fn first_visible(row: u32) -> u32 {
+  if (P.window == 0u) { return 0u; }
+  var start = P.start_pos;
+  if (P.has_starts != 0u) { start = STARTS[P.starts_off + row / P.nq]; }
+  let p = max(start, 0) + i32(row % P.nq);
+  if (p < i32(P.window)) { return 0u; }
+  return u32(p) - P.window + 1u;
+}
+
 @compute @workgroup_size(128)
 fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   let tid = lid.x;
@@ -79,9 +90,13 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
   let b = row / P.nq;
   let kvh = h / (P.H / P.n_kv);
   let t_begin = split * P.split_tokens;
-  if (tid == 0u) { end_shared = min(t_begin + P.split_tokens, seq_len(row)); }
-  // The bound every thread loops to, made uniform for the barriers in the loop.
+  if (tid == 0u) {
+    end_shared = min(t_begin + P.split_tokens, seq_len(row));
+    begin_shared = max(t_begin, first_visible(row));
+  }
+  // The bounds every thread loops over, made uniform for the barriers in the loop.
   let t_end = workgroupUniformLoad(&end_shared);
+  let t_first = workgroupUniformLoad(&begin_shared);
   for (var d = tid; d < D; d += TILE) {
     q_rot[d] = SCRATCH[scratch_vector(P.scratch_off, P.region, 0u, row, P.H, h, D) + d];
     q_jl[d] = SCRATCH[scratch_vector(P.scratch_off, P.region, 1u, row, P.H, h, D) + d];
@@ -95,7 +110,7 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
   let value_code_words = D * P.value_bits / 32u;
   var acc0 = 0.0;
   var acc1 = 0.0;
-  var t0 = t_begin;
+  var t0 = t_first;
   loop {
     if (t0 >= t_end) { break; }  // uniform: every thread sees the same bounds
     // scores: thread tid takes token t0 + tid
