@@ -31,8 +31,10 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   const std::int64_t G = a.H / a.l.n_kv_heads, h0 = kvh * G + (blockIdx.y % a.n_tiles) * HT;
   const std::int64_t t0 = std::int64_t(split) * kSplitTokens;
   const std::int64_t visible = seq_len_of(a, j) - t0, first = first_visible_of(a, j);
-  // A split wholly before the window's start is empty; one that straddles it masks its early keys.
-  const int n = visible <= 0 || t0 + kSplitTokens <= first ? 0 : visible >= kSplitTokens ? kSplitTokens : int(visible);
+  // A split that ends before the window's start is empty (with max_seq below the start, every split
+  // is); one that straddles the start masks its early keys.
+  const int count = visible <= 0 ? 0 : visible >= kSplitTokens ? kSplitTokens : int(visible);
+  const int n = t0 + count <= first ? 0 : count;
   float* ws = a.ws + ((j * a.H + h0) * a.n_splits + split) * partial_stride(D);
   if (n == 0) {  // nothing to see in this split: an empty partial
     if (tid < HT) {
