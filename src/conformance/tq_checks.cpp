@@ -229,7 +229,9 @@ CheckResult check_tq_rotate(Backend& backend, const TqCase& c) {
 }
 
 CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
-  CheckResult r{"tq_attend", c.describe(), 0, 1e-5, false, "", 0};
+  // docs/spec.md §3: TurboQuant attention is held to 1e-2 against the oracle on the same packed words
+  // (room for bf16-class arithmetic); the f32 kernels of today are far inside it (docs/backends.md).
+  CheckResult r{"tq_attend", c.describe(), 0, 1e-2, false, "", 0};
   const TqLayout& l = c.layout;
   const TqTables tables = make_tq_tables(l, c.seed, 0);
   const OracleCache cache = oracle_cache(c, tables, c.batch);
