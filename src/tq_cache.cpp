@@ -1,6 +1,7 @@
 // TqKvCache: a TurboQuant cache for every layer in the memory of its backend, with byte accounting and save/load.
 #include <algorithm>
 #include <bit>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -205,10 +206,16 @@ TqKvCache TqKvCache::load(const std::string& path, Backend* backend) {
   const std::int64_t file_bytes = std::int64_t(f.tellg());
   f.seekg(0);
   FileHeader h{};
-  if (file_bytes < std::int64_t(sizeof h) || !f.read(reinterpret_cast<char*>(&h), sizeof h) ||
-      std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
+  unsigned char raw[sizeof h];
+  if (file_bytes < std::int64_t(sizeof h) || !f.read(reinterpret_cast<char*>(raw), sizeof raw) ||
+      std::memcmp(raw, kMagic, sizeof kMagic) != 0) {
     throw Error("path", "'" + path + "' is not a flashtq cache file");
   }
+  // The bytes become a FileHeader only once every field is a valid value of its type (a bool is 0 or 1).
+  constexpr std::size_t qjl_at =
+      offsetof(FileHeader, config) + offsetof(TqCacheConfig, layout) + offsetof(TqLayout, qjl);
+  if (raw[qjl_at] > 1) throw Error("path", "'" + path + "' is damaged: its header is not a valid configuration");
+  std::memcpy(&h, raw, sizeof h);
   if (h.version != kFileVersion || h.header_bytes != sizeof h) {
     throw Error("path", "'" + path + "' has file version " + std::to_string(h.version) + "; this build reads version " +
                             std::to_string(kFileVersion));
