@@ -90,20 +90,34 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, mask)
     ctx.params = (scale, causal, causal_offset, window, dropout_p, seed, backend)
-    ctx.set_materialize_grads(False)
+    ctx.set_materialize_grads(False)  # an unused lse gets no gradient, and costs nothing
 
 
 def _autograd_backward(ctx, dout, dlse):
-    if dlse is not None:
-        # The library's backward differentiates out only; a loss that reads lse would get wrong gradients.
-        raise error("return_lse", "gradients through lse are not supported; detach it before using it in a loss")
     q, k, v, out, lse, mask = ctx.saved_tensors
+    scale, causal, causal_offset, window, dropout_p, seed, backend = ctx.params
     if dout is None:
-        return (None,) * 12
-    if dout.stride(-1) != 1 or 0 in dout.stride():
+        dout = torch.zeros_like(out)
+    elif dout.stride(-1) != 1 or 0 in dout.stride():
         dout = dout.contiguous()  # the library needs D contiguous; autograd hands out expanded views at times
     dq, dk, dv = _backward(q, k, v, out, dout, lse, mask, *ctx.params)
+    if dlse is not None:
+        dq, dk = _lse_gradients(q, k, lse, mask, dlse, dq, dk, ctx.params)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+def _lse_gradients(q, k, lse, mask, dlse, dq, dk, params):
+    """Adds what a loss on lse contributes. d lse_i / d s_ij = P_ij (softmax without dropout), so
+    dq_i += scale * dlse_i * sum_j P_ij k_j, which is attention with V = K, and
+    dk_j += scale * sum_i P_ij dlse_i q_i, which is the dv of a backward with V = K and dout_i = scale * dlse_i q_i."""
+    scale, causal, causal_offset, window, _, _, backend = params
+    s = (q.shape[-1] ** -0.5) if scale is None else scale
+    w = (dlse.transpose(1, 2).unsqueeze(-1) * s)  # [B, Sq, H, 1]
+    exact = (scale, causal, causal_offset, window, 0.0, 0, backend)  # lse never sees dropout
+    okk, _ = _forward(q, k, k, mask, *exact[:6], False, backend)
+    dq = (dq.float() + w * okk.float()).to(dq.dtype)
+    _, _, dk_extra = _backward(q, k, k, okk, (w * q.float()).to(q.dtype).contiguous(), lse, mask, *exact)
+    return dq, (dk.float() + dk_extra.float()).to(dk.dtype)
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
