@@ -49,6 +49,8 @@ def parse(argv):
     p.add_argument("--json", action="store_true", help="print the report as JSON (else a table)")
     p.add_argument("--output", default=None, help="also write the JSON report to this file")
     p.add_argument("--plot", default=None, help="write a PNG: perplexity change against bits per coordinate")
+    p.add_argument("--from-json", nargs="+", default=None, metavar="FILE",
+                   help="no run: merge saved reports (--output files) into one table, JSON and plot")
     args = p.parse_args(argv)
     unknown = [c for c in args.configs.split(",") if c not in cache_configs()]
     if args.ctx is None:
@@ -161,9 +163,15 @@ def main(argv=None) -> int:
         return tqdm(items, desc=what, file=sys.stderr, leave=False)
 
     start = time.time()
-    runs = [run_model(name, args, progress) for name in args.model.split(",")]
-    report = {"command": "python -m flashtq.eval " + " ".join(sys.argv[1:] if argv is None else argv),
-              "runs": runs, "seconds": time.time() - start}
+    command = "python -m flashtq.eval " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.from_json:
+        saved = [json.load(open(f)) for f in args.from_json]
+        runs = [r for rep in saved for r in rep["runs"]]
+        command = "; ".join(rep["command"] for rep in saved) + "; then " + command
+        report = {"command": command, "runs": runs, "seconds": sum(rep["seconds"] for rep in saved)}
+    else:
+        runs = [run_model(name, args, progress) for name in args.model.split(",")]
+        report = {"command": command, "runs": runs, "seconds": time.time() - start}
     if args.output:
         with open(args.output, "w") as f:
             json.dump(report, f, indent=1)
