@@ -38,7 +38,7 @@ rm -f "$out.tmp"
 python3 - "$out" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-print(f"{r['machine']['cpu']}, {r['threads']} threads, {r['simd_target']}: FMA peak {r['fma_peak_gflops']:.0f} GFLOP/s, copy {r['copy_bandwidth_gbs']:.1f} GB/s")
+print(f"{r['machine']['cpu']}, {r['threads']} threads, {r['backend']}: FMA peak {r['fma_peak_gflops']:.0f} GFLOP/s, copy {r['copy_bandwidth_gbs']:.1f} GB/s")
 for d in r["dense"]:
     print(f"{d['dtype']:>4} D={d['D']:>3} S={d['S']:>5} causal={d['causal']!s:>5}: fwd {d['fwd_gflops']:6.1f} GFLOP/s "
           f"({100 * d['fwd_fraction_of_peak']:4.1f}% of peak) vs torch x{d.get('fwd_speed_vs_torch', float('nan')):.2f}; "

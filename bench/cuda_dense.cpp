@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   flashtq::Backend& cuda = flashtq::backend("cuda");
   nlohmann::json report;
   const std::int64_t H = 16, D = 128;
-  const std::vector<DType> dtypes = only == "--half" ? std::vector<DType>{DType::bf16, DType::f16}
+  const std::vector<DType> dtypes = only == "--half"  ? std::vector<DType>{DType::bf16, DType::f16}
                                     : only == "--f32" ? std::vector<DType>{DType::f32}
                                                       : std::vector<DType>{DType::bf16, DType::f16, DType::f32};
   for (DType dtype : dtypes) {
@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
           auto* x = reinterpret_cast<float*>(host.data());
           for (std::size_t i = 0; i < n; ++i) x[i] = normal(rng);
         } else {
-          for (std::size_t i = 0; i < bytes; ++i) host[i] = std::uint8_t((i * 2654435761u) >> 24) & 0x3B;  // small finite values
+          for (std::size_t i = 0; i < bytes; ++i)
+            host[i] = std::uint8_t((i * 2654435761u) >> 24) & 0x3B;  // small finite values
         }
         return host;
       };
@@ -111,9 +112,12 @@ int main(int argc, char** argv) {
         flashtq::AttentionParams params;
         params.causal = causal;
         const double flops = 4.0 * double(B * H) * double(S) * double(S) * double(D) * (causal ? 0.5 : 1.0);
-        const double fwd = median_ms([&] { flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(o), lse}, params); });
-        nlohmann::json row = {{"dtype", flashtq::dtype_name(dtype)}, {"S", S}, {"B", B}, {"causal", causal},
-                              {"fwd_ms", fwd}, {"fwd_tflops", flops / (fwd * 1e-3) / 1e12}};
+        const double fwd = median_ms([&] {
+          flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(o), lse}, params);
+        });
+        nlohmann::json row = {
+            {"dtype", flashtq::dtype_name(dtype)},      {"S", S}, {"B", B}, {"causal", causal}, {"fwd_ms", fwd},
+            {"fwd_tflops", flops / (fwd * 1e-3) / 1e12}};
         if (dtype == DType::f32) {  // the default (3xTF32), pedantic (FFMA) and TF32 paths, each with its error
           auto as_floats = [](const std::vector<std::uint8_t>& h) { return reinterpret_cast<const float*>(h.data()); };
           const Inputs in{as_floats(host_q), as_floats(host_k), as_floats(host_v), B, S, H, D, causal};
@@ -122,18 +126,19 @@ int main(int argc, char** argv) {
           pedantic.pedantic_f32 = true;
           fast.allow_tf32 = true;
           for (const auto& [name, variant] : {std::pair{"pedantic", pedantic}, std::pair{"tf32", fast}}) {
-            const double ms = median_ms([&] { flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(dq), nullptr}, variant); });
+            const double ms = median_ms([&] {
+              flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(dq), nullptr}, variant);
+            });
             row[std::string(name) + "_fwd_ms"] = ms;
             row[std::string(name) + "_fwd_tflops"] = flops / (ms * 1e-3) / 1e12;
             row[std::string(name) + "_rel_error"] = sampled_error(in, dq);
           }
         }
         if (dtype == DType::bf16) {
-          const double bwd = median_ms(
-              [&] {
-                flashtq::attention_backward(
-                    cuda, {view(q), view(k), view(v), view(o), view(dout), lse, view(dq), view(dk), view(dv)}, params);
-              });
+          const double bwd = median_ms([&] {
+            flashtq::attention_backward(
+                cuda, {view(q), view(k), view(v), view(o), view(dout), lse, view(dq), view(dk), view(dv)}, params);
+          });
           row["bwd_ms"] = bwd;
           row["bwd_tflops"] = 2.5 * flops / (bwd * 1e-3) / 1e12;
         }

@@ -10,7 +10,7 @@
 
 namespace {
 
-constexpr int kChains = 4;       // independent accumulators per warp
+constexpr int kChains = 4;  // independent accumulators per warp
 constexpr int kIterations = 4096;
 
 __global__ void imma_loop(int* sink, std::uint32_t seed) {
@@ -63,8 +63,10 @@ int main() {
   check(cudaGetLastError(), "mma loops");
   const double imma_rate = instructions / (imma_ms * 1e-3), hmma_rate = instructions / (hmma_ms * 1e-3);
   std::printf("{\"device\": \"%s\", \"sms\": %d,\n", prop.name, prop.multiProcessorCount);
-  std::printf(" \"imma_m16n8k32_s8_per_s\": %.4g, \"imma_tops\": %.1f,\n", imma_rate, imma_rate * 2 * 16 * 8 * 32 / 1e12);
-  std::printf(" \"hmma_m16n8k16_bf16_per_s\": %.4g, \"hmma_tflops\": %.1f}\n", hmma_rate, hmma_rate * 2 * 16 * 8 * 16 / 1e12);
+  std::printf(" \"imma_m16n8k32_s8_per_s\": %.4g, \"imma_tops\": %.1f,\n", imma_rate,
+              imma_rate * 2 * 16 * 8 * 32 / 1e12);
+  std::printf(" \"hmma_m16n8k16_bf16_per_s\": %.4g, \"hmma_tflops\": %.1f}\n", hmma_rate,
+              hmma_rate * 2 * 16 * 8 * 16 / 1e12);
   cudaFree(sink);
   return 0;
 }

@@ -44,7 +44,8 @@ struct Sequences {
 };
 
 // Random f32 rows of `chunk` tokens, encoded repeatedly to fill every sequence to `ctx`.
-Sequences make_sequences(std::int64_t batch, std::int64_t ctx, std::int64_t hkv, std::int64_t dim, std::mt19937_64& rng) {
+Sequences make_sequences(std::int64_t batch, std::int64_t ctx, std::int64_t hkv, std::int64_t dim,
+                         std::mt19937_64& rng) {
   Sequences s;
   s.layout = {dim, hkv, ctx, 2, 2};
   s.tables = flashtq::make_tq_tables(s.layout, 1234, 0);
@@ -64,8 +65,8 @@ Sequences make_sequences(std::int64_t batch, std::int64_t ctx, std::int64_t hkv,
       [&] {
         for (std::int64_t b = 0; b < batch; ++b)
           for (std::int64_t t = 0; t < ctx; t += chunk) {
-            flashtq::tq_encode_keys(cuda, {s.layout, s.tables, x, t, s.keys + b * s.layout.key_words(), nullptr});
-            flashtq::tq_encode_values(cuda, {s.layout, s.tables, x, t, s.values + b * s.layout.value_words(), nullptr});
+            flashtq::tq_encode_keys(cuda, {s.tables, x, t, s.keys + b * s.layout.key_words(), nullptr});
+            flashtq::tq_encode_values(cuda, {s.tables, x, t, s.values + b * s.layout.value_words(), nullptr});
           }
       },
       nullptr, 3);
@@ -98,7 +99,6 @@ AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows,
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "stream");
   flashtq::TqAttendArgs a;
-  a.layout = s.layout;
   a.tables = s.tables;
   a.scratch = scratch;
   a.n_heads = heads;
@@ -132,7 +132,9 @@ AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows,
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
-  for (void* p : {static_cast<void*>(q), static_cast<void*>(scratch), static_cast<void*>(out), static_cast<void*>(starts), ws}) cudaFree(p);
+  for (void* p :
+       {static_cast<void*>(q), static_cast<void*>(scratch), static_cast<void*>(out), static_cast<void*>(starts), ws})
+    cudaFree(p);
   return t;
 }
 
@@ -146,7 +148,8 @@ int main(int argc, char** argv) {
     const std::int64_t batch = std::atoll(argv[2]), ctx = std::atoll(argv[3]);
     Sequences s = make_sequences(batch, ctx, 8, 128, rng);
     const AttendTimes t = attend_ms(s, 32, 1, rng);
-    std::printf("decode B=%lld ctx=%lld: graph %.4f ms, eager %.4f ms\n", (long long)batch, (long long)ctx, t.graph_ms, t.eager_ms);
+    std::printf("decode B=%lld ctx=%lld: graph %.4f ms, eager %.4f ms\n", (long long)batch, (long long)ctx, t.graph_ms,
+                t.eager_ms);
     return 0;
   }
   cudaDeviceProp prop{};
@@ -157,16 +160,23 @@ int main(int argc, char** argv) {
   const double bw = copy_bandwidth_gbs();
   report["copy_bandwidth_gbs"] = bw;
   const std::int64_t H = 32, Hkv = 8, D = 128;
-  for (auto [batch, ctx] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 32768}, {1, 131072}, {8, 32768}, {32, 8192}}) {
+  for (auto [batch, ctx] :
+       std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 32768}, {1, 131072}, {8, 32768}, {32, 8192}}) {
     Sequences s = make_sequences(batch, ctx, Hkv, D, rng);
     const AttendTimes t = attend_ms(s, H, 1, rng);
     const double bytes = double(batch * ctx * Hkv * s.layout.bytes_per_token_per_head());
     const double gbs = bytes / (t.graph_ms * 1e-3) / 1e9;
-    report["decode"].push_back({{"batch", batch}, {"ctx", ctx}, {"ms", t.graph_ms}, {"eager_ms", t.eager_ms},
-                                {"packed_bytes", bytes}, {"gbs", gbs}, {"fraction_of_copy_bw", gbs / bw},
+    report["decode"].push_back({{"batch", batch},
+                                {"ctx", ctx},
+                                {"ms", t.graph_ms},
+                                {"eager_ms", t.eager_ms},
+                                {"packed_bytes", bytes},
+                                {"gbs", gbs},
+                                {"fraction_of_copy_bw", gbs / bw},
                                 {"encode_ms", s.encode_ms},
                                 {"encode_tokens_per_s", double(batch * ctx) / (s.encode_ms * 1e-3)}});
-    std::fprintf(stderr, "decode B=%lld ctx=%lld: graph %.4f ms (eager %.4f), %.0f GB/s of packed bytes (copy %.0f GB/s)\n",
+    std::fprintf(stderr,
+                 "decode B=%lld ctx=%lld: graph %.4f ms (eager %.4f), %.0f GB/s of packed bytes (copy %.0f GB/s)\n",
                  (long long)batch, (long long)ctx, t.graph_ms, t.eager_ms, gbs, bw);
     cudaFree(s.keys);
     cudaFree(s.values);

@@ -15,11 +15,11 @@ void attention_backward(Backend& backend, const BackwardArgs& args, const Attent
 }
 
 void tq_encode_keys(Backend& backend, const TqEncodeArgs& args) {
-  backend.tq_encode_keys(core::validate_tq_encode(backend, args));
+  backend.tq_encode(core::validate_tq_encode(backend, args, /*keys=*/true));
 }
 
 void tq_encode_values(Backend& backend, const TqEncodeArgs& args) {
-  backend.tq_encode_values(core::validate_tq_encode(backend, args));
+  backend.tq_encode(core::validate_tq_encode(backend, args, /*keys=*/false));
 }
 
 void tq_rotate_queries(Backend& backend, const TqRotateArgs& args) {

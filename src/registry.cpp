@@ -68,7 +68,8 @@ Backend& backend(const std::string& name) {
     if (b->name() == name) {
       if (!b->available()) {
         const std::string why = b->unavailable_reason();
-        throw Error("backend", "'" + name + "' is compiled in but not available on this machine" + (why.empty() ? "" : ": " + why));
+        throw Error("backend", "'" + name + "' is compiled in but not available on this machine" +
+                                   (why.empty() ? "" : ": " + why));
       }
       return *b;
     }

@@ -1,8 +1,13 @@
-// TqKvCache: a host-memory TurboQuant cache for every layer, with byte accounting and save/load.
+// TqKvCache: a TurboQuant cache for every layer in the memory of its backend, with byte accounting and save/load.
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <fstream>
+#include <optional>
+#include <type_traits>
 
+#include "core/backend_buffer.hpp"
+#include "core/checked.hpp"
 #include "core/validate.hpp"
 #include "flashtq/backend.hpp"
 #include "flashtq/error.hpp"
@@ -14,43 +19,60 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the cache file format is little-endian");
 
 constexpr char kMagic[8] = {'F', 'T', 'Q', 'C', 'A', 'C', 'H', 'E'};
-constexpr std::uint32_t kFileVersion = 1;
+// Version 2: the header holds the configuration as TqCacheConfig lays it out (version 1 spelt its
+// fields out in another order).
+constexpr std::uint32_t kFileVersion = 2;
 
 struct FileHeader {
   char magic[8];
   std::uint32_t version;
   std::uint32_t header_bytes;
-  std::int64_t layers, n_kv_heads, head_dim, capacity;
-  std::int32_t key_bits, value_bits;
-  std::uint64_t seed;
+  TqCacheConfig config;
 };
+static_assert(std::is_trivially_copyable_v<TqCacheConfig> && sizeof(TqCacheConfig) == 48,
+              "the file header stores TqCacheConfig's bytes: a change to it changes the file format");
 
-TqLayout layout_of(const TqCacheConfig& c) {
-  TqLayout l;
-  l.head_dim = c.head_dim;
-  l.n_kv_heads = c.n_kv_heads;
-  l.capacity = c.capacity;
-  l.key_bits = c.key_bits;
-  l.value_bits = c.value_bits;
-  return l;
-}
+// A buffer in the backend's memory that grows to the largest request and is kept.
+struct GrowingBuffer {
+  std::optional<core::BackendBuffer> buffer;
+  void* at_least(Backend& backend, std::size_t bytes) {
+    if (!buffer || buffer->bytes() < bytes) {
+      buffer.reset();  // the old one first: a device may not hold both
+      buffer.emplace(backend, bytes);
+    }
+    return buffer->get();
+  }
+};
 
 }  // namespace
 
+struct TqKvCache::Storage {
+  std::vector<core::BackendBuffer> keys, values;  // one per layer
+  GrowingBuffer scratch, workspace;
+};
+
 TqKvCache::TqKvCache(const TqCacheConfig& config, Backend* backend)
-    : config_(config), layout_(layout_of(config)), backend_(backend ? backend : &default_backend()) {
+    : config_(config), backend_(backend ? backend : &default_backend()), storage_(std::make_unique<Storage>()) {
   if (config.layers < 1) throw Error("layers", "must be >= 1");
-  core::validate_tq_layout(layout_);
-  if (backend_->memory() != Memory::host) {
-    throw Error("backend", "TqKvCache keeps its words in host memory; '" + backend_->name() + "' works on device memory");
+  const TqLayout& layout = config.layout;
+  core::validate_tq_layout(layout);
+  if (!backend_->available()) {
+    throw Error("backend", "'" + backend_->name() + "' is not available here: " + backend_->unavailable_reason());
   }
+  if (auto why = backend_->unsupported(layout)) throw Error("backend", backend_->name() + ": " + *why);
+  const std::vector<std::uint32_t> zero_keys(std::size_t(layout.key_words()), 0u),
+      zero_values(std::size_t(layout.value_words()), 0u);
   for (std::int64_t layer = 0; layer < config.layers; ++layer) {
-    tables_.push_back(make_tq_tables(layout_, config.seed, layer));
-    keys_.emplace_back(std::size_t(layout_.key_words()), 0u);
-    values_.emplace_back(std::size_t(layout_.value_words()), 0u);
+    tables_.push_back(make_tq_tables(layout, config.seed, layer));
+    storage_->keys.emplace_back(*backend_, zero_keys);
+    storage_->values.emplace_back(*backend_, zero_values);
   }
   length_.assign(std::size_t(config.layers), 0);
 }
+
+TqKvCache::~TqKvCache() = default;
+TqKvCache::TqKvCache(TqKvCache&&) noexcept = default;
+TqKvCache& TqKvCache::operator=(TqKvCache&&) noexcept = default;
 
 void TqKvCache::check_layer(std::int64_t layer) const {
   if (layer < 0 || layer >= config_.layers) {
@@ -61,42 +83,51 @@ void TqKvCache::check_layer(std::int64_t layer) const {
 void TqKvCache::append(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {
   check_layer(layer);
   if (k.shape != v.shape) throw Error("v", "must have the same shape as k");
-  TqEncodeArgs ka{layout_, tables_[std::size_t(layer)], k, start_pos, keys_[std::size_t(layer)].data(), nullptr};
-  TqEncodeArgs va{layout_, tables_[std::size_t(layer)], v, start_pos, values_[std::size_t(layer)].data(), nullptr};
+  const TqTables& tables = tables_[std::size_t(layer)];
+  auto* keys = static_cast<std::uint32_t*>(storage_->keys[std::size_t(layer)].get());
+  auto* values = static_cast<std::uint32_t*>(storage_->values[std::size_t(layer)].get());
   // Both validated before either is written, so a rejected call leaves the cache unchanged.
-  ka = core::validate_tq_encode(*backend_, ka);
-  va = core::validate_tq_encode(*backend_, va);
-  backend_->tq_encode_keys(ka);
-  backend_->tq_encode_values(va);
+  const TqEncodeCall ka = core::validate_tq_encode(*backend_, {tables, k, start_pos, keys, stream_}, true);
+  const TqEncodeCall va = core::validate_tq_encode(*backend_, {tables, v, start_pos, values, stream_}, false);
+  backend_->tq_encode(ka);
+  backend_->tq_encode(va);
   length_[std::size_t(layer)] = std::max(length_[std::size_t(layer)], start_pos + k.shape[1]);
 }
 
 void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out) {
   check_layer(layer);
   const std::int64_t n = q.shape[1], heads = q.shape[2];
-  if (start_pos < 0 || n < 1 || start_pos + n > length_[std::size_t(layer)]) {
-    throw Error("start_pos", "query rows " + std::to_string(start_pos) + ".." + std::to_string(start_pos + n - 1) +
-                                 " must lie within the " + std::to_string(length_[std::size_t(layer)]) +
+  if (n < 1 || heads < 1) throw Error("q", "must have at least one query row and one head");
+  const std::int64_t length = length_[std::size_t(layer)];
+  if (start_pos < 0 || start_pos > length - n) {
+    throw Error("start_pos", "query rows from " + std::to_string(start_pos) + " (" + std::to_string(n) +
+                                 " of them) must lie within the " + std::to_string(length) +
                                  " timesteps appended to this layer");
   }
-  scratch_.resize(std::size_t(tq_scratch_floats(n, heads, layout_.head_dim)));
-  TqRotateArgs r{tables_[std::size_t(layer)], q, n, scratch_.data(), nullptr};
+  const std::int64_t floats = core::checked_mul(core::checked_mul(n, heads, "q"), 2 * config_.layout.head_dim + 1, "q");
+  float* scratch = static_cast<float*>(storage_->scratch.at_least(*backend_, std::size_t(floats) * sizeof(float)));
+  const TqTables& tables = tables_[std::size_t(layer)];
   TqAttendArgs a;
-  a.layout = layout_;
-  a.tables = tables_[std::size_t(layer)];
-  a.scratch = scratch_.data();
+  a.tables = tables;
+  a.scratch = scratch;
   a.q_cap = n;
   a.n_heads = heads;
   a.n_queries = n;
   a.start_pos = start_pos;
   a.max_seq = start_pos + n;
-  a.k_cache = keys_[std::size_t(layer)].data();
-  a.v_cache = values_[std::size_t(layer)].data();
+  a.k_cache = static_cast<const std::uint32_t*>(storage_->keys[std::size_t(layer)].get());
+  a.v_cache = static_cast<const std::uint32_t*>(storage_->values[std::size_t(layer)].get());
   a.out = out;
-  r = core::validate_tq_rotate(*backend_, r);
-  a = core::validate_tq_attend(*backend_, a);
-  backend_->tq_rotate_queries(r);
-  backend_->tq_attend(a);
+  a.stream = stream_;
+  const TqRotateCall rotate = core::validate_tq_rotate(*backend_, {tables, q, n, scratch, stream_});
+  const std::size_t need = backend_->tq_attend_workspace(core::validate_tq_attend(*backend_, a, false));
+  if (need > 0) {
+    a.workspace = storage_->workspace.at_least(*backend_, need);
+    a.workspace_bytes = need;
+  }
+  const TqAttendCall attend = core::validate_tq_attend(*backend_, a);
+  backend_->tq_rotate_queries(rotate);
+  backend_->tq_attend(attend);
 }
 
 std::int64_t TqKvCache::length(std::int64_t layer) const {
@@ -105,21 +136,21 @@ std::int64_t TqKvCache::length(std::int64_t layer) const {
 }
 
 std::int64_t TqKvCache::bytes_per_token() const {
-  return layout_.bytes_per_token_per_head() * config_.n_kv_heads * config_.layers;
+  return config_.layout.bytes_per_token_per_head() * config_.layout.n_kv_heads * config_.layers;
 }
 
 std::int64_t TqKvCache::memory_bytes() const {
-  return 4 * (layout_.key_words() + layout_.value_words()) * config_.layers;
+  return 4 * (config_.layout.key_words() + config_.layout.value_words()) * config_.layers;
 }
 
-const std::vector<std::uint32_t>& TqKvCache::key_words(std::int64_t layer) const {
+std::vector<std::uint32_t> TqKvCache::key_words(std::int64_t layer) const {
   check_layer(layer);
-  return keys_[std::size_t(layer)];
+  return storage_->keys[std::size_t(layer)].read<std::uint32_t>();
 }
 
-const std::vector<std::uint32_t>& TqKvCache::value_words(std::int64_t layer) const {
+std::vector<std::uint32_t> TqKvCache::value_words(std::int64_t layer) const {
   check_layer(layer);
-  return values_[std::size_t(layer)];
+  return storage_->values[std::size_t(layer)].read<std::uint32_t>();
 }
 
 void TqKvCache::save(const std::string& path) const {
@@ -129,18 +160,11 @@ void TqKvCache::save(const std::string& path) const {
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.version = kFileVersion;
   h.header_bytes = sizeof(FileHeader);
-  h.layers = config_.layers;
-  h.n_kv_heads = config_.n_kv_heads;
-  h.head_dim = config_.head_dim;
-  h.capacity = config_.capacity;
-  h.key_bits = config_.key_bits;
-  h.value_bits = config_.value_bits;
-  h.seed = config_.seed;
+  h.config = config_;
   f.write(reinterpret_cast<const char*>(&h), sizeof h);
   f.write(reinterpret_cast<const char*>(length_.data()), std::streamsize(length_.size() * sizeof(std::int64_t)));
   for (std::int64_t layer = 0; layer < config_.layers; ++layer) {
-    const auto& k = keys_[std::size_t(layer)];
-    const auto& v = values_[std::size_t(layer)];
+    const std::vector<std::uint32_t> k = key_words(layer), v = value_words(layer);
     f.write(reinterpret_cast<const char*>(k.data()), std::streamsize(k.size() * 4));
     f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));
   }
@@ -161,7 +185,7 @@ TqKvCache TqKvCache::load(const std::string& path, Backend* backend) {
     throw Error("path", "'" + path + "' has file version " + std::to_string(h.version) + "; this build reads version " +
                             std::to_string(kFileVersion));
   }
-  TqCacheConfig c{h.layers, h.n_kv_heads, h.head_dim, h.capacity, h.key_bits, h.value_bits, h.seed};
+  const TqCacheConfig& c = h.config;
   TqKvCache cache(c, backend);  // validates the header's configuration
   const std::int64_t expected = std::int64_t(sizeof h) + 8 * c.layers + cache.memory_bytes();
   if (file_bytes != expected) {
@@ -170,15 +194,16 @@ TqKvCache TqKvCache::load(const std::string& path, Backend* backend) {
   }
   f.read(reinterpret_cast<char*>(cache.length_.data()), std::streamsize(8 * c.layers));
   for (std::int64_t layer = 0; layer < c.layers; ++layer) {
-    if (cache.length_[std::size_t(layer)] < 0 || cache.length_[std::size_t(layer)] > c.capacity) {
+    if (cache.length_[std::size_t(layer)] < 0 || cache.length_[std::size_t(layer)] > c.layout.capacity) {
       throw Error("path", "'" + path + "' has a layer length outside [0, capacity]");
     }
-    auto& k = cache.keys_[std::size_t(layer)];
-    auto& v = cache.values_[std::size_t(layer)];
+    std::vector<std::uint32_t> k(std::size_t(c.layout.key_words())), v(std::size_t(c.layout.value_words()));
     f.read(reinterpret_cast<char*>(k.data()), std::streamsize(k.size() * 4));
     f.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4));
+    if (!f) throw Error("path", "reading '" + path + "' failed");
+    cache.storage_->keys[std::size_t(layer)].write(k);
+    cache.storage_->values[std::size_t(layer)].write(v);
   }
-  if (!f) throw Error("path", "reading '" + path + "' failed");
   return cache;
 }
 

@@ -1,4 +1,4 @@
-// Dense attention written straight from SPEC §1 with the whole score matrix materialised: the
+// Dense attention written straight from docs/spec.md §1 with the whole score matrix materialised: the
 // independent formula the oracle is tested against.
 #pragma once
 
@@ -54,7 +54,8 @@ inline BruteForce brute_force_attention(const DenseProblem& p, const std::vector
         for (std::int64_t j = 0; j < Sk; ++j) {
           double w = std::exp(s_at(b, h, i, j) - m) / l;
           if (p.dropout_p > 0) {
-            const bool keep = core::hash3(std::uint32_t(b * H + h), std::uint32_t(i), std::uint32_t(j) + p.seed) >= p.dropout_p;
+            const bool keep =
+                core::hash3(std::uint32_t(b * H + h), std::uint32_t(i), std::uint32_t(j) + p.seed) >= p.dropout_p;
             w = keep ? w / (1.0 - p.dropout_p) : 0.0;
           }
           const std::int64_t hk = h / (H / Hkv);

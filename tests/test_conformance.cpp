@@ -1,5 +1,5 @@
 // The conformance suite, parameterised over every available backend: fresh random cases of every
-// operation compared with the oracle at SPEC §3 tolerances. A backend plugs in by registering.
+// operation compared with the oracle at docs/spec.md §3 tolerances. A backend plugs in by registering.
 #include <gtest/gtest.h>
 
 #include <ostream>
@@ -7,6 +7,7 @@
 
 #include "conformance/conformance.hpp"
 #include "flashtq/flashtq.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
@@ -40,12 +41,14 @@ class Conformance : public ::testing::TestWithParam<SuiteCase> {
     EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " "
                           << r.detail;
   }
-  std::mt19937_64 rng{std::random_device{}()};
+  std::mt19937_64 rng = test_rng();
 };
 
 TEST_P(Conformance, DenseForwardAndBackward) {
   Backend& b = under_test();
-  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) " << b.unavailable_reason();
+  if (!b.available())
+    GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) "
+                 << b.unavailable_reason();
   const auto c = conformance::draw_dense_case(rng, b);
   expect_pass(conformance::check_forward(b, c));
   expect_pass(conformance::check_backward(b, c));
@@ -53,13 +56,17 @@ TEST_P(Conformance, DenseForwardAndBackward) {
 
 TEST_P(Conformance, DropoutBitExact) {
   Backend& b = under_test();
-  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) " << b.unavailable_reason();
+  if (!b.available())
+    GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) "
+                 << b.unavailable_reason();
   expect_pass(conformance::check_dropout(b, std::uint32_t(rng()), 0.05f + 0.07f * float(GetParam().index)));
 }
 
 TEST_P(Conformance, TurboQuantEncodeRotateAttend) {
   Backend& b = under_test();
-  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) " << b.unavailable_reason();
+  if (!b.available())
+    GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) "
+                 << b.unavailable_reason();
   const auto c = conformance::draw_tq_case(rng, b);
   expect_pass(conformance::check_tq_encode(b, c));
   expect_pass(conformance::check_tq_rotate(b, c));
@@ -68,13 +75,14 @@ TEST_P(Conformance, TurboQuantEncodeRotateAttend) {
 
 TEST_P(Conformance, TurboQuantDecodeShapes) {
   Backend& b = under_test();
-  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) " << b.unavailable_reason();
+  if (!b.available())
+    GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) "
+                 << b.unavailable_reason();
   expect_pass(conformance::check_tq_attend(b, conformance::draw_tq_decode_case(rng)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(suite_cases()),
                          [](const auto& info) { return info.param.backend + "_" + std::to_string(info.param.index); });
-
 
 // A few hundred rows and keys: several tiles, row blocks and pipeline stages of the tiled kernels,
 // with every feature drawn (conformance cases above stay within one or two tiles).
@@ -84,11 +92,13 @@ TEST_P(LongSequences, DenseForwardAndBackward) {
   Backend* b = nullptr;
   for (Backend* x : all_backends())
     if (x->name() == GetParam().backend) b = x;
-  if (!b->available()) GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
-  std::mt19937_64 rng{std::random_device{}()};
+  if (!b->available())
+    GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
+  std::mt19937_64 rng = test_rng();
   const auto c = conformance::draw_long_dense_case(rng, *b);
   for (const auto& r : {conformance::check_forward(*b, c), conformance::check_backward(*b, c)}) {
-    EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " " << r.detail;
+    EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " "
+                          << r.detail;
   }
 }
 
@@ -102,15 +112,16 @@ INSTANTIATE_TEST_SUITE_P(Backends, LongSequences, ::testing::ValuesIn([] {
 
 // Thousands of keys per row: error that grows with the key count shows only here (the suites above
 // stay under ~500 keys). The cuda f32 forward's default path once accumulated O in tensor-core
-// accumulators, which truncate: 1e-4 at 16k keys against SPEC's 1e-5.
+// accumulators, which truncate: 1e-4 at 16k keys against docs/spec.md §3's 1e-5.
 class LongKeyRanges : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LongKeyRanges, F32Forward) {
   Backend* b = nullptr;
   for (Backend* x : all_backends())
     if (x->name() == GetParam()) b = x;
-  if (!b->available()) GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
-  std::mt19937_64 rng{std::random_device{}()};
+  if (!b->available())
+    GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
+  std::mt19937_64 rng = test_rng();
   conformance::DenseCase c;
   c.B = 1;
   c.H = c.Hkv = 1;
@@ -118,12 +129,14 @@ TEST_P(LongKeyRanges, F32Forward) {
   c.Sq = 40;
   c.Sk = 16389;  // a ragged last tile
   c.dtype = DType::f32;
-  if (const auto why = b->unsupported(c.shape())) GTEST_SKIP() << "backend '" << b->name() << "' refuses this shape: " << *why;
+  if (const auto why = b->unsupported(c.shape()))
+    GTEST_SKIP() << "backend '" << b->name() << "' refuses this shape: " << *why;
   for (bool pedantic : {false, true}) {  // cuda: error-compensated TF32, then FFMA
     c.pedantic = pedantic;
     c.data_seed = rng();
     const auto r = conformance::check_forward(*b, c);
-    EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " " << r.detail;
+    EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " "
+                          << r.detail;
   }
 }
 
@@ -142,14 +155,15 @@ TEST_P(LargeGrids, TurboQuantRowsAndDenseHeads) {
   Backend* b = nullptr;
   for (Backend* x : all_backends())
     if (x->name() == GetParam()) b = x;
-  if (!b->available()) GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
-  std::mt19937_64 rng{std::random_device{}()};
+  if (!b->available())
+    GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
+  std::mt19937_64 rng = test_rng();
   auto expect_pass = [](const conformance::CheckResult& r) {
     EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " " << r.detail;
   };
   conformance::TqCase tq;
-  tq.D = 32;
-  tq.tokens = tq.capacity = 70004;
+  tq.layout.head_dim = 32;
+  tq.tokens = tq.layout.capacity = 70004;
   tq.n_queries = 70000;
   tq.max_seq = 4;
   tq.seed = rng();

@@ -18,8 +18,8 @@ TEST(Half, F16RoundsToNearestEven) {
   EXPECT_EQ(f32_to_f16(65519.0f), 0x7BFF);
   EXPECT_EQ(f32_to_f16(65520.0f), 0x7C00);  // rounds to infinity
   EXPECT_EQ(f32_to_f16(1e-8f), 0x0000);
-  EXPECT_EQ(f32_to_f16(6e-8f), 0x0001);     // smallest subnormal
-  EXPECT_EQ(f32_to_f16(3e-5f), 0x01F7);     // subnormal
+  EXPECT_EQ(f32_to_f16(6e-8f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(f32_to_f16(3e-5f), 0x01F7);  // subnormal
   EXPECT_EQ(f32_to_f16(0.1f), 0x2E66);
   EXPECT_EQ(f32_to_f16(-2.5f), 0xC100);
   EXPECT_EQ(f32_to_f16(1.0f + 0x1p-11f), 0x3C00);      // tie to even (down)
@@ -68,7 +68,8 @@ TEST_P(DropoutRate, KeepRateWithinFourSigma) {
   const float p = GetParam();
   const int n = 200000;
   int kept = 0;
-  for (int i = 0; i < n; ++i) kept += dropout_keep(p, 1234u, std::uint32_t(i % 7), std::uint32_t(i / 997), std::uint32_t(i % 997));
+  for (int i = 0; i < n; ++i)
+    kept += dropout_keep(p, 1234u, std::uint32_t(i % 7), std::uint32_t(i / 997), std::uint32_t(i % 997));
   const double sigma = std::sqrt(n * p * (1 - p));
   EXPECT_NEAR(kept, n * (1 - p), 4 * sigma);
 }

@@ -6,6 +6,7 @@
 
 #include "conformance/host_tensor.hpp"
 #include "reference/dense.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
@@ -22,7 +23,7 @@ class OracleBackward : public ::testing::TestWithParam<GradCase> {};
 
 TEST_P(OracleBackward, MatchesCentralFiniteDifferences) {
   const GradCase gc = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   DenseProblem p;
   p.B = 2;
   p.Sq = 5;
@@ -48,8 +49,8 @@ TEST_P(OracleBackward, MatchesCentralFiniteDifferences) {
     for (double& e : x) e = n(rng);
     return x;
   };
-  std::vector<double> q = draw(p.B * p.Sq * p.H * p.D), k = draw(p.B * p.Sk * p.Hkv * p.D), v = draw(std::int64_t(k.size())),
-                      dout = draw(std::int64_t(q.size()));
+  std::vector<double> q = draw(p.B * p.Sq * p.H * p.D), k = draw(p.B * p.Sk * p.Hkv * p.D),
+                      v = draw(std::int64_t(k.size())), dout = draw(std::int64_t(q.size()));
   std::vector<double> out(q.size()), lse(std::size_t(p.B * p.H * p.Sq));
   auto loss = [&]() {
     reference::dense_forward(p, q.data(), k.data(), v.data(), out.data(), lse.data());
@@ -81,15 +82,15 @@ TEST_P(OracleBackward, MatchesCentralFiniteDifferences) {
   EXPECT_LE(conformance::relative_error(numeric(v), dv, detail), 1e-6) << "dv " << detail;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Features, OracleBackward,
-    ::testing::Values(GradCase{"plain", 2, 2, 8, false, false, 0, 0.0f}, GradCase{"gqa", 4, 2, 8, false, false, 0, 0.0f},
-                      GradCase{"mqa_causal", 3, 1, 17, true, false, 0, 0.0f},
-                      GradCase{"dropout", 2, 2, 8, false, false, 0, 0.3f},
-                      GradCase{"dropout_gqa", 4, 1, 8, true, true, 0, 0.2f},
-                      GradCase{"mask_window", 2, 1, 5, true, true, 3, 0.0f},
-                      GradCase{"window_not_causal", 2, 2, 8, false, false, 2, 0.1f}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Features, OracleBackward,
+                         ::testing::Values(GradCase{"plain", 2, 2, 8, false, false, 0, 0.0f},
+                                           GradCase{"gqa", 4, 2, 8, false, false, 0, 0.0f},
+                                           GradCase{"mqa_causal", 3, 1, 17, true, false, 0, 0.0f},
+                                           GradCase{"dropout", 2, 2, 8, false, false, 0, 0.3f},
+                                           GradCase{"dropout_gqa", 4, 1, 8, true, true, 0, 0.2f},
+                                           GradCase{"mask_window", 2, 1, 5, true, true, 3, 0.0f},
+                                           GradCase{"window_not_causal", 2, 2, 8, false, false, 2, 0.1f}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace flashtq

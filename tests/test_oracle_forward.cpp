@@ -9,6 +9,7 @@
 #include "conformance/host_tensor.hpp"
 #include "flashtq/flashtq.hpp"
 #include "reference/dense.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
@@ -22,7 +23,8 @@ struct FeatureCase {
 };
 
 std::string name_of(const ::testing::TestParamInfo<FeatureCase>& info) {
-  return "case" + std::to_string(info.param.index) + "_D" + std::to_string(info.param.D) + "_" + dtype_name(info.param.dtype);
+  return "case" + std::to_string(info.param.index) + "_D" + std::to_string(info.param.D) + "_" +
+         dtype_name(info.param.dtype);
 }
 
 std::vector<FeatureCase> feature_matrix() {
@@ -41,7 +43,7 @@ class OracleForward : public ::testing::TestWithParam<FeatureCase> {};
 // broadcast pattern and dropout all occur), sizes and data are fresh random draws.
 TEST_P(OracleForward, MatchesBruteForce) {
   const FeatureCase fc = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   const int i = fc.index;
   const std::int64_t B = 1 + i % 2, Hkv = 1 + (i / 2) % 2, H = Hkv * (std::int64_t(1) << (i % 3));
   const std::int64_t Sq = std::uniform_int_distribution<std::int64_t>(1, 20)(rng);
@@ -66,7 +68,8 @@ TEST_P(OracleForward, MatchesBruteForce) {
     }
     mask.resize(std::size_t(stride));
     std::normal_distribution<float> n(0, 1);
-    for (std::size_t m = 0; m < mask.size(); ++m) mask[m] = (m % 7 == 3) ? -std::numeric_limits<float>::infinity() : n(rng);
+    for (std::size_t m = 0; m < mask.size(); ++m)
+      mask[m] = (m % 7 == 3) ? -std::numeric_limits<float>::infinity() : n(rng);
     params.mask = mask.data();
     params.mask_elements = std::int64_t(mask.size());
   }
@@ -86,7 +89,12 @@ TEST_P(OracleForward, MatchesBruteForce) {
   attention_forward(ref, {q.view, k.view, v.view, out.view, lse.data()}, params);
 
   DenseProblem p;
-  p.B = B; p.Sq = Sq; p.Sk = Sk; p.H = H; p.Hkv = Hkv; p.D = fc.D;
+  p.B = B;
+  p.Sq = Sq;
+  p.Sk = Sk;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.D = fc.D;
   p.scale = float(1.0 / std::sqrt(double(fc.D)));
   p.causal = params.causal;
   p.causal_offset = params.causal_offset.value_or(Sk - Sq);
@@ -107,7 +115,8 @@ TEST_P(OracleForward, MatchesBruteForce) {
   // Through the public API the output is rounded into the dtype.
   const double tol = fc.dtype == DType::f32 ? 1e-6 : fc.dtype == DType::f16 ? 1e-3 : 8e-3;
   EXPECT_LE(conformance::relative_error(expect.out, out.values(), detail), tol) << detail;
-  EXPECT_LE(conformance::relative_error(expect.lse, std::vector<double>(lse.begin(), lse.end()), detail), 1e-6) << detail;
+  EXPECT_LE(conformance::relative_error(expect.lse, std::vector<double>(lse.begin(), lse.end()), detail), 1e-6)
+      << detail;
   for (double x : out.values()) ASSERT_FALSE(std::isnan(x));
 }
 
@@ -118,7 +127,7 @@ TEST(OracleForward, RowsThatSeeNoKeyWriteZeroAndMinusInfinity) {
   // -inf mask row sees nothing either.
   const std::int64_t Sq = 6, Sk = 5, D = 8;
   HostTensor q({1, Sq, 1, D}, DType::f32, false), k({1, Sk, 1, D}, DType::f32, false), v(k);
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   q.fill_normal(rng);
   k.fill_normal(rng);
   v.fill_normal(rng);

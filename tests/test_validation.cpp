@@ -1,4 +1,4 @@
-// Every bad input of SPEC §4 is rejected with the library error naming the argument, before any
+// Every bad input of docs/spec.md §4 is rejected with the library error naming the argument, before any
 // output is written.
 #include <gtest/gtest.h>
 
@@ -25,7 +25,9 @@ struct Dense {
   std::vector<float> mask = std::vector<float>(4 * 6, 0.0f);
   AttentionParams params;
   ForwardArgs fwd() { return {q.view, k.view, v.view, out.view, lse.data(), nullptr}; }
-  BackwardArgs bwd() { return {q.view, k.view, v.view, out.view, dout.view, lse.data(), dq.view, dk.view, dv.view, nullptr}; }
+  BackwardArgs bwd() {
+    return {q.view, k.view, v.view, out.view, dout.view, lse.data(), dq.view, dk.view, dv.view, nullptr};
+  }
 };
 
 struct BadDense {

@@ -7,12 +7,15 @@
 #include <random>
 
 #include "core/visibility.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
 
 DenseProblem random_problem(std::mt19937_64& rng) {
-  auto range = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  auto range = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
   DenseProblem p;
   p.Sq = range(1, 90);
   p.Sk = range(1, 90);
@@ -23,10 +26,12 @@ DenseProblem random_problem(std::mt19937_64& rng) {
 }
 
 TEST(Visibility, RangesHoldEveryVisiblePairAndFullTilesAreFull) {
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   for (int trial = 0; trial < 400; ++trial) {
     const DenseProblem p = random_problem(rng);
-    auto range = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+    auto range = [&](std::int64_t lo, std::int64_t hi) {
+      return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+    };
     const std::int64_t i0 = range(0, p.Sq - 1), i1 = range(i0 + 1, p.Sq);
     const std::int64_t j0 = range(0, p.Sk - 1), j1 = range(j0 + 1, p.Sk);
     const core::KeyRange keys = core::key_range(p, i0, i1), rows = core::row_range(p, j0, j1);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "flashtq/flashtq.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
@@ -21,14 +22,14 @@ Backend* webgpu_or_skip() {
   return nullptr;
 }
 
-#define REQUIRE_WEBGPU(b)                                                                        \
-  Backend* b = webgpu_or_skip();                                                                 \
+#define REQUIRE_WEBGPU(b)        \
+  Backend* b = webgpu_or_skip(); \
   if (!b) GTEST_SKIP() << "the webgpu backend is not built or has no adapter here"
 
 TEST(WebGpuMemory, ViewsAtOffsetsInsideOneAllocation) {
   REQUIRE_WEBGPU(gpu);
   const std::int64_t B = 1, S = 37, H = 2, D = 32, n = B * S * H * D, pad = 5;  // odd offsets of f32 elements
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng = test_rng();
   std::normal_distribution<float> dist(0, 1);
   std::vector<float> host(std::size_t(3 * (n + pad)));
   for (float& x : host) x = dist(rng);
@@ -45,7 +46,8 @@ TEST(WebGpuMemory, ViewsAtOffsetsInsideOneAllocation) {
   gpu->release(base);
   auto hview = [&](float* p) { return TensorView::bshd(p, DType::f32, B, S, H, D); };
   float* h = host.data();
-  attention_forward(backend("reference"), {hview(h + pad), hview(h + 2 * pad + n), hview(h + 3 * pad + 2 * n), hview(want.data())},
+  attention_forward(backend("reference"),
+                    {hview(h + pad), hview(h + 2 * pad + n), hview(h + 3 * pad + 2 * n), hview(want.data())},
                     AttentionParams{});
   double err = 0, ref = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -61,8 +63,9 @@ TEST(WebGpuMemory, ForeignAndOverrunningAddressesAreErrors) {
   float* buf = static_cast<float*>(gpu->allocate(std::size_t(4 * n) * 4));
   auto view = [&](float* p) { return TensorView::bshd(p, DType::f32, B, S, H, D, Memory::webgpu); };
   // q runs 1 element past the end of the allocation
-  EXPECT_THROW(attention_forward(*gpu, {view(buf + 3 * n + 1), view(buf), view(buf + n), view(buf + 2 * n)}, AttentionParams{}),
-               Error);
+  EXPECT_THROW(
+      attention_forward(*gpu, {view(buf + 3 * n + 1), view(buf), view(buf + n), view(buf + 2 * n)}, AttentionParams{}),
+      Error);
   std::vector<float> host(static_cast<std::size_t>(n));  // host memory labelled as webgpu memory
   try {
     attention_forward(*gpu, {view(host.data()), view(buf), view(buf + n), view(buf + 2 * n)}, AttentionParams{});
@@ -84,7 +87,8 @@ namespace {
 TEST(WebGpuLavapipe, RefusesKeyLoopsBeyondTheLoopLimit) {
   Backend* gpu = webgpu_or_skip();
   if (!gpu) GTEST_SKIP() << "the webgpu backend is not built or has no adapter here";
-  if (gpu->description().find("llvmpipe") == std::string::npos) GTEST_SKIP() << "not on llvmpipe: " << gpu->description();
+  if (gpu->description().find("llvmpipe") == std::string::npos)
+    GTEST_SKIP() << "not on llvmpipe: " << gpu->description();
   DenseProblem p;
   p.B = 1;
   p.H = p.Hkv = 1;

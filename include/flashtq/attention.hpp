@@ -1,4 +1,4 @@
-// Dense (exact) attention: forward with optional LSE, and backward. Semantics: docs/numerics.md.
+// Dense (exact) attention: forward with optional LSE, and backward. Semantics: docs/spec.md §1.
 #pragma once
 
 #include <array>
@@ -30,22 +30,22 @@ struct AttentionParams {
   // Dropout probability in [0, 1); decisions come from hash3 (bit-identical on every backend).
   float dropout_p = 0.0f;
   std::uint32_t seed = 0;
-  // f32 inputs only: allow the forward's products on TF32 tensor cores (10-bit mantissas; SPEC §3
+  // f32 inputs only: allow the forward's products on TF32 tensor cores (10-bit mantissas; docs/spec.md §3
   // bounds the error at 2e-3 instead of 1e-5). The cuda backend takes it; others stay exact.
   bool allow_tf32 = false;
   // f32 inputs only, without allow_tf32: the forward's products in f32 FMAs only (cuBLAS's
   // PEDANTIC_MATH). By default the cuda backend may run them as error-compensated TF32 (three
-  // tensor-core products per multiply, f32 accuracy: SPEC's 1e-5), as PyTorch's efficient attention
+  // tensor-core products per multiply, f32 accuracy: docs/spec.md §3's 1e-5), as PyTorch's efficient attention
   // does; other backends always use f32 FMAs.
   bool pedantic_f32 = false;
 };
 
 struct ForwardArgs {
-  TensorView q;    // [B, Sq, H, D]
-  TensorView k;    // [B, Sk, Hkv, D]
-  TensorView v;    // [B, Sk, Hkv, D]
-  TensorView out;  // [B, Sq, H, D], q's dtype
-  float* lse = nullptr;  // optional [B, H, Sq] contiguous, natural log
+  TensorView q;            // [B, Sq, H, D]
+  TensorView k;            // [B, Sk, Hkv, D]
+  TensorView v;            // [B, Sk, Hkv, D]
+  TensorView out;          // [B, Sq, H, D], q's dtype
+  float* lse = nullptr;    // optional [B, H, Sq] contiguous, natural log
   void* stream = nullptr;  // backend stream (cudaStream_t for cuda); null = default
 };
 

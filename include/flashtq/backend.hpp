@@ -1,4 +1,4 @@
-// The backend interface and registry. A backend computes what SPEC.md defines on memory of one
+// The backend interface and registry. A backend computes what docs/spec.md defines on memory of one
 // kind; it receives only calls that the validator has accepted.
 #pragma once
 
@@ -31,6 +31,9 @@ class Backend {
   // Threads a host backend uses (0 = all cores); device backends ignore it.
   virtual void set_threads(int) {}
   virtual int threads() const { return 1; }
+  // For benchmarks' rooflines: the f32 FMA rate (FLOP/s) the backend's threads reach on a tight loop
+  // of independent FMAs (the median of a few runs); 0 where the backend has no such probe.
+  virtual double measure_fma_flops() { return 0; }
 
   // Memory of this backend's kind, used by tools and the conformance suite.
   virtual void* allocate(std::size_t bytes) = 0;
@@ -41,12 +44,11 @@ class Backend {
 
   virtual void forward(const ForwardCall& call) = 0;
   virtual void backward(const BackwardCall& call) = 0;
-  virtual void tq_encode_keys(const TqEncodeArgs& call) = 0;
-  virtual void tq_encode_values(const TqEncodeArgs& call) = 0;
-  virtual void tq_rotate_queries(const TqRotateArgs& call) = 0;
-  virtual void tq_attend(const TqAttendArgs& call) = 0;
+  virtual void tq_encode(const TqEncodeCall& call) = 0;  // keys or values: call.keys
+  virtual void tq_rotate_queries(const TqRotateCall& call) = 0;
+  virtual void tq_attend(const TqAttendCall& call) = 0;
   // Workspace bytes tq_attend needs for a validated call.
-  virtual std::size_t tq_attend_workspace(const TqAttendArgs&) const { return 0; }
+  virtual std::size_t tq_attend_workspace(const TqAttendCall&) const { return 0; }
 };
 
 // Every compiled-in backend, available or not, in a fixed order (reference first).

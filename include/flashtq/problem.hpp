@@ -1,6 +1,6 @@
 // Low-level, validated descriptions of one call: what every backend receives. They are produced
 // only by the validator (src/core/validate.cpp) from the public arguments; all defaults are
-// resolved (scale, causal_offset) and every size is known to fit in 64 bits.
+// resolved (scale, causal_offset, max_seq, q_cap) and every size is known to fit in 64 bits.
 #pragma once
 
 #include <array>
@@ -8,8 +8,21 @@
 
 #include "flashtq/config.hpp"
 #include "flashtq/tensor.hpp"
+#include "flashtq/turboquant.hpp"
 
 namespace flashtq {
+
+namespace core {
+struct Validator;
+}
+
+// Proof that a call came out of the validator: only core::Validator can make one, and every call
+// type below is constructed from one, so a backend's compute methods cannot be reached with
+// arguments the validator has not seen. Calls copy freely.
+class Validated {
+  Validated() = default;
+  friend struct core::Validator;
+};
 
 struct DenseProblem {
   std::int64_t B = 0, Sq = 0, Sk = 0, H = 0, Hkv = 0, D = 0;
@@ -22,13 +35,14 @@ struct DenseProblem {
   std::array<std::int64_t, 4> mask_strides{};
   float dropout_p = 0.0f;
   std::uint32_t seed = 0;
-  bool tf32 = false;  // f32 products may run on TF32 tensor cores (AttentionParams::allow_tf32)
+  bool tf32 = false;      // f32 products may run on TF32 tensor cores (AttentionParams::allow_tf32)
   bool pedantic = false;  // f32 products in f32 FMAs only (AttentionParams::pedantic_f32, without tf32)
 
   FLASHTQ_HOST_DEVICE std::int64_t group() const { return H / Hkv; }  // query heads per kv head
 };
 
 struct ForwardCall {
+  explicit ForwardCall(Validated) {}
   DenseProblem p;
   TensorView q, k, v, out;
   float* lse = nullptr;
@@ -36,10 +50,60 @@ struct ForwardCall {
 };
 
 struct BackwardCall {
+  explicit BackwardCall(Validated) {}
   DenseProblem p;
   TensorView q, k, v, out, dout, dq, dk, dv;
   const float* lse = nullptr;
   void* stream = nullptr;
+};
+
+// Encode of T rows of keys or values into timesteps start_pos .. start_pos + T - 1.
+struct TqEncodeCall {
+  explicit TqEncodeCall(Validated) {}
+  TqTables tables;  // tables.layout is the cache's layout
+  bool keys = true;
+  TensorView x;  // [1, T, n_kv_heads, head_dim]
+  std::int64_t start_pos = 0;
+  std::uint32_t* cache = nullptr;
+  void* stream = nullptr;
+
+  const TqLayout& layout() const { return tables.layout; }
+  std::int64_t tokens() const { return x.shape[1]; }
+};
+
+// Rotation of q [batch, n_queries, n_heads, head_dim] into scratch rows b * n_queries + j.
+struct TqRotateCall {
+  explicit TqRotateCall(Validated) {}
+  TqTables tables;
+  TensorView q;
+  TqScratchLayout scratch_layout;  // rows = q_cap
+  float* scratch = nullptr;
+  void* stream = nullptr;
+
+  std::int64_t rows() const { return q.shape[0] * q.shape[1]; }
+};
+
+// Attention over packed caches with every default filled in (see TqAttendArgs).
+struct TqAttendCall {
+  explicit TqAttendCall(Validated) {}
+  TqTables tables;
+  TqScratchLayout scratch_layout;  // rows = q_cap, n_heads, head_dim
+  const float* scratch = nullptr;
+  std::int64_t n_heads = 0, n_queries = 1, start_pos = 0, batch = 1;
+  std::int64_t max_seq = 0;      // causal clamp, resolved
+  std::int64_t longest_row = 0;  // most timesteps any row sees: what split plans are sized by
+  const std::int32_t* start_positions = nullptr;
+  float scale = 0.0f, qjl_scale = 0.0f;
+  const std::uint32_t* k_cache = nullptr;
+  const std::uint32_t* v_cache = nullptr;
+  TensorView out;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  void* stream = nullptr;
+
+  const TqLayout& layout() const { return tables.layout; }
+  std::int64_t rows() const { return batch * n_queries; }  // scratch rows in use
+  std::int64_t group() const { return n_heads / tables.layout.n_kv_heads; }
 };
 
 }  // namespace flashtq

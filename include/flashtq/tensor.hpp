@@ -26,13 +26,13 @@ struct TensorView {
   Memory memory = Memory::host;
 
   // Contiguous [B, S, H, D] (the seeds' layout).
-  static TensorView bshd(void* data, DType dtype, std::int64_t B, std::int64_t S, std::int64_t H,
-                         std::int64_t D, Memory memory = Memory::host) {
+  static TensorView bshd(void* data, DType dtype, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D,
+                         Memory memory = Memory::host) {
     return {data, dtype, {B, S, H, D}, {S * H * D, H * D, D, 1}, memory};
   }
   // Memory laid out as contiguous [B, H, S, D] (PyTorch's layout), viewed as [B, S, H, D].
-  static TensorView bhsd(void* data, DType dtype, std::int64_t B, std::int64_t H, std::int64_t S,
-                         std::int64_t D, Memory memory = Memory::host) {
+  static TensorView bhsd(void* data, DType dtype, std::int64_t B, std::int64_t H, std::int64_t S, std::int64_t D,
+                         Memory memory = Memory::host) {
     return {data, dtype, {B, S, H, D}, {H * S * D, D, S * D, 1}, memory};
   }
 };

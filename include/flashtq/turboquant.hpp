@@ -1,11 +1,12 @@
 // TurboQuant-compressed KV cache: packed layout, per-layer tables, the three operations
 // (encode, rotate queries, attend over the packed words) and a cache object for users.
-// Semantics: SPEC §2; layout: docs/turboquant_layout.md.
+// Semantics: docs/spec.md §2; layout: docs/turboquant_layout.md.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,28 +42,33 @@ struct TqLayout {
   FLASHTQ_HOST_DEVICE std::int64_t bytes_per_token_per_head() const {
     return 4 * (key_code_words() + jl_words() + 1 + value_code_words() + 1);
   }
-  double compression_vs_bf16() const {
-    return double(2 * 2 * head_dim) / double(bytes_per_token_per_head());
-  }
+  double compression_vs_bf16() const { return double(2 * 2 * head_dim) / double(bytes_per_token_per_head()); }
 };
 
-// Per-layer constants, small enough to pass by value to a GPU kernel.
+// An exact Lloyd–Max codebook (double, as computed): what encoders quantize with, so that every
+// backend writes the oracle's codes.
+struct TqCodebook {
+  std::array<double, 16> centroids{};   // ascending, `levels` used
+  std::array<double, 15> boundaries{};  // midpoints, levels - 1 used
+  int levels = 0;
+};
+
+// One layer's layout and constants, small enough to pass by value to a GPU kernel: the single
+// description every TurboQuant operation of that layer receives.
 struct TqTables {
-  std::int64_t head_dim = 0;
-  int key_bits = 0, value_bits = 0;
+  TqLayout layout;
   std::array<std::uint32_t, 8> polar_sign_bits{};  // bit d set: s_polar[d] = -1
   std::array<std::uint32_t, 8> jl_sign_bits{};
-  std::array<float, 16> key_centroids{}, value_centroids{};     // ascending, 2^bits used
-  std::array<float, 15> key_boundaries{}, value_boundaries{};   // midpoints, 2^bits - 1 used
+  TqCodebook key_codebook, value_codebook;                   // encoders
+  std::array<float, 16> key_centroids{}, value_centroids{};  // attention (f32), 2^bits used
 };
 
-// Builds the tables of (seed, layer) for this layout's head_dim and bit widths.
+// Builds the tables of (seed, layer) for a layout.
 TqTables make_tq_tables(const TqLayout& layout, std::uint64_t seed, std::int64_t layer);
 
 // Encodes rows x [1, T, n_kv_heads, head_dim] (any dtype, any strides) into timesteps
-// start_pos .. start_pos + T - 1 of a key or value cache.
+// start_pos .. start_pos + T - 1 of a key or value cache laid out as tables.layout.
 struct TqEncodeArgs {
-  TqLayout layout;
   TqTables tables;
   TensorView x;
   std::int64_t start_pos = 0;
@@ -70,10 +76,28 @@ struct TqEncodeArgs {
   void* stream = nullptr;
 };
 
-// Rotated-query scratch [q_rot | q_jl | sums]; region = q_cap * n_heads * head_dim floats.
-inline std::int64_t tq_scratch_floats(std::int64_t q_cap, std::int64_t n_heads,
-                                      std::int64_t head_dim) {
-  return q_cap * n_heads * (2 * head_dim + 1);
+// The rotated-query scratch [q_rot | q_jl | sums] of `rows` query rows of n_heads heads: q_rot and
+// q_jl of (row, head) are head_dim floats each, its sum one float. The one place its offsets live.
+struct TqScratchLayout {
+  std::int64_t rows = 0, n_heads = 0, head_dim = 0;
+
+  FLASHTQ_HOST_DEVICE std::int64_t region() const { return rows * n_heads * head_dim; }
+  FLASHTQ_HOST_DEVICE std::int64_t q_rot(std::int64_t row, std::int64_t head) const {
+    return (row * n_heads + head) * head_dim;
+  }
+  FLASHTQ_HOST_DEVICE std::int64_t q_jl(std::int64_t row, std::int64_t head) const {
+    return region() + q_rot(row, head);
+  }
+  FLASHTQ_HOST_DEVICE std::int64_t sum(std::int64_t row, std::int64_t head) const {
+    return 2 * region() + row * n_heads + head;
+  }
+  FLASHTQ_HOST_DEVICE std::int64_t floats() const { return rows * n_heads * (2 * head_dim + 1); }
+};
+
+// Floats of a scratch of q_cap rows (TqScratchLayout::floats; no overflow check: the validator
+// rejects sizes that overflow).
+inline std::int64_t tq_scratch_floats(std::int64_t q_cap, std::int64_t n_heads, std::int64_t head_dim) {
+  return TqScratchLayout{q_cap, n_heads, head_dim}.floats();
 }
 
 // Rotates queries q [batch, n_queries, n_heads, head_dim] into the scratch; query (b, j) becomes
@@ -95,22 +119,22 @@ struct TqRotateArgs {
 // sequence, in the backend's memory) every sequence has its own start position; values outside
 // [0, capacity) are clamped by the kernels, never read out of bounds.
 struct TqAttendArgs {
-  TqLayout layout;
   TqTables tables;
   const float* scratch = nullptr;
   std::int64_t q_cap = 0;  // 0 means batch * n_queries
   std::int64_t n_heads = 0;
   std::int64_t n_queries = 1;
   std::int64_t start_pos = 0;
-  std::optional<std::int64_t> max_seq;  // causal clamp; empty means start_pos + n_queries (capacity with start_positions)
+  std::optional<std::int64_t>
+      max_seq;  // causal clamp; empty means start_pos + n_queries (capacity with start_positions)
   std::int64_t batch = 1;
   const std::int32_t* start_positions = nullptr;
   std::optional<float> scale;      // default 1/sqrt(head_dim)
   std::optional<float> qjl_scale;  // default sqrt(pi/2)/sqrt(head_dim)
   const std::uint32_t* k_cache = nullptr;
   const std::uint32_t* v_cache = nullptr;
-  TensorView out;  // f32 [batch, n_queries, n_heads, head_dim]
-  void* workspace = nullptr;      // in the backend's memory, tq_attend_workspace_bytes() large, 16-byte aligned
+  TensorView out;             // f32 [batch, n_queries, n_heads, head_dim]
+  void* workspace = nullptr;  // in the backend's memory, tq_attend_workspace_bytes() large, 16-byte aligned
   std::size_t workspace_bytes = 0;
   void* stream = nullptr;
 };
@@ -124,46 +148,53 @@ std::size_t tq_attend_workspace_bytes(Backend& backend, const TqAttendArgs& args
 
 struct TqCacheConfig {
   std::int64_t layers = 1;
-  std::int64_t n_kv_heads = 1;
-  std::int64_t head_dim = 128;
-  std::int64_t capacity = 0;
-  int key_bits = 2;
-  int value_bits = 2;
+  TqLayout layout;  // of every layer
   std::uint64_t seed = 0;
 };
 
-// A host-memory TurboQuant KV cache for every layer of a model, run on a host backend.
+// A TurboQuant KV cache for every layer of a model, its packed words in the memory of the backend it
+// runs on (host memory for reference and cpu, device memory for cuda and webgpu). Every operation
+// goes to the cache's stream (set_stream; cudaStream_t on cuda) and does not wait for the device,
+// except the ones that read words back to the host (key_words, value_words, save).
 class TqKvCache {
  public:
   explicit TqKvCache(const TqCacheConfig& config, Backend* backend = nullptr);
+  ~TqKvCache();
+  TqKvCache(TqKvCache&&) noexcept;
+  TqKvCache& operator=(TqKvCache&&) noexcept;
 
-  // Encodes k, v [1, T, n_kv_heads, head_dim] at timesteps start_pos...; a call that would pass
-  // capacity is rejected and leaves the cache unchanged.
+  // Encodes k, v [1, T, n_kv_heads, head_dim] (in the backend's memory, any dtype and strides) at
+  // timesteps start_pos...; a call that would pass capacity is rejected and leaves the cache unchanged.
   void append(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos);
-  // Attention of q [1, n, n_heads, head_dim] at positions start_pos... into out (f32, same shape).
+  // Attention of q [1, n, n_heads, head_dim] at positions start_pos... into out (f32, same shape), both
+  // in the backend's memory. The rotated queries and the kernels' workspace live in buffers the cache
+  // owns, grown to the largest call so far and reused.
   void attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out);
+  void set_stream(void* stream) { stream_ = stream; }
 
   const TqCacheConfig& config() const { return config_; }
-  const TqLayout& layout() const { return layout_; }
+  const TqLayout& layout() const { return config_.layout; }
+  Backend& backend() const { return *backend_; }
   std::int64_t length(std::int64_t layer) const;  // timesteps written so far (highest end)
   std::int64_t bytes_per_token() const;           // all layers and kv heads
-  double compression_vs_bf16() const { return layout_.compression_vs_bf16(); }
-  std::int64_t memory_bytes() const;              // packed words held, all layers
-  const std::vector<std::uint32_t>& key_words(std::int64_t layer) const;
-  const std::vector<std::uint32_t>& value_words(std::int64_t layer) const;
+  double compression_vs_bf16() const { return config_.layout.compression_vs_bf16(); }
+  std::int64_t memory_bytes() const;  // packed words held, all layers
+  // A host copy of a layer's words (waits for the device).
+  std::vector<std::uint32_t> key_words(std::int64_t layer) const;
+  std::vector<std::uint32_t> value_words(std::int64_t layer) const;
 
   void save(const std::string& path) const;
   static TqKvCache load(const std::string& path, Backend* backend = nullptr);
 
  private:
+  struct Storage;  // the layers' word buffers and the scratch, in the backend's memory
   void check_layer(std::int64_t layer) const;
   TqCacheConfig config_;
-  TqLayout layout_;
   Backend* backend_;
+  void* stream_ = nullptr;
   std::vector<TqTables> tables_;
-  std::vector<std::vector<std::uint32_t>> keys_, values_;
   std::vector<std::int64_t> length_;
-  std::vector<float> scratch_;
+  std::unique_ptr<Storage> storage_;
 };
 
 }  // namespace flashtq

@@ -1,5 +1,5 @@
 // The conformance suite: fresh random cases, each run on a backend and on the oracle, compared at
-// the SPEC §3 tolerances with outputs poisoned first. Used by the tests and by `flashtq check`.
+// the docs/spec.md §3 tolerances with outputs poisoned first. Used by the tests and by `flashtq check`.
 #pragma once
 
 #include <cstdint>
@@ -35,12 +35,12 @@ struct DenseCase {
 };
 
 struct TqCase {
-  std::int64_t D = 128, Hkv = 1, H = 1, capacity = 1, tokens = 1, n_queries = 1, start_pos = 0;
+  TqLayout layout{128, 1, 1, 2, 2};  // head_dim, kv heads, capacity, bits
+  std::int64_t H = 1, tokens = 1, n_queries = 1, start_pos = 0;
   std::optional<std::int64_t> max_seq;
-  int key_bits = 2, value_bits = 2;
   DType dtype = DType::f32;
   std::uint64_t seed = 0, data_seed = 0;
-  bool zero_rows = false;  // some all-zero keys and values
+  bool zero_rows = false;            // some all-zero keys and values
   std::int64_t batch = 1;            // sequences attended in one call (attend only)
   std::vector<std::int32_t> starts;  // per-sequence start positions, or empty: start_pos for all
 
@@ -57,7 +57,7 @@ struct CheckResult {
   double seconds = 0;  // time of the backend's call
 };
 
-// Per SPEC §3: relative error bound for a dtype (and for f32 with the opt-in TF32 path).
+// Per docs/spec.md §3: relative error bound for a dtype (and for f32 with the opt-in TF32 path).
 double tolerance(DType dtype, bool tf32 = false);
 
 DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend);

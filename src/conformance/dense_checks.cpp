@@ -34,12 +34,19 @@ std::string DenseCase::describe() const {
   if (scale) s << " scale" << *scale;
   if (tf32) s << " tf32";
   if (pedantic) s << " pedantic";
+  s << " seed=" << seed << " data_seed=" << data_seed;
   return s.str();
 }
 
 DenseProblem DenseCase::shape() const {
   DenseProblem p;
-  p.B = B; p.Sq = Sq; p.Sk = Sk; p.H = H; p.Hkv = Hkv; p.D = D; p.dtype = dtype;
+  p.B = B;
+  p.Sq = Sq;
+  p.Sk = Sk;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.D = D;
+  p.dtype = dtype;
   return p;
 }
 
@@ -129,8 +136,11 @@ CheckResult check_forward(Backend& backend, const DenseCase& c) {
   DeviceInputs dev(backend, in);
   DeviceBuffer dout(backend, out.bytes), dlse(backend, lse);
   ForwardArgs args{in.q.on(dev.q.get(), backend.memory()),
-                   in.k.on(dev.k.get(), backend.memory()), in.v.on(dev.v.get(), backend.memory()),
-                   out.on(dout.get(), backend.memory()), c.lse ? static_cast<float*>(dlse.get()) : nullptr, nullptr};
+                   in.k.on(dev.k.get(), backend.memory()),
+                   in.v.on(dev.v.get(), backend.memory()),
+                   out.on(dout.get(), backend.memory()),
+                   c.lse ? static_cast<float*>(dlse.get()) : nullptr,
+                   nullptr};
   const auto t0 = std::chrono::steady_clock::now();
   attention_forward(backend, args, dev.params);
   backend.synchronize();
@@ -162,21 +172,22 @@ CheckResult check_backward(Backend& backend, const DenseCase& c) {
   std::vector<float> lse(fwd.lse.begin(), fwd.lse.end());
 
   std::vector<double> dq(std::size_t(in.q.numel())), dk(std::size_t(in.k.numel())), dv(dk.size());
-  reference::dense_backward(p, in.q.values().data(), in.k.values().data(), in.v.values().data(),
-                            out.values().data(), dout.values().data(), to_double(lse).data(), dq.data(), dk.data(),
-                            dv.data());
+  reference::dense_backward(p, in.q.values().data(), in.k.values().data(), in.v.values().data(), out.values().data(),
+                            dout.values().data(), to_double(lse).data(), dq.data(), dk.data(), dv.data());
 
   HostTensor gq(in.q), gk(in.k), gv(in.v);
   gq.poison();
   gk.poison();
   gv.poison();
   DeviceInputs dev(backend, in);
-  DeviceBuffer d_out(backend, out.bytes), d_dout(backend, dout.bytes), d_lse(backend, lse),
-      d_dq(backend, gq.bytes), d_dk(backend, gk.bytes), d_dv(backend, gv.bytes);
+  DeviceBuffer d_out(backend, out.bytes), d_dout(backend, dout.bytes), d_lse(backend, lse), d_dq(backend, gq.bytes),
+      d_dk(backend, gk.bytes), d_dv(backend, gv.bytes);
   const Memory mem = backend.memory();
-  BackwardArgs args{in.q.on(dev.q.get(), mem), in.k.on(dev.k.get(), mem), in.v.on(dev.v.get(), mem),
-                    out.on(d_out.get(), mem),  dout.on(d_dout.get(), mem), static_cast<const float*>(d_lse.get()),
-                    gq.on(d_dq.get(), mem),    gk.on(d_dk.get(), mem),   gv.on(d_dv.get(), mem), nullptr};
+  BackwardArgs args{in.q.on(dev.q.get(), mem),  in.k.on(dev.k.get(), mem),
+                    in.v.on(dev.v.get(), mem),  out.on(d_out.get(), mem),
+                    dout.on(d_dout.get(), mem), static_cast<const float*>(d_lse.get()),
+                    gq.on(d_dq.get(), mem),     gk.on(d_dk.get(), mem),
+                    gv.on(d_dv.get(), mem),     nullptr};
   const auto t0 = std::chrono::steady_clock::now();
   attention_backward(backend, args, dev.params);
   backend.synchronize();
@@ -198,7 +209,9 @@ CheckResult check_backward(Backend& backend, const DenseCase& c) {
     std::string why;
     const double e = relative_error(*grads[g].second, got[g]->values(), why, kGradientFloor);
     r.error = std::max(r.error, e);
-    if (e > r.tolerance) r.detail += std::string(r.detail.empty() ? "" : "; ") + grads[g].first + " error " + std::to_string(e) + (why.empty() ? "" : " (" + why + ")");
+    if (e > r.tolerance)
+      r.detail += std::string(r.detail.empty() ? "" : "; ") + grads[g].first + " error " + std::to_string(e) +
+                  (why.empty() ? "" : " (" + why + ")");
   }
   r.passed = r.error <= r.tolerance;
   return r;
@@ -228,8 +241,9 @@ CheckResult check_dropout(Backend& backend, std::uint32_t seed, float p) {
   DeviceBuffer dout(backend, out.bytes);
   const Memory mem = backend.memory();
   const auto t0 = std::chrono::steady_clock::now();
-  attention_forward(backend, {in.q.on(dev.q.get(), mem), in.k.on(dev.k.get(), mem), in.v.on(dev.v.get(), mem),
-                              out.on(dout.get(), mem), nullptr, nullptr},
+  attention_forward(backend,
+                    {in.q.on(dev.q.get(), mem), in.k.on(dev.k.get(), mem), in.v.on(dev.v.get(), mem),
+                     out.on(dout.get(), mem), nullptr, nullptr},
                     dev.params);
   backend.synchronize();
   r.seconds = seconds_since(t0);
@@ -265,7 +279,9 @@ DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRan
     return values[std::uniform_int_distribution<std::size_t>(0, values.size() - 1)(rng)];
   };
   auto chance = [&](double prob) { return std::uniform_real_distribution<double>(0, 1)(rng) < prob; };
-  auto range = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  auto range = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
   for (;;) {
     DenseCase c;
     c.dtype = pick(DType::f32, DType::f16, DType::bf16);
@@ -273,7 +289,9 @@ DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRan
     c.B = range(1, shapes.batches);
     c.Hkv = range(1, 2);
     c.H = c.Hkv * pick(std::int64_t(1), std::int64_t(2), std::int64_t(4));
-    const std::int64_t hi = c.D >= 256 ? shapes.dim256_rows_hi : c.D >= 128 ? shapes.rows_hi : shapes.small_dim_rows_hi;  // keeps the oracle's work small
+    const std::int64_t hi = c.D >= 256   ? shapes.dim256_rows_hi
+                            : c.D >= 128 ? shapes.rows_hi
+                                         : shapes.small_dim_rows_hi;  // keeps the oracle's work small
     c.Sq = range(shapes.rows_lo, hi);
     c.Sk = chance(0.2) ? c.Sq : range(shapes.rows_lo, hi + 20);
     c.causal = chance(0.5);

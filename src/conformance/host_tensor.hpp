@@ -51,7 +51,9 @@ struct HostTensor {
     for_each([&](std::int64_t, std::int64_t at) { core::store(view.data, view.dtype, at, dist(rng)); });
   }
   void fill(const std::vector<double>& values) {
-    for_each([&](std::int64_t n, std::int64_t at) { core::store(view.data, view.dtype, at, float(values[std::size_t(n)])); });
+    for_each([&](std::int64_t n, std::int64_t at) {
+      core::store(view.data, view.dtype, at, float(values[std::size_t(n)]));
+    });
   }
   void poison() {
     for_each([&](std::int64_t, std::int64_t at) {

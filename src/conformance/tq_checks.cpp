@@ -12,18 +12,19 @@
 #include "conformance/host_tensor.hpp"
 #include "core/codebook.hpp"
 #include "core/packing.hpp"
-#include "core/validate.hpp"
-#include "reference/turboquant.hpp"
+#include "core/tq_rows.hpp"
 
 namespace flashtq::conformance {
 
 std::string TqCase::describe() const {
   std::ostringstream s;
-  s << dtype_name(dtype) << " D" << D << " H" << H << "/" << Hkv << " k" << key_bits << "v" << value_bits << " cap"
-    << capacity << " T" << tokens << " nq" << n_queries << " pos" << start_pos;
+  s << dtype_name(dtype) << " D" << layout.head_dim << " H" << H << "/" << layout.n_kv_heads << " k" << layout.key_bits
+    << "v" << layout.value_bits << " cap" << layout.capacity << " T" << tokens << " nq" << n_queries << " pos"
+    << start_pos;
   if (max_seq) s << " max_seq" << *max_seq;
   if (zero_rows) s << " zeros";
   if (batch > 1) s << " batch" << batch << (starts.empty() ? "" : " own-starts");
+  s << " seed=" << seed << " data_seed=" << data_seed;
   return s.str();
 }
 
@@ -31,68 +32,61 @@ namespace {
 
 constexpr std::uint32_t kPoisonWord = 0xA5A5A5A5u;
 
-TqLayout layout_of(const TqCase& c) {
-  TqLayout l;
-  l.head_dim = c.D;
-  l.n_kv_heads = c.Hkv;
-  l.capacity = c.capacity;
-  l.key_bits = c.key_bits;
-  l.value_bits = c.value_bits;
-  return l;
-}
-
 // Keys or values [1, tokens, Hkv, D] (of sequence `salt / 4` of a batch), some rows zero when the
 // case asks for it.
 HostTensor kv_rows(const TqCase& c, std::uint64_t salt) {
-  HostTensor x({1, c.tokens, c.Hkv, c.D}, c.dtype, false);
+  HostTensor x({1, c.tokens, c.layout.n_kv_heads, c.layout.head_dim}, c.dtype, false);
   std::mt19937_64 rng(c.data_seed ^ salt);
   x.fill_normal(rng, 2.0);
   if (c.zero_rows) {
     std::vector<double> v = x.values();
     for (std::int64_t t = 0; t < c.tokens; t += 3)
-      for (std::int64_t d = 0; d < c.D; ++d) v[std::size_t(t * c.Hkv * c.D + d)] = 0.0;  // head 0 of every 3rd
+      for (std::int64_t d = 0; d < c.layout.head_dim; ++d)
+        v[std::size_t(t * c.layout.n_kv_heads * c.layout.head_dim + d)] = 0.0;  // head 0 of every 3rd
     x.fill(v);
   }
   return x;
 }
 
 // Timestep where a case's tokens start: the end of the cache, so the last slot is exercised.
-std::int64_t encode_start(const TqCase& c) { return c.capacity - c.tokens; }
+std::int64_t encode_start(const TqCase& c) { return c.layout.capacity - c.tokens; }
 
 // The packed caches the oracle writes for a case, over a poisoned background.
 struct OracleCache {
   std::vector<std::uint32_t> keys, values;
 };
 OracleCache oracle_cache(const TqCase& c, const TqTables& tables, std::int64_t sequences = 1) {
-  const TqLayout l = layout_of(c);
+  const TqLayout& l = c.layout;
+  Backend& oracle = flashtq::backend("reference");
   OracleCache o{std::vector<std::uint32_t>(std::size_t(sequences * l.key_words()), kPoisonWord),
                 std::vector<std::uint32_t>(std::size_t(sequences * l.value_words()), kPoisonWord)};
   for (std::int64_t b = 0; b < sequences; ++b) {
     const HostTensor k = kv_rows(c, 1 + 4 * std::uint64_t(b)), v = kv_rows(c, 2 + 4 * std::uint64_t(b));
-    reference::tq_encode_keys({l, tables, k.view, encode_start(c), o.keys.data() + b * l.key_words(), nullptr});
-    reference::tq_encode_values({l, tables, v.view, encode_start(c), o.values.data() + b * l.value_words(), nullptr});
+    tq_encode_keys(oracle, {tables, k.view, encode_start(c), o.keys.data() + b * l.key_words(), nullptr});
+    tq_encode_values(oracle, {tables, v.view, encode_start(c), o.values.data() + b * l.value_words(), nullptr});
   }
   return o;
 }
 
 // The oracle's rotated coordinates (what its codes quantize) and, for keys, the QJL projections of
 // the residual (what its sign bits keep), per slot [slot * D + d]; NaN where the oracle wrote zeros.
-// They tell which differing codes and bits are flips at a boundary, which SPEC 3 allows: a
+// They tell which differing codes and bits are flips at a boundary, which docs/spec.md §3 allows: a
 // coordinate that lies within rounding of a boundary, and the QJL bits of a slot whose code flipped
 // that way (its residual is another vector).
 struct OracleRotations {
   std::vector<double> rotated, projected;
 };
-OracleRotations oracle_rotations(const TqLayout& l, const TqTables& tables, const HostTensor& x, std::int64_t start, bool keys) {
+OracleRotations oracle_rotations(const TqLayout& l, const TqTables& tables, const HostTensor& x, std::int64_t start,
+                                 bool keys) {
   const std::int64_t D = l.head_dim, T = x.view.shape[1];
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  OracleRotations o{std::vector<double>(std::size_t(l.slots() * D), nan), std::vector<double>(std::size_t(l.slots() * D), nan)};
+  OracleRotations o{std::vector<double>(std::size_t(l.slots() * D), nan),
+                    std::vector<double>(std::size_t(l.slots() * D), nan)};
   const std::vector<double> v = x.values();
   for (std::int64_t t = 0; t < T; ++t) {
     for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
       const auto row = v.begin() + (t * l.n_kv_heads + h) * D;
-      const reference::EncodedRow e =
-          reference::encode_row(std::vector<double>(row, row + D), tables, keys ? l.key_bits : l.value_bits, keys);
+      const core::EncodedRow e = core::encode_row(std::vector<double>(row, row + D), tables, keys);
       const std::int64_t slot = h * l.capacity + start + t;
       std::copy(e.rotated.begin(), e.rotated.end(), o.rotated.begin() + slot * D);
       std::copy(e.projected.begin(), e.projected.end(), o.projected.begin() + slot * D);
@@ -166,21 +160,21 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
   }
   const double fraction = codes ? double(differ) / double(codes) : 0.0;
   if (fraction > 1e-3) {
-    detail = std::to_string(differ) + " of " + std::to_string(codes) + " codes differ (besides " + std::to_string(flips) +
-             " flips at a boundary)";
+    detail = std::to_string(differ) + " of " + std::to_string(codes) + " codes differ (besides " +
+             std::to_string(flips) + " flips at a boundary)";
   }
   return fraction;
 }
 
 // The oracle's rotated queries for a case, laid out in a scratch of q_cap = batch * n_queries rows.
 std::vector<float> oracle_scratch(const TqCase& c, const TqTables& tables, const HostTensor& q) {
-  std::vector<float> s(std::size_t(tq_scratch_floats(c.batch * c.n_queries, c.H, c.D)));
-  reference::tq_rotate_queries({tables, q.view, c.batch * c.n_queries, s.data(), nullptr});
+  std::vector<float> s(std::size_t(tq_scratch_floats(c.batch * c.n_queries, c.H, c.layout.head_dim)));
+  tq_rotate_queries(flashtq::backend("reference"), {tables, q.view, c.batch * c.n_queries, s.data(), nullptr});
   return s;
 }
 
 HostTensor queries(const TqCase& c) {
-  HostTensor q({c.batch, c.n_queries, c.H, c.D}, c.dtype, false);
+  HostTensor q({c.batch, c.n_queries, c.H, c.layout.head_dim}, c.dtype, false);
   std::mt19937_64 rng(c.data_seed ^ 3);
   q.fill_normal(rng);
   return q;
@@ -190,7 +184,7 @@ HostTensor queries(const TqCase& c) {
 
 CheckResult check_tq_encode(Backend& backend, const TqCase& c) {
   CheckResult r{"tq_encode", c.describe(), 0, 1e-3, false, "", 0};
-  const TqLayout l = layout_of(c);
+  const TqLayout& l = c.layout;
   const TqTables tables = make_tq_tables(l, c.seed, 0);
   const OracleCache ref = oracle_cache(c, tables);
   const HostTensor k = kv_rows(c, 1), v = kv_rows(c, 2);
@@ -199,8 +193,10 @@ CheckResult check_tq_encode(Backend& backend, const TqCase& c) {
       vc(backend, std::vector<std::uint32_t>(ref.values.size(), kPoisonWord));
   const Memory mem = backend.memory();
   const auto t0 = std::chrono::steady_clock::now();
-  tq_encode_keys(backend, {l, tables, k.on(dk.get(), mem), encode_start(c), static_cast<std::uint32_t*>(kc.get()), nullptr});
-  tq_encode_values(backend, {l, tables, v.on(dv.get(), mem), encode_start(c), static_cast<std::uint32_t*>(vc.get()), nullptr});
+  tq_encode_keys(backend,
+                 {tables, k.on(dk.get(), mem), encode_start(c), static_cast<std::uint32_t*>(kc.get()), nullptr});
+  tq_encode_values(backend,
+                   {tables, v.on(dv.get(), mem), encode_start(c), static_cast<std::uint32_t*>(vc.get()), nullptr});
   backend.synchronize();
   r.seconds = seconds_since(t0);
   auto rotations = [&](const HostTensor& x, bool keys) {
@@ -214,7 +210,7 @@ CheckResult check_tq_encode(Backend& backend, const TqCase& c) {
 
 CheckResult check_tq_rotate(Backend& backend, const TqCase& c) {
   CheckResult r{"tq_rotate", c.describe(), 0, 1e-5, false, "", 0};
-  const TqTables tables = make_tq_tables(layout_of(c), c.seed, 0);
+  const TqTables tables = make_tq_tables(c.layout, c.seed, 0);
   const HostTensor q = queries(c);
   const std::vector<float> ref = oracle_scratch(c, tables, q);
   DeviceBuffer dq(backend, q.bytes),
@@ -225,20 +221,20 @@ CheckResult check_tq_rotate(Backend& backend, const TqCase& c) {
   backend.synchronize();
   r.seconds = seconds_since(t0);
   const std::vector<float> got = scratch.read<float>();
-  r.error = relative_error(std::vector<double>(ref.begin(), ref.end()), std::vector<double>(got.begin(), got.end()), r.detail);
+  r.error = relative_error(std::vector<double>(ref.begin(), ref.end()), std::vector<double>(got.begin(), got.end()),
+                           r.detail);
   r.passed = r.error <= r.tolerance;
   return r;
 }
 
 CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
   CheckResult r{"tq_attend", c.describe(), 0, 1e-5, false, "", 0};
-  const TqLayout l = layout_of(c);
+  const TqLayout& l = c.layout;
   const TqTables tables = make_tq_tables(l, c.seed, 0);
   const OracleCache cache = oracle_cache(c, tables, c.batch);
   const HostTensor q = queries(c);
   const std::vector<float> scratch = oracle_scratch(c, tables, q);
   TqAttendArgs a;
-  a.layout = l;
   a.tables = tables;
   a.scratch = scratch.data();
   a.n_heads = c.H;
@@ -249,9 +245,9 @@ CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
   a.start_positions = c.starts.empty() ? nullptr : c.starts.data();
   a.k_cache = cache.keys.data();
   a.v_cache = cache.values.data();
-  HostTensor out({c.batch, c.n_queries, c.H, c.D}, DType::f32, false);
+  HostTensor out({c.batch, c.n_queries, c.H, c.layout.head_dim}, DType::f32, false);
   a.out = out.view;
-  reference::tq_attend(core::validate_tq_attend(flashtq::backend("reference"), a));
+  tq_attend(flashtq::backend("reference"), a);
   const std::vector<double> ref = out.values();
 
   out.poison();
@@ -283,47 +279,52 @@ void draw_batch(TqCase& c, Range&& range) {
   if (range(0, 1) == 0) return;
   c.batch = range(2, 4);
   if (range(0, 1) == 0) return;
-  for (std::int64_t b = 0; b < c.batch; ++b) c.starts.push_back(std::int32_t(range(0, c.capacity - c.n_queries)));
+  for (std::int64_t b = 0; b < c.batch; ++b)
+    c.starts.push_back(std::int32_t(range(0, c.layout.capacity - c.n_queries)));
 }
 }  // namespace
 
 TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
-  auto range = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  auto range = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
   for (;;) {
     TqCase c;
     const std::int64_t dims[] = {32, 64, 128, 256};
-    c.D = dims[range(0, 3)];
-    c.key_bits = int(range(1, 3));
-    c.value_bits = int(range(2, 4));
-    if (range(0, 2) == 0) c.key_bits = c.value_bits = 2;  // the seed's configuration, often
-    c.Hkv = range(1, 2);
-    c.H = c.Hkv * (std::int64_t(1) << range(0, 2));
-    c.tokens = range(1, c.D >= 256 ? 80 : 200);
-    c.capacity = c.tokens + range(0, 16);
-    c.n_queries = range(1, std::min<std::int64_t>(8, c.capacity));
-    c.start_pos = range(0, c.capacity - c.n_queries);
-    if (range(0, 3) == 0) c.max_seq = range(0, c.capacity);
+    c.layout.head_dim = dims[range(0, 3)];
+    c.layout.key_bits = int(range(1, 3));
+    c.layout.value_bits = int(range(2, 4));
+    if (range(0, 2) == 0) c.layout.key_bits = c.layout.value_bits = 2;  // the seed's configuration, often
+    c.layout.n_kv_heads = range(1, 2);
+    c.H = c.layout.n_kv_heads * (std::int64_t(1) << range(0, 2));
+    c.tokens = range(1, c.layout.head_dim >= 256 ? 80 : 200);
+    c.layout.capacity = c.tokens + range(0, 16);
+    c.n_queries = range(1, std::min<std::int64_t>(8, c.layout.capacity));
+    c.start_pos = range(0, c.layout.capacity - c.n_queries);
+    if (range(0, 3) == 0) c.max_seq = range(0, c.layout.capacity);
     c.dtype = std::array{DType::f32, DType::f16, DType::bf16}[std::size_t(range(0, 2))];
     c.zero_rows = range(0, 3) == 0;
     draw_batch(c, range);
     c.seed = rng();
     c.data_seed = rng();
-    if (!backend.unsupported(layout_of(c))) return c;
+    if (!backend.unsupported(c.layout)) return c;
   }
 }
 
 TqCase draw_tq_decode_case(std::mt19937_64& rng) {
-  auto range = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  auto range = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
   TqCase c;
-  c.D = 128;
-  c.key_bits = c.value_bits = 2;
-  c.Hkv = range(1, 2);
-  c.H = c.Hkv * (range(0, 1) ? 8 : 4);
+  c.layout.head_dim = 128;
+  c.layout.key_bits = c.layout.value_bits = 2;
+  c.layout.n_kv_heads = range(1, 2);
+  c.H = c.layout.n_kv_heads * (range(0, 1) ? 8 : 4);
   c.tokens = range(1, 3000);
-  c.capacity = c.tokens + range(0, 40);
-  c.n_queries = range(1, std::min<std::int64_t>(3, c.capacity));
-  c.start_pos = std::max<std::int64_t>(0, std::min(c.tokens - 1, c.capacity - c.n_queries) - range(0, 3));
-  if (range(0, 4) == 0) c.max_seq = range(0, c.capacity);
+  c.layout.capacity = c.tokens + range(0, 40);
+  c.n_queries = range(1, std::min<std::int64_t>(3, c.layout.capacity));
+  c.start_pos = std::max<std::int64_t>(0, std::min(c.tokens - 1, c.layout.capacity - c.n_queries) - range(0, 3));
+  if (range(0, 4) == 0) c.max_seq = range(0, c.layout.capacity);
   c.dtype = std::array{DType::f32, DType::f16, DType::bf16}[std::size_t(range(0, 2))];
   c.zero_rows = range(0, 3) == 0;
   draw_batch(c, range);

@@ -15,7 +15,7 @@ inline std::uint16_t f32_to_f16(float f) {
     return std::uint16_t(sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u : 0u));
   }
   if (abs >= 0x477FF000u) return std::uint16_t(sign | 0x7C00u);  // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {  // below the smallest normal f16 (2^-14): subnormal or zero
+  if (abs < 0x38800000u) {                              // below the smallest normal f16 (2^-14): subnormal or zero
     if (abs < 0x33000000u) return std::uint16_t(sign);  // < 2^-25 rounds to zero
     const std::uint32_t exp = abs >> 23;
     const std::uint32_t mant = (abs & 0x7FFFFFu) | 0x800000u;
@@ -55,8 +55,6 @@ inline std::uint16_t f32_to_bf16(float f) {
   return std::uint16_t((x + rounding) >> 16);
 }
 
-inline float bf16_to_f32(std::uint16_t b) {
-  return std::bit_cast<float>(std::uint32_t(b) << 16);
-}
+inline float bf16_to_f32(std::uint16_t b) { return std::bit_cast<float>(std::uint32_t(b) << 16); }
 
 }  // namespace flashtq::core

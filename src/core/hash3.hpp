@@ -22,8 +22,7 @@ FLASHTQ_HD float hash3(std::uint32_t x, std::uint32_t y, std::uint32_t z) {
 }
 
 // Dropout decision for attention weight (b*H + h, row i, key j); all arithmetic wraps in u32.
-FLASHTQ_HD bool dropout_keep(float p, std::uint32_t seed, std::uint32_t bh, std::uint32_t i,
-                         std::uint32_t j) {
+FLASHTQ_HD bool dropout_keep(float p, std::uint32_t seed, std::uint32_t bh, std::uint32_t i, std::uint32_t j) {
   return p <= 0.0f || hash3(bh, i, j + seed) >= p;
 }
 

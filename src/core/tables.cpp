@@ -1,4 +1,5 @@
 // make_tq_tables: the per-layer constants (signs, codebooks in f32) every backend receives.
+#include <algorithm>
 #include <string>
 
 #include "core/codebook.hpp"
@@ -9,21 +10,29 @@
 
 namespace flashtq {
 
+namespace {
+TqCodebook exact_codebook(const core::Codebook& cb) {
+  TqCodebook t;
+  t.levels = int(cb.centroids.size());
+  std::copy(cb.centroids.begin(), cb.centroids.end(), t.centroids.begin());
+  std::copy(cb.boundaries.begin(), cb.boundaries.end(), t.boundaries.begin());
+  return t;
+}
+}  // namespace
+
 TqTables make_tq_tables(const TqLayout& layout, std::uint64_t seed, std::int64_t layer) {
   core::validate_tq_layout(layout);
   if (layer < 0) throw Error("layer", "must be >= 0");
   TqTables t;
-  t.head_dim = layout.head_dim;
-  t.key_bits = layout.key_bits;
-  t.value_bits = layout.value_bits;
+  t.layout = layout;
   t.polar_sign_bits = core::sign_bits(seed, layer, 0);
   t.jl_sign_bits = core::sign_bits(seed, layer, 1);
-  const core::Codebook& kc = core::codebook(layout.head_dim, layout.key_bits);
-  const core::Codebook& vc = core::codebook(layout.head_dim, layout.value_bits);
-  for (std::size_t i = 0; i < kc.centroids.size(); ++i) t.key_centroids[i] = float(kc.centroids[i]);
-  for (std::size_t i = 0; i < kc.boundaries.size(); ++i) t.key_boundaries[i] = float(kc.boundaries[i]);
-  for (std::size_t i = 0; i < vc.centroids.size(); ++i) t.value_centroids[i] = float(vc.centroids[i]);
-  for (std::size_t i = 0; i < vc.boundaries.size(); ++i) t.value_boundaries[i] = float(vc.boundaries[i]);
+  t.key_codebook = exact_codebook(core::codebook(layout.head_dim, layout.key_bits));
+  t.value_codebook = exact_codebook(core::codebook(layout.head_dim, layout.value_bits));
+  for (int i = 0; i < t.key_codebook.levels; ++i)
+    t.key_centroids[std::size_t(i)] = float(t.key_codebook.centroids[std::size_t(i)]);
+  for (int i = 0; i < t.value_codebook.levels; ++i)
+    t.value_centroids[std::size_t(i)] = float(t.value_codebook.centroids[std::size_t(i)]);
   return t;
 }
 

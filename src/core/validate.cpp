@@ -35,8 +35,8 @@ const char* memory_name(Memory m) {
 }
 
 std::string shape_text(const std::array<std::int64_t, 4>& s) {
-  return "[" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) +
-         ", " + std::to_string(s[3]) + "]";
+  return "[" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) + ", " +
+         std::to_string(s[3]) + "]";
 }
 
 void check_pointer(const std::string& name, const void* ptr, std::size_t alignment) {
@@ -49,8 +49,8 @@ void check_pointer(const std::string& name, const void* ptr, std::size_t alignme
 // Checks one view: memory kind, pointer, dims, strides, and that its extent fits in 64 bits.
 void check_view(const std::string& name, const TensorView& t, const Backend& backend) {
   if (t.memory != backend.memory()) {
-    throw Error(name, std::string("lives in ") + memory_name(t.memory) + " memory but backend '" +
-                          backend.name() + "' works on " + memory_name(backend.memory()) + " memory");
+    throw Error(name, std::string("lives in ") + memory_name(t.memory) + " memory but backend '" + backend.name() +
+                          "' works on " + memory_name(backend.memory()) + " memory");
   }
   check_pointer(name, t.data, dtype_size(t.dtype));
   for (int d = 0; d < 4; ++d) {
@@ -81,8 +81,8 @@ void check_dtype(const std::string& name, const TensorView& t, DType want) {
   }
 }
 
-DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const TensorView& k,
-                             const TensorView& v, const TensorView& out, const AttentionParams& params) {
+DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& out, const AttentionParams& params) {
   check_view("q", q, backend);
   check_view("k", k, backend);
   check_view("v", v, backend);
@@ -134,13 +134,12 @@ DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const 
     std::int64_t last = 0;
     for (int d = 0; d < 4; ++d) {
       if (params.mask_strides[d] < 0) throw Error("mask_strides", "must be >= 0 (0 broadcasts)");
-      last = checked_add(last, checked_mul(extent[d] - 1, params.mask_strides[d], "mask_strides"),
-                         "mask_strides");
+      last = checked_add(last, checked_mul(extent[d] - 1, params.mask_strides[d], "mask_strides"), "mask_strides");
     }
     if (params.mask_elements <= last) {
       throw Error("mask_elements", "mask of " + std::to_string(params.mask_elements) +
-                                       " elements is too small for its strides (needs " +
-                                       std::to_string(last + 1) + ")");
+                                       " elements is too small for its strides (needs " + std::to_string(last + 1) +
+                                       ")");
     }
     p.mask = params.mask;
     p.mask_strides = params.mask_strides;
@@ -152,7 +151,7 @@ DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const 
 }  // namespace
 
 ForwardCall validate_forward(const Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
-  ForwardCall c;
+  ForwardCall c(Validator::stamp());
   c.p = resolve_problem(backend, a.q, a.k, a.v, a.out, params);
   if (a.lse != nullptr) {
     check_pointer("lse", a.lse, alignof(float));
@@ -168,7 +167,7 @@ ForwardCall validate_forward(const Backend& backend, const ForwardArgs& a, const
 }
 
 BackwardCall validate_backward(const Backend& backend, const BackwardArgs& a, const AttentionParams& params) {
-  BackwardCall c;
+  BackwardCall c(Validator::stamp());
   c.p = resolve_problem(backend, a.q, a.k, a.v, a.out, params);
   const std::pair<const char*, const TensorView*> grads[] = {
       {"dout", &a.dout}, {"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}};
@@ -208,67 +207,67 @@ void validate_tq_layout(const TqLayout& l) {
   }
 }
 
-namespace {
-void check_tables(const TqLayout& l, const TqTables& t) {
-  if (t.head_dim != l.head_dim || t.key_bits != l.key_bits || t.value_bits != l.value_bits) {
-    throw Error("tables", "were built for another head_dim or bit width than the layout");
-  }
-}
-}  // namespace
-
-TqEncodeArgs validate_tq_encode(const Backend& backend, const TqEncodeArgs& a) {
-  validate_tq_layout(a.layout);
-  check_tables(a.layout, a.tables);
+TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& a, bool keys) {
+  const TqLayout& l = a.tables.layout;
+  validate_tq_layout(l);
   check_view("x", a.x, backend);
   const std::int64_t T = a.x.shape[1];
-  check_shape("x", a.x, {1, T, a.layout.n_kv_heads, a.layout.head_dim}, "[1, T, n_kv_heads, head_dim]");
+  check_shape("x", a.x, {1, T, l.n_kv_heads, l.head_dim}, "[1, T, n_kv_heads, head_dim]");
   if (a.start_pos < 0) throw Error("start_pos", "must be >= 0");
-  if (a.start_pos > a.layout.capacity - T) {
+  if (a.start_pos > l.capacity - T) {
     throw Error("start_pos", "cache full: timesteps " + std::to_string(a.start_pos) + ".." +
-                                 std::to_string(a.start_pos + T - 1) + " pass capacity " +
-                                 std::to_string(a.layout.capacity));
+                                 std::to_string(a.start_pos + T - 1) + " pass capacity " + std::to_string(l.capacity));
   }
   check_pointer("cache", a.cache, alignof(std::uint32_t));
-  if (auto why = backend.unsupported(a.layout)) throw Error("backend", backend.name() + ": " + *why);
-  return a;
-}
-
-TqRotateArgs validate_tq_rotate(const Backend& backend, const TqRotateArgs& a) {
-  TqLayout l;
-  l.head_dim = a.tables.head_dim;
-  l.key_bits = a.tables.key_bits;
-  l.value_bits = a.tables.value_bits;
-  l.capacity = 1;
-  validate_tq_layout(l);
-  check_view("q", a.q, backend);
-  check_shape("q", a.q, {a.q.shape[0], a.q.shape[1], a.q.shape[2], l.head_dim}, "[batch, n_queries, n_heads, head_dim]");
-  TqRotateArgs c = a;
-  const std::int64_t rows = checked_mul(a.q.shape[0], a.q.shape[1], "q");
-  if (c.q_cap == 0) c.q_cap = rows;
-  if (c.q_cap < rows) throw Error("q_cap", "must be >= batch * n_queries");
-  checked_mul(checked_mul(c.q_cap, a.q.shape[2], "q_cap"), 2 * l.head_dim + 1, "q_cap");
-  check_pointer("scratch", a.scratch, alignof(float));
   if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
+  TqEncodeCall c(Validator::stamp());
+  c.tables = a.tables;
+  c.keys = keys;
+  c.x = a.x;
+  c.start_pos = a.start_pos;
+  c.cache = a.cache;
+  c.stream = a.stream;
   return c;
 }
 
-TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& a, bool check_workspace) {
-  const TqLayout& l = a.layout;
+TqRotateCall validate_tq_rotate(const Backend& backend, const TqRotateArgs& a) {
+  const TqLayout& l = a.tables.layout;
   validate_tq_layout(l);
-  check_tables(l, a.tables);
-  TqAttendArgs c = a;
+  check_view("q", a.q, backend);
+  check_shape("q", a.q, {a.q.shape[0], a.q.shape[1], a.q.shape[2], l.head_dim},
+              "[batch, n_queries, n_heads, head_dim]");
+  const std::int64_t rows = checked_mul(a.q.shape[0], a.q.shape[1], "q");
+  const std::int64_t q_cap = a.q_cap == 0 ? rows : a.q_cap;
+  if (q_cap < rows) throw Error("q_cap", "must be >= batch * n_queries");
+  checked_mul(checked_mul(q_cap, a.q.shape[2], "q_cap"), 2 * l.head_dim + 1, "q_cap");
+  check_pointer("scratch", a.scratch, alignof(float));
+  if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
+  TqRotateCall c(Validator::stamp());
+  c.tables = a.tables;
+  c.q = a.q;
+  c.scratch_layout = {q_cap, a.q.shape[2], l.head_dim};
+  c.scratch = a.scratch;
+  c.stream = a.stream;
+  return c;
+}
+
+TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, bool check_workspace) {
+  const TqLayout& l = a.tables.layout;
+  validate_tq_layout(l);
   if (a.n_heads < 1 || a.n_heads % l.n_kv_heads != 0) {
     throw Error("n_heads", "must be a positive multiple of n_kv_heads (" + std::to_string(l.n_kv_heads) + ")");
   }
   if (a.n_queries < 1) throw Error("n_queries", "must be >= 1");
   if (a.batch < 1) throw Error("batch", "must be >= 1");
   const std::int64_t rows = checked_mul(a.batch, a.n_queries, "batch");
-  if (c.q_cap == 0) c.q_cap = rows;
-  if (c.q_cap < rows) throw Error("q_cap", "must be >= batch * n_queries");
+  const std::int64_t q_cap = a.q_cap == 0 ? rows : a.q_cap;
+  if (q_cap < rows) throw Error("q_cap", "must be >= batch * n_queries");
+  checked_mul(checked_mul(q_cap, a.n_heads, "q_cap"), 2 * l.head_dim + 1, "q_cap");
   checked_mul(a.batch, l.key_words() + l.value_words(), "batch");
+  std::int64_t max_seq = 0;
   if (a.start_positions != nullptr) {
     check_pointer("start_positions", a.start_positions, alignof(std::int32_t));
-    c.max_seq = a.max_seq.value_or(l.capacity);
+    max_seq = a.max_seq.value_or(l.capacity);
   } else {
     if (a.start_pos < 0 || a.start_pos >= l.capacity) {
       throw Error("start_pos", "must be in [0, capacity " + std::to_string(l.capacity) + ")");
@@ -278,16 +277,28 @@ TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
                                    std::to_string(a.start_pos + a.n_queries - 1) + " pass capacity " +
                                    std::to_string(l.capacity));
     }
-    c.max_seq = a.max_seq.value_or(a.start_pos + a.n_queries);
+    max_seq = a.max_seq.value_or(a.start_pos + a.n_queries);
   }
-  if (*c.max_seq < 0 || *c.max_seq > l.capacity) {
+  if (max_seq < 0 || max_seq > l.capacity) {
     throw Error("max_seq", "must be in [0, capacity " + std::to_string(l.capacity) + "]");
   }
+  TqAttendCall c(Validator::stamp());
+  c.tables = a.tables;
+  c.scratch_layout = {q_cap, a.n_heads, l.head_dim};
+  c.scratch = a.scratch;
+  c.n_heads = a.n_heads;
+  c.n_queries = a.n_queries;
+  c.start_pos = a.start_pos;
+  c.batch = a.batch;
+  c.max_seq = max_seq;
+  // With per-sequence starts any row may see up to max_seq timesteps; else the last row's limit.
+  c.longest_row = a.start_positions ? max_seq : std::min(a.start_pos + a.n_queries, max_seq);
+  c.start_positions = a.start_positions;
   const float inv_sqrt_d = float(1.0 / std::sqrt(double(l.head_dim)));
   c.scale = a.scale.value_or(inv_sqrt_d);
   c.qjl_scale = a.qjl_scale.value_or(float(std::sqrt(std::acos(-1.0) / 2.0) / std::sqrt(double(l.head_dim))));
-  if (!std::isfinite(*c.scale)) throw Error("scale", "must be finite");
-  if (!std::isfinite(*c.qjl_scale)) throw Error("qjl_scale", "must be finite");
+  if (!std::isfinite(c.scale)) throw Error("scale", "must be finite");
+  if (!std::isfinite(c.qjl_scale)) throw Error("qjl_scale", "must be finite");
   check_pointer("scratch", a.scratch, alignof(float));
   check_pointer("k_cache", a.k_cache, alignof(std::uint32_t));
   check_pointer("v_cache", a.v_cache, alignof(std::uint32_t));
@@ -295,6 +306,10 @@ TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
   check_shape("out", a.out, {a.batch, a.n_queries, a.n_heads, l.head_dim}, "[batch, n_queries, n_heads, head_dim]");
   if (a.out.dtype != DType::f32) throw Error("out", "must be f32");
   if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
+  c.k_cache = a.k_cache;
+  c.v_cache = a.v_cache;
+  c.out = a.out;
+  c.stream = a.stream;
   if (check_workspace) {
     const std::size_t need = backend.tq_attend_workspace(c);
     if (need > 0 && (a.workspace == nullptr || a.workspace_bytes < need)) {
@@ -302,6 +317,8 @@ TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
                                    std::to_string(a.workspace == nullptr ? 0 : a.workspace_bytes));
     }
     if (need > 0) check_pointer("workspace", a.workspace, 16);  // the kernels read it in 16-byte pieces
+    c.workspace = a.workspace;
+    c.workspace_bytes = a.workspace_bytes;
   }
   return c;
 }

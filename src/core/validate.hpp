@@ -1,4 +1,4 @@
-// The one validator (SPEC §4): every public entry point passes through here before any work.
+// The one validator (docs/spec.md §4): every public entry point passes through here before any work.
 #pragma once
 
 #include <algorithm>
@@ -10,21 +10,18 @@
 
 namespace flashtq::core {
 
-ForwardCall validate_forward(const Backend& backend, const ForwardArgs& args,
-                             const AttentionParams& params);
-BackwardCall validate_backward(const Backend& backend, const BackwardArgs& args,
-                               const AttentionParams& params);
+// The only maker of Validated stamps (see flashtq/problem.hpp).
+struct Validator {
+  static Validated stamp() { return Validated{}; }
+};
+
+ForwardCall validate_forward(const Backend& backend, const ForwardArgs& args, const AttentionParams& params);
+BackwardCall validate_backward(const Backend& backend, const BackwardArgs& args, const AttentionParams& params);
 
 void validate_tq_layout(const TqLayout& layout);
-TqEncodeArgs validate_tq_encode(const Backend& backend, const TqEncodeArgs& args);
-TqRotateArgs validate_tq_rotate(const Backend& backend, const TqRotateArgs& args);
-TqAttendArgs validate_tq_attend(const Backend& backend, const TqAttendArgs& args, bool check_workspace = true);
-
-// The most timesteps any query row of a validated attention call sees (the kernels' split count
-// depends on it): max_seq with per-sequence start positions, else the last row's causal limit.
-inline std::int64_t tq_longest_row(const TqAttendArgs& validated) {
-  const TqAttendArgs& c = validated;
-  return c.start_positions ? *c.max_seq : std::min(c.start_pos + c.n_queries, *c.max_seq);
-}
+TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& args, bool keys);
+TqRotateCall validate_tq_rotate(const Backend& backend, const TqRotateArgs& args);
+// check_workspace = false when the call is resolved only to ask for its workspace size.
+TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& args, bool check_workspace = true);
 
 }  // namespace flashtq::core

@@ -1,4 +1,4 @@
-// Which keys a query row sees (SPEC §1), in one place for every host backend.
+// Which keys a query row sees (docs/spec.md §1), in one place for every host backend.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +39,7 @@ FLASHTQ_HD KeyRange key_range(const DenseProblem& p, std::int64_t i0, std::int64
 FLASHTQ_HD KeyRange row_range(const DenseProblem& p, std::int64_t j0, std::int64_t j1) {
   std::int64_t begin = 0, end = p.Sq;
   if (p.causal && j0 - p.causal_offset > begin) begin = j0 - p.causal_offset;  // i + offset >= j
-  if (p.window > 0) {  // |i + offset - j| < window
+  if (p.window > 0) {                                                          // |i + offset - j| < window
     if (j0 - p.causal_offset - p.window + 1 > begin) begin = j0 - p.causal_offset - p.window + 1;
     if (j1 - 1 - p.causal_offset + p.window < end) end = j1 - 1 - p.causal_offset + p.window;
   }

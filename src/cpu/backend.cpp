@@ -5,9 +5,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
 
 #include "core/host_backend.hpp"
 #include "cpu/dense.hpp"
+#include "cpu/kernels.hpp"
 #include "cpu/turboquant.hpp"
 
 namespace flashtq::cpu {
@@ -16,15 +20,32 @@ namespace {
 class CpuBackend final : public core::HostBackend {
  public:
   std::string name() const override { return "cpu"; }
+  std::string description() const override { return std::string("cpu (") + simd_target() + " SIMD)"; }
   void set_threads(int n) override { threads_ = n > 0 ? n : omp_get_num_procs(); }
   int threads() const override { return threads_; }
 
   void forward(const ForwardCall& c) override { dense_forward(c, threads_); }
   void backward(const BackwardCall& c) override { dense_backward(c, threads_); }
-  void tq_encode_keys(const TqEncodeArgs& c) override { tq_encode(c, true, threads_); }
-  void tq_encode_values(const TqEncodeArgs& c) override { tq_encode(c, false, threads_); }
-  void tq_rotate_queries(const TqRotateArgs& c) override { tq_rotate(c, threads_); }
-  void tq_attend(const TqAttendArgs& c) override { cpu::tq_attend(c, threads_); }
+  void tq_encode(const TqEncodeCall& c) override { cpu::tq_encode(c, threads_); }
+  void tq_rotate_queries(const TqRotateCall& c) override { tq_rotate(c, threads_); }
+  void tq_attend(const TqAttendCall& c) override { cpu::tq_attend(c, threads_); }
+
+  double measure_fma_flops() override {
+    std::vector<double> rates;
+    for (int run = 0; run < 3; ++run) {
+      const auto t0 = std::chrono::steady_clock::now();
+      double flops = 0;
+#pragma omp parallel num_threads(threads_) reduction(+ : flops)
+      {
+        float checksum = 0;
+        flops += fma_burst(20'000'000, &checksum);
+        if (checksum == 12345.0f) std::puts("");  // keeps the work observable
+      }
+      rates.push_back(flops / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(rates.begin(), rates.end());
+    return rates[1];
+  }
 
  private:
   int threads_ = std::max(1, omp_get_num_procs());

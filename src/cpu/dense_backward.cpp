@@ -31,7 +31,8 @@ void load_rows(const TensorView& t, std::int64_t b, std::int64_t i0, std::int64_
   }
 }
 
-void transpose(const float* src, std::int64_t rows, std::int64_t cols, std::int64_t ld_src, float* dst, std::int64_t ld_dst) {
+void transpose(const float* src, std::int64_t rows, std::int64_t cols, std::int64_t ld_src, float* dst,
+               std::int64_t ld_dst) {
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
 }
@@ -50,7 +51,8 @@ void dense_backward(const BackwardCall& c, int threads) {
     std::vector<float> dq(std::size_t(G * p.Sq * Dp), 0.0f), delta(std::size_t(G * p.Sq), 0.0f);
     std::vector<float> k(std::size_t(kBk * Dp)), kt(std::size_t(Dp * kBk)), vt(std::size_t(Dp * kBk));
     std::vector<float> dk(std::size_t(kBk * Dp)), dv(std::size_t(kBk * Dp));
-    std::vector<float> qs(std::size_t(kBq * Dp)), q(std::size_t(kBq * Dp)), dout(std::size_t(kBq * Dp)), o(std::size_t(kBq * Dp));
+    std::vector<float> qs(std::size_t(kBq * Dp)), q(std::size_t(kBq * Dp)), dout(std::size_t(kBq * Dp)),
+        o(std::size_t(kBq * Dp));
     std::vector<float> s(std::size_t(kBq * kBk)), dp(std::size_t(kBq * kBk)), st(std::size_t(kBk * kBq));
     // D_i = <dout_i, out_i> for every row of every head of the group.
     for (std::int64_t g = 0; g < G; ++g) {
@@ -87,8 +89,10 @@ void dense_backward(const BackwardCall& c, int threads) {
           load_rows(c.q, b, i0, rows, h, D, Dp, 1.0f, q.data());
           for (std::size_t e = 0; e < q.size(); ++e) qs[e] = q[e] * p.scale;
           load_rows(c.dout, b, i0, rows, h, D, Dp, 1.0f, dout.data());
-          gemm(qs.data(), std::size_t(Dp), kt.data(), kBk, s.data(), kBk, std::size_t(rows), kBk, std::size_t(D), false);
-          gemm(dout.data(), std::size_t(Dp), vt.data(), kBk, dp.data(), kBk, std::size_t(rows), kBk, std::size_t(D), false);
+          gemm(qs.data(), std::size_t(Dp), kt.data(), kBk, s.data(), kBk, std::size_t(rows), kBk, std::size_t(D),
+               false);
+          gemm(dout.data(), std::size_t(Dp), vt.data(), kBk, dp.data(), kBk, std::size_t(rows), kBk, std::size_t(D),
+               false);
           for (std::int64_t r = 0; r < rows; ++r) {
             const std::int64_t i = i0 + r;
             const float lse = c.lse[(b * p.H + h) * p.Sq + i];
@@ -99,11 +103,15 @@ void dense_backward(const BackwardCall& c, int threads) {
               float prob = 0.0f, z = 0.0f;
               if (j < n && lse != neg_inf && core::key_visible(p, i, j0 + j)) {
                 float score = sv;
-                if (p.mask) score += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + (j0 + j) * p.mask_strides[3]];
+                if (p.mask)
+                  score += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] +
+                                  (j0 + j) * p.mask_strides[3]];
                 if (score > -1e30f) {
                   prob = std::exp(score - lse);
-                  z = p.dropout_p > 0.0f ? (core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i),
-                                                               std::uint32_t(j0 + j)) ? keep_scale : 0.0f)
+                  z = p.dropout_p > 0.0f ? (core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h),
+                                                               std::uint32_t(i), std::uint32_t(j0 + j))
+                                                ? keep_scale
+                                                : 0.0f)
                                          : 1.0f;
                 }
               }
@@ -114,11 +122,13 @@ void dense_backward(const BackwardCall& c, int threads) {
           }
           // dV += (P Z)^T dout, dK += dS^T q, dQ += dS k.
           transpose(s.data(), rows, kBk, kBk, st.data(), kBq);
-          gemm(st.data(), kBq, dout.data(), std::size_t(Dp), dv.data(), std::size_t(Dp), std::size_t(n), std::size_t(D), std::size_t(rows), true);
+          gemm(st.data(), kBq, dout.data(), std::size_t(Dp), dv.data(), std::size_t(Dp), std::size_t(n), std::size_t(D),
+               std::size_t(rows), true);
           transpose(dp.data(), rows, kBk, kBk, st.data(), kBq);
-          gemm(st.data(), kBq, q.data(), std::size_t(Dp), dk.data(), std::size_t(Dp), std::size_t(n), std::size_t(D), std::size_t(rows), true);
-          gemm(dp.data(), kBk, k.data(), std::size_t(Dp), dq.data() + (g * p.Sq + i0) * Dp, std::size_t(Dp), std::size_t(rows),
-               std::size_t(D), std::size_t(n), true);
+          gemm(st.data(), kBq, q.data(), std::size_t(Dp), dk.data(), std::size_t(Dp), std::size_t(n), std::size_t(D),
+               std::size_t(rows), true);
+          gemm(dp.data(), kBk, k.data(), std::size_t(Dp), dq.data() + (g * p.Sq + i0) * Dp, std::size_t(Dp),
+               std::size_t(rows), std::size_t(D), std::size_t(n), true);
         }
       }
       for (std::int64_t j = 0; j < n; ++j) {
@@ -133,7 +143,8 @@ void dense_backward(const BackwardCall& c, int threads) {
       const std::int64_t h = hk * G + g;
       for (std::int64_t i = 0; i < p.Sq; ++i) {
         const std::int64_t at = core::offset(c.dq, b, i, h);
-        for (std::int64_t d = 0; d < D; ++d) core::store(c.dq.data, p.dtype, at + d, dq[std::size_t((g * p.Sq + i) * Dp + d)]);
+        for (std::int64_t d = 0; d < D; ++d)
+          core::store(c.dq.data, p.dtype, at + d, dq[std::size_t((g * p.Sq + i) * Dp + d)]);
       }
     }
   }

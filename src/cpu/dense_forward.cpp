@@ -127,7 +127,8 @@ void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::in
           continue;
         }
         if (p.mask != nullptr) {
-          s[j] += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + (j0 + j) * p.mask_strides[3]];
+          s[j] += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] +
+                         (j0 + j) * p.mask_strides[3]];
           if (s[j] <= -1e30f) s[j] = kNegInf;
         }
       }
@@ -145,7 +146,8 @@ void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::in
       if (p.dropout_p > 0.0f) {  // the denominator above does not see dropout; the values do
         const std::uint32_t bh = std::uint32_t(b * p.H + h);
         for (std::int64_t j = 0; j < n; ++j) {
-          s[j] *= core::dropout_keep(p.dropout_p, p.seed, bh, std::uint32_t(i), std::uint32_t(j0 + j)) ? keep_scale : 0.0f;
+          s[j] *=
+              core::dropout_keep(p.dropout_p, p.seed, bh, std::uint32_t(i), std::uint32_t(j0 + j)) ? keep_scale : 0.0f;
         }
       }
     }
@@ -174,8 +176,8 @@ void dense_forward(const ForwardCall& c, int threads) {
   std::vector<float> partials(splits > 1 ? std::size_t(row_tasks * splits * stride) : 0);
 
   // Writes row r of a finished block of `n_pos` positions (normalised output and LSE).
-  auto finish_row = [&](std::int64_t b, std::int64_t hk, std::int64_t i0, std::int64_t n_pos, std::int64_t r, const float* o,
-                        float m, float l) {
+  auto finish_row = [&](std::int64_t b, std::int64_t hk, std::int64_t i0, std::int64_t n_pos, std::int64_t r,
+                        const float* o, float m, float l) {
     const std::int64_t h = hk * G + r / n_pos, i = i0 + r % n_pos;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const std::int64_t at = core::offset(c.out, b, i, h);
@@ -253,10 +255,13 @@ void dense_forward(const ForwardCall& c, int threads) {
         const std::int64_t qb = rt % q_blocks, bhk = rt / q_blocks, hk = bhk % p.Hkv, b = bhk / p.Hkv;
         const std::int64_t i0 = qb * P, n_pos = std::min(p.Sq, i0 + P) - i0, rows = G * n_pos;
         for (std::int64_t r = 0; r < rows; ++r) {
-          const auto [M, L] = merge_partials(splits, D, [&](std::int64_t s) {
-            const float* w = partials.data() + (rt * splits + s) * stride + r * (Dp + 2);
-            return Partial{w[Dp], w[Dp + 1], w};
-          }, acc.data());
+          const auto [M, L] = merge_partials(
+              splits, D,
+              [&](std::int64_t s) {
+                const float* w = partials.data() + (rt * splits + s) * stride + r * (Dp + 2);
+                return Partial{w[Dp], w[Dp + 1], w};
+              },
+              acc.data());
           finish_row(b, hk, i0, n_pos, r, acc.data(), M, L);
         }
       }

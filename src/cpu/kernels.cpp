@@ -71,13 +71,25 @@ void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size
   }
 }
 
+// f16 -> f32 for N lanes. Highway's emulated conversion (targets without F16C: SSSE3, scalar) treats
+// exponent 31 as a normal number, so infinities and NaNs are rebuilt from the bits here.
+template <class D>
+HWY_INLINE hn::Vec<D> widen_f16(D d, const hwy::float16_t* p) {
+  const hn::Rebind<hwy::float16_t, D> dh;
+  const hn::Rebind<uint16_t, D> du16;
+  const hn::RebindToUnsigned<D> du;
+  const auto widened = hn::PromoteTo(d, hn::LoadU(dh, p));
+  const auto bits = hn::PromoteTo(du, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p)));
+  const auto special = hn::Eq(hn::And(bits, hn::Set(du, 0x7C00u)), hn::Set(du, 0x7C00u));
+  const auto rebuilt = hn::Or(hn::Or(hn::ShiftLeft<16>(hn::And(bits, hn::Set(du, 0x8000u))), hn::Set(du, 0x7F800000u)),
+                              hn::ShiftLeft<13>(hn::And(bits, hn::Set(du, 0x03FFu))));
+  return hn::IfThenElse(hn::RebindMask(d, special), hn::BitCast(d, rebuilt), widened);
+}
+
 template <class D>
 HWY_INLINE hn::Vec<D> load_as_f32(D d, const void* base, size_t i, int dtype) {
   if (dtype == 0) return hn::LoadU(d, static_cast<const float*>(base) + i);
-  if (dtype == 1) {
-    const hn::Rebind<hwy::float16_t, D> dh;
-    return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::float16_t*>(base) + i));
-  }
+  if (dtype == 1) return widen_f16(d, static_cast<const hwy::float16_t*>(base) + i);
   const hn::Rebind<hwy::bfloat16_t, D> db;
   return hn::PromoteTo(d, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(base) + i));
 }
@@ -109,9 +121,12 @@ void ScoreRows(const float* Q, size_t ldq, size_t rows, const void* keys, size_t
       float s = hn::GetLane(hn::SumOfLanes(d, acc[r]));
       for (size_t i = vec_end; i < dim; ++i) {  // a head_dim that is not a multiple of the lanes
         float kf;
-        if (dtype == 0) kf = static_cast<const float*>(k)[i];
-        else if (dtype == 1) kf = core::f16_to_f32(static_cast<const uint16_t*>(k)[i]);
-        else kf = core::bf16_to_f32(static_cast<const uint16_t*>(k)[i]);
+        if (dtype == 0)
+          kf = static_cast<const float*>(k)[i];
+        else if (dtype == 1)
+          kf = core::f16_to_f32(static_cast<const uint16_t*>(k)[i]);
+        else
+          kf = core::bf16_to_f32(static_cast<const uint16_t*>(k)[i]);
         s += Q[r * ldq + i] * kf;
       }
       S[r * lds + j] = s;
@@ -169,9 +184,8 @@ void LoadRow(const void* src, int dtype, float* dst, size_t n, float factor) {
     for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, s + i), f), d, dst + i);
     for (; i < n; ++i) dst[i] = s[i] * factor;
   } else if (dtype == 1) {
-    const hn::Rebind<hwy::float16_t, decltype(d)> dh;
     const hwy::float16_t* s = static_cast<const hwy::float16_t*>(src);
-    for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::PromoteTo(d, hn::LoadU(dh, s + i)), f), d, dst + i);
+    for (; i + N <= n; i += N) hn::StoreU(hn::Mul(widen_f16(d, s + i), f), d, dst + i);
     for (; i < n; ++i) dst[i] = core::f16_to_f32(static_cast<const uint16_t*>(src)[i]) * factor;
   } else {
     const hn::Rebind<hwy::bfloat16_t, decltype(d)> db;
@@ -193,8 +207,9 @@ double FmaBurst(size_t iterations, float* checksum) {
     v4 = hn::MulAdd(v4, a, b), v5 = hn::MulAdd(v5, a, b), v6 = hn::MulAdd(v6, a, b), v7 = hn::MulAdd(v7, a, b);
     v8 = hn::MulAdd(v8, a, b), v9 = hn::MulAdd(v9, a, b), v10 = hn::MulAdd(v10, a, b), v11 = hn::MulAdd(v11, a, b);
   }
-  const auto sum = hn::Add(hn::Add(hn::Add(v0, v1), hn::Add(v2, v3)),
-                           hn::Add(hn::Add(hn::Add(v4, v5), hn::Add(v6, v7)), hn::Add(hn::Add(v8, v9), hn::Add(v10, v11))));
+  const auto sum =
+      hn::Add(hn::Add(hn::Add(v0, v1), hn::Add(v2, v3)),
+              hn::Add(hn::Add(hn::Add(v4, v5), hn::Add(v6, v7)), hn::Add(hn::Add(v8, v9), hn::Add(v10, v11))));
   *checksum = hn::GetLane(hn::SumOfLanes(d, sum));
   return 2.0 * 12.0 * double(hn::Lanes(d)) * double(iterations);
 }
@@ -230,7 +245,9 @@ float max_of(const float* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(MaxOf)
 void load_row(const void* src, int dtype, float* dst, std::size_t n, float factor) {
   HWY_DYNAMIC_DISPATCH(LoadRow)(src, dtype, dst, n, factor);
 }
-double fma_burst(std::size_t iterations, float* checksum) { return HWY_DYNAMIC_DISPATCH(FmaBurst)(iterations, checksum); }
+double fma_burst(std::size_t iterations, float* checksum) {
+  return HWY_DYNAMIC_DISPATCH(FmaBurst)(iterations, checksum);
+}
 const char* simd_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
 }  // namespace flashtq::cpu

@@ -77,7 +77,8 @@ void build_key_tables(const float* const* q_rot, const float* const* q_jl, int h
       const auto q = across_heads(q_rot, 4 * j + i);
       for (int code = 3; code >= 0; --code) {  // code 0 last: it overwrites the entries it reads
         const auto part = hn::Mul(q, hn::Set(d4, centroids[code]));
-        for (int x = 0; x < filled; ++x) hn::Store(hn::Add(hn::Load(d4, e + x * 4), part), d4, e + (x + filled * code) * 4);
+        for (int x = 0; x < filled; ++x)
+          hn::Store(hn::Add(hn::Load(d4, e + x * 4), part), d4, e + (x + filled * code) * 4);
       }
     }
   }
@@ -98,27 +99,26 @@ void build_key_tables(const float* const* q_rot, const float* const* q_jl, int h
 // Heads [g0, g0 + GT) (GT <= 4) of one (row, kv head) over timesteps [t0, t1): fills their m, l and
 // rotated-space accumulators (acc: GT x D). Each code word is read once for all the heads.
 template <int GT>
-void attend_heads(const TqAttendArgs& a, std::int64_t row, std::int64_t kvh, std::int64_t g0, std::int64_t t0,
+void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t g0, std::int64_t t0,
                   std::int64_t t1, float* m, float* l, float* acc) {
   const hn::ScalableTag<float> d;
   const hn::Full128<float> d4;  // one lane per head of the quad
   using V = hn::Vec<decltype(d)>;
   using V4 = hn::Vec<decltype(d4)>;
   const std::int64_t N = std::int64_t(hn::Lanes(d));
-  const TqLayout& lay = a.layout;
+  const TqLayout& lay = a.layout();
   const std::int64_t D = lay.head_dim, H = a.n_heads, G = H / lay.n_kv_heads, b = row / a.n_queries;
-  const std::int64_t region = a.q_cap * H * D;
   const std::uint32_t* keys = a.k_cache + b * lay.key_words();
   const std::uint32_t* values = a.v_cache + b * lay.value_words();
   alignas(64) float vc[16] = {};
   for (int i = 0; i < 4; ++i) vc[i] = a.tables.value_centroids[std::size_t(i)];
   const V value_c = hn::LoadU(d, vc);
-  const float scale = *a.scale, qjl = *a.qjl_scale;
+  const float scale = a.scale, qjl = a.qjl_scale;
   const float* q_rot[GT];
   const float* q_jl[GT];
   for (int g = 0; g < GT; ++g) {
-    q_rot[g] = a.scratch + (row * H + kvh * G + g0 + g) * D;
-    q_jl[g] = q_rot[g] + region;
+    q_rot[g] = a.scratch + a.scratch_layout.q_rot(row, kvh * G + g0 + g);
+    q_jl[g] = a.scratch + a.scratch_layout.q_jl(row, kvh * G + g0 + g);
     m[g] = -std::numeric_limits<float>::infinity();
     l[g] = 0.0f;
   }
@@ -162,7 +162,8 @@ void attend_heads(const TqAttendArgs& a, std::int64_t row, std::int64_t kvh, std
       l[g] = l[g] * corr + exp_shift_sum(s, std::size_t(n), m_new);
       if (corr != 1.0f) ::flashtq::cpu::scale(acc + g * D, std::size_t(D), corr);
       m[g] = m_new;
-      for (std::int64_t t = 0; t < n; ++t) s[t] *= f16_low(values[lay.value_norm_offset() + kvh * lay.capacity + tb + t]);
+      for (std::int64_t t = 0; t < n; ++t)
+        s[t] *= f16_low(values[lay.value_norm_offset() + kvh * lay.capacity + tb + t]);
     }
     // Values, chunk by chunk: the heads' accumulators of a chunk stay in registers over the block.
     for (std::int64_t c = 0; c < D; c += N) {
@@ -178,9 +179,9 @@ void attend_heads(const TqAttendArgs& a, std::int64_t row, std::int64_t kvh, std
 }
 
 // One (row, kv head): every head of its group, in quads (the last one 3, 2 or 1 heads).
-void AttendRange(const TqAttendArgs& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1, float* m,
+void AttendRange(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1, float* m,
                  float* l, float* acc) {
-  const std::int64_t G = a.n_heads / a.layout.n_kv_heads, D = a.layout.head_dim;
+  const std::int64_t G = a.group(), D = a.layout().head_dim;
   std::int64_t g = 0;
   for (; g + 4 <= G; g += 4) attend_heads<4>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
   if (G - g == 3) attend_heads<3>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
@@ -193,7 +194,7 @@ bool Supported() {
   return hn::Lanes(d) >= 4 && hn::Lanes(d) <= 16;
 }
 #else
-void AttendRange(const TqAttendArgs&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*, float*, float*) {}
+void AttendRange(const TqAttendCall&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*, float*, float*) {}
 bool Supported() { return false; }
 #endif
 
@@ -206,8 +207,8 @@ namespace flashtq::cpu {
 HWY_EXPORT(AttendRange);
 HWY_EXPORT(Supported);
 
-bool tq_attend_simd(const TqAttendArgs& a, int threads) {
-  const TqLayout& l = a.layout;
+bool tq_attend_simd(const TqAttendCall& a, int threads) {
+  const TqLayout& l = a.layout();
   if (l.key_bits != 2 || l.value_bits != 2 || !HWY_DYNAMIC_DISPATCH(Supported)()) return false;
   const std::int64_t D = l.head_dim, H = a.n_heads, G = H / l.n_kv_heads, rows = a.batch * a.n_queries;
   // Units of (row, kv head, split); splits keep every thread busy in decode.
@@ -219,7 +220,7 @@ bool tq_attend_simd(const TqAttendArgs& a, int threads) {
     const std::int64_t split = u % splits, row = (u / splits) / l.n_kv_heads, kvh = (u / splits) % l.n_kv_heads;
     const std::int64_t b = row / a.n_queries, j = row % a.n_queries;
     const std::int64_t start = a.start_positions ? std::int64_t(a.start_positions[b]) : a.start_pos;
-    const std::int64_t seq = std::max<std::int64_t>(0, std::min({start + j + 1, *a.max_seq, l.capacity}));
+    const std::int64_t seq = std::max<std::int64_t>(0, std::min({start + j + 1, a.max_seq, l.capacity}));
     const std::int64_t per = (seq + splits - 1) / splits;
     const std::int64_t t0 = std::min(seq, split * per), t1 = std::min(seq, t0 + per);
     float* out = part.data() + u * G * (D + 2);
@@ -232,10 +233,14 @@ bool tq_attend_simd(const TqAttendArgs& a, int threads) {
     const std::int64_t b = row / a.n_queries, j = row % a.n_queries;
     std::vector<float> x(static_cast<std::size_t>(D));
     for (std::int64_t g = 0; g < G; ++g) {
-      const float L = merge_partials(splits, D, [&](std::int64_t s) {
-        const float* u = part.data() + (r * splits + s) * G * (D + 2);
-        return Partial{u[g], u[G + g], u + 2 * G + g * D};
-      }, x.data()).second;
+      const float L = merge_partials(
+                          splits, D,
+                          [&](std::int64_t s) {
+                            const float* u = part.data() + (r * splits + s) * G * (D + 2);
+                            return Partial{u[g], u[G + g], u + 2 * G + g * D};
+                          },
+                          x.data())
+                          .second;
       for (float& e : x) e = L > 0.0f ? e / L : 0.0f;  // a row that sees nothing writes zeros
       core::inverse_rht(x.data(), D, a.tables.polar_sign_bits);
       float* out = static_cast<float*>(a.out.data) + core::offset(a.out, b, j, kvh * G + g);

@@ -47,11 +47,10 @@ class CudaBackend final : public Backend {
 
   void forward(const ForwardCall& c) override { launch_dense_forward(c); }
   void backward(const BackwardCall& c) override { launch_dense_backward(c); }
-  void tq_encode_keys(const TqEncodeArgs& c) override { launch_tq_encode(c, true); }
-  void tq_encode_values(const TqEncodeArgs& c) override { launch_tq_encode(c, false); }
-  void tq_rotate_queries(const TqRotateArgs& c) override { launch_tq_rotate(c); }
-  void tq_attend(const TqAttendArgs& c) override { launch_tq_attend(c); }
-  std::size_t tq_attend_workspace(const TqAttendArgs& c) const override { return cuda::tq_attend_workspace(c); }
+  void tq_encode(const TqEncodeCall& c) override { launch_tq_encode(c); }
+  void tq_rotate_queries(const TqRotateCall& c) override { launch_tq_rotate(c); }
+  void tq_attend(const TqAttendCall& c) override { launch_tq_attend(c); }
+  std::size_t tq_attend_workspace(const TqAttendCall& c) const override { return cuda::tq_attend_workspace(c); }
 };
 
 }  // namespace

@@ -17,11 +17,17 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162f
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
 template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 // Two floats rounded to a packed pair of T (the low half first), as mma operands take them.
 template <typename T>
@@ -38,7 +44,8 @@ __device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float lo, float hi
 }
 
 // Element offset of row (b, s, h) of a [B, S, H, D] view.
-__device__ __forceinline__ std::int64_t row_offset(const TensorView& t, std::int64_t b, std::int64_t s, std::int64_t h) {
+__device__ __forceinline__ std::int64_t row_offset(const TensorView& t, std::int64_t b, std::int64_t s,
+                                                   std::int64_t h) {
   return b * t.strides[0] + s * t.strides[1] + h * t.strides[2];
 }
 
@@ -121,7 +128,9 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* global) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most `pending` of this thread's committed groups are still in flight.
 template <int pending>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(pending)); }
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+}
 
 // Programmatic dependent launch (sm_90+; no-ops on older targets and for kernels launched without
 // the attribute). A kernel launched with launch_dependent() may start while the kernel before it in

@@ -11,7 +11,8 @@ namespace flashtq::cuda {
 
 inline void check(cudaError_t status, const char* call) {
   if (status != cudaSuccess) {
-    throw Error("cuda", std::string(call) + " failed: " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
+    throw Error("cuda",
+                std::string(call) + " failed: " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
   }
 }
 

@@ -1,5 +1,5 @@
 // Dense attention on CUDA: exact f32 arithmetic, one warp per query row (forward and dq) or per
-// key row (dk, dv). Every feature of SPEC §1; deterministic (no atomics). A correctness-first
+// key row (dk, dv). Every feature of docs/spec.md §1; deterministic (no atomics). A correctness-first
 // path: the tensor-core kernels of the CUDA dense issue replace it for f16/bf16 speed.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -67,13 +67,14 @@ __device__ __forceinline__ float masked(const DenseProblem& p, float dot, std::i
 __device__ __forceinline__ float dropout_factor(const DenseProblem& p, std::int64_t b, std::int64_t h, std::int64_t i,
                                                 std::int64_t j) {
   if (p.dropout_p <= 0.0f) return 1.0f;
-  const bool keep = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j));
+  const bool keep =
+      core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j));
   return keep ? 1.0f / (1.0f - p.dropout_p) : 0.0f;
 }
 
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarps) forward_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv,
-                                                              TensorView ov, float* lse) {
+__global__ void __launch_bounds__(32 * kWarps)
+    forward_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv, TensorView ov, float* lse) {
   const int lane = threadIdx.x % 32;
   const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= p.B * p.H * p.Sq) return;
@@ -86,7 +87,8 @@ __global__ void __launch_bounds__(32 * kWarps) forward_kernel(DenseProblem p, Te
   const core::KeyRange range = core::key_range(p, i, i + 1);
   for (std::int64_t j = range.begin; j < range.end; ++j) {
     if (!core::key_visible(p, i, j)) continue;
-    const float s = masked(p, dot_row(q, static_cast<const T*>(kv.data) + row_offset(kv, b, j, hk), D, lane), b, h, i, j);
+    const float s =
+        masked(p, dot_row(q, static_cast<const T*>(kv.data) + row_offset(kv, b, j, hk), D, lane), b, h, i, j);
     if (s == -INFINITY) continue;
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new), e = expf(s - m_new);

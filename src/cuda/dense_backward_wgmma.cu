@@ -52,8 +52,10 @@ __global__ void stash_row_stats_kernel(BackwardCall c) {
   const std::int64_t i = row % p.Sq, h = (row / p.Sq) % p.H, b = row / p.Sq / p.H;
   float acc = 0.0f;
   if (valid) {
-    const uint4 x = *reinterpret_cast<const uint4*>(static_cast<const T*>(c.dout.data) + row_offset(c.dout, b, i, h) + 8 * part);
-    const uint4 y = *reinterpret_cast<const uint4*>(static_cast<const T*>(c.out.data) + row_offset(c.out, b, i, h) + 8 * part);
+    const uint4 x =
+        *reinterpret_cast<const uint4*>(static_cast<const T*>(c.dout.data) + row_offset(c.dout, b, i, h) + 8 * part);
+    const uint4 y =
+        *reinterpret_cast<const uint4*>(static_cast<const T*>(c.out.data) + row_offset(c.out, b, i, h) + 8 * part);
     const T* a = reinterpret_cast<const T*>(&x);
     const T* o = reinterpret_cast<const T*>(&y);
 #pragma unroll
@@ -72,26 +74,30 @@ __global__ void stash_row_stats_kernel(BackwardCall c) {
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 
 // The two gradients one score contributes: P with dropout applied (dV's weight) and dS / scale (the
-// kernels multiply dK and dQ by the softmax scale once, when they store them). `lse2` is the row's LSE in log2 units (+inf for a row that sees nothing,
-// so P = 0); `checked` asks for the per-element visibility test (tiles not fully visible). (Not
-// inlining it, to spare the instruction cache, measured slower: the call saves every accumulator.)
+// kernels multiply dK and dQ by the softmax scale once, when they store them). `lse2` is the row's LSE in log2 units
+// (+inf for a row that sees nothing, so P = 0); `checked` asks for the per-element visibility test (tiles not fully
+// visible). (Not inlining it, to spare the instruction cache, was slower: the call saves every accumulator.)
 struct ScoreGrads {
   float p_kept, ds;
 };
 __device__ __forceinline__ ScoreGrads score_grads(const DenseProblem& p, float s, float dp, float lse2, float delta,
-                                                  std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j, bool checked,
-                                                  float scale_log2, float keep_scale) {
+                                                  std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,
+                                                  bool checked, float scale_log2, float keep_scale) {
   if (checked && (i >= p.Sq || !core::key_visible(p, i, j))) return {0.0f, 0.0f};
   float x = s * scale_log2;
   if (p.mask != nullptr) {
-    const float v = s * p.scale + p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
+    const float v =
+        s * p.scale +
+        p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
     if (v <= -1e30f) return {0.0f, 0.0f};
     x = v * kLog2e;
   }
   const float pr = exp2_approx(x - lse2);
   float z = 1.0f;
   if (p.dropout_p > 0.0f) {
-    z = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j)) ? keep_scale : 0.0f;
+    z = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j))
+            ? keep_scale
+            : 0.0f;
   }
   return {pr * z, pr * (dp * z - delta)};
 }
@@ -103,20 +109,22 @@ constexpr int kKvRows = 128, kQueryTile = 64;  // keys per block; query rows per
 
 template <int D>
 constexpr unsigned dkdv_shared_bytes() {
-  return 2 * wgmma::swizzled_tile_bytes<D>(kKvRows) + kStages * 2 * wgmma::swizzled_tile_bytes<D>(kQueryTile)  // K, V; (Q, dO) stages
-         + kStages * kQueryTile * 8                                             // (lse2, delta) per stage
-         + 8 * (1 + 2 * kStages) + wgmma::kSwizzleAtomBytes;                                  // barriers; alignment
+  return 2 * wgmma::swizzled_tile_bytes<D>(kKvRows) +
+         kStages * 2 * wgmma::swizzled_tile_bytes<D>(kQueryTile)  // K, V; (Q, dO) stages
+         + kStages * kQueryTile * 8                               // (lse2, delta) per stage
+         + 8 * (1 + 2 * kStages) + wgmma::kSwizzleAtomBytes;      // barriers; alignment
 }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c, const __grid_constant__ Maps maps) {
 #ifdef FLASHTQ_WGMMA
   constexpr int kBlocks = D / 64, NT = kQueryTile / 8, DT = D / 8;
-  constexpr unsigned kKvBytes = wgmma::swizzled_tile_bytes<D>(kKvRows), kQBytes = wgmma::swizzled_tile_bytes<D>(kQueryTile);
+  constexpr unsigned kKvBytes = wgmma::swizzled_tile_bytes<D>(kKvRows),
+                     kQBytes = wgmma::swizzled_tile_bytes<D>(kQueryTile);
   const DenseProblem& p = c.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const unsigned k_tile = wgmma::swizzle_aligned(smem_raw), v_tile = k_tile + kKvBytes;
-  const unsigned stages = v_tile + kKvBytes;  // stage s: Q, dO at stages + (2 s + {0, 1}) kQBytes
+  const unsigned stages = v_tile + kKvBytes;              // stage s: Q, dO at stages + (2 s + {0, 1}) kQBytes
   const unsigned stats = stages + kStages * 2 * kQBytes;  // float2 (lse2, delta)[stage][row]
   const unsigned kv_full = stats + kStages * kQueryTile * 8, full = kv_full + 8, empty = full + 8 * kStages;
   const int tid = threadIdx.x, group = tid / 128;
@@ -138,8 +146,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
     const int lane = tid % 32;
     if (lane == 0) {
       tma::arrive_expect_bytes(kv_full, 2 * kKvBytes);
-    for (int cb = 0; cb < kBlocks; ++cb) {
-      tma::load_4d(k_tile + cb * (kKvBytes / kBlocks), maps.k, kv_full, 64 * cb, int(hk), int(j0), int(b));
+      for (int cb = 0; cb < kBlocks; ++cb) {
+        tma::load_4d(k_tile + cb * (kKvBytes / kBlocks), maps.k, kv_full, 64 * cb, int(hk), int(j0), int(b));
         tma::load_4d(v_tile + cb * (kKvBytes / kBlocks), maps.v, kv_full, 64 * cb, int(hk), int(j0), int(b));
       }
     }
@@ -149,7 +157,9 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
       const std::int64_t i0 = tile_row(t), h = tile_head(t);
       for (int r = lane; r < kQueryTile; r += 32) {
         const float2 st = i0 + r < p.Sq ? *stash_of(c, b, i0 + r, h) : make_float2(INFINITY, 0.0f);
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(stats + unsigned(s * kQueryTile + r) * 8), "f"(st.x), "f"(st.y) : "memory");
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(stats + unsigned(s * kQueryTile + r) * 8), "f"(st.x),
+                     "f"(st.y)
+                     : "memory");
       }
       if (lane != 0) {
         tma::arrive(full + 8 * s);
@@ -206,7 +216,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
     auto column_stats = [&](int nt) {
       float4 st4;
       asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=f"(st4.x), "=f"(st4.y), "=f"(st4.z), "=f"(st4.w) : "r"(tile_stats + unsigned(nt * 8 + 2 * tig) * 8));
+                   : "=f"(st4.x), "=f"(st4.y), "=f"(st4.z), "=f"(st4.w)
+                   : "r"(tile_stats + unsigned(nt * 8 + 2 * tig) * 8));
       return st4;
     };
     // Accumulator (nt, pair) holds A fragment register (nt % 2) * 2 + pair of k-step nt / 2; pair 0 is
@@ -233,7 +244,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
         const int x = 4 * nt + 2 * pair;
         const std::int64_t i = i0 + nt * 8 + 2 * tig, j = key0 + 8 * pair;
         const ScoreGrads g0 = score_grads(p, st[x], dpt[x], cs.x, cs.y, b, h, i, j, checked, scale_log2, keep_scale);
-        const ScoreGrads g1 = score_grads(p, st[x + 1], dpt[x + 1], cs.z, cs.w, b, h, i + 1, j, checked, scale_log2, keep_scale);
+        const ScoreGrads g1 =
+            score_grads(p, st[x + 1], dpt[x + 1], cs.z, cs.w, b, h, i + 1, j, checked, scale_log2, keep_scale);
         pa[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(g0.p_kept, g1.p_kept);
         da[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(g0.ds, g1.ds);
       }
@@ -287,14 +299,16 @@ constexpr int kQRows = 128, kKeyTile = 64, kDqStages = 3;  // query rows per blo
 
 template <int D>
 constexpr unsigned dq_shared_bytes() {
-  return 2 * wgmma::swizzled_tile_bytes<D>(kQRows) + kDqStages * 2 * wgmma::swizzled_tile_bytes<D>(kKeyTile) + 8 * (1 + 2 * kDqStages) + wgmma::kSwizzleAtomBytes;
+  return 2 * wgmma::swizzled_tile_bytes<D>(kQRows) + kDqStages * 2 * wgmma::swizzled_tile_bytes<D>(kKeyTile) +
+         8 * (1 + 2 * kDqStages) + wgmma::kSwizzleAtomBytes;
 }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, const __grid_constant__ Maps maps) {
 #ifdef FLASHTQ_WGMMA
   constexpr int kBlocks = D / 64, NT = kKeyTile / 8, DT = D / 8;
-  constexpr unsigned kRowBytes = wgmma::swizzled_tile_bytes<D>(kQRows), kKeyBytes = wgmma::swizzled_tile_bytes<D>(kKeyTile);
+  constexpr unsigned kRowBytes = wgmma::swizzled_tile_bytes<D>(kQRows),
+                     kKeyBytes = wgmma::swizzled_tile_bytes<D>(kKeyTile);
   const DenseProblem& p = c.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const unsigned q_tile = wgmma::swizzle_aligned(smem_raw), dout_tile = q_tile + kRowBytes;
@@ -381,7 +395,8 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
 #pragma unroll
           for (int pair = 0; pair < 2; ++pair) {
             const int x = 4 * nt + 2 * pair;
-            const float p0 = exp2_approx(sc[x] * scale_log2 - lse2[pair]), p1 = exp2_approx(sc[x + 1] * scale_log2 - lse2[pair]);
+            const float p0 = exp2_approx(sc[x] * scale_log2 - lse2[pair]),
+                        p1 = exp2_approx(sc[x + 1] * scale_log2 - lse2[pair]);
             da[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(p0 * (dp[x] - delta[pair]), p1 * (dp[x + 1] - delta[pair]));
           }
         }
@@ -393,14 +408,17 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
         for (int pair = 0; pair < 2; ++pair) {
           const int x = 4 * nt + 2 * pair;
           const std::int64_t i = row0 + 8 * pair, j = jt + nt * 8 + 2 * tig;
-          const float d0 = score_grads(p, sc[x], dp[x], lse2[pair], delta[pair], b, h, i, j, checked, scale_log2, keep_scale).ds;
-          const float d1 = score_grads(p, sc[x + 1], dp[x + 1], lse2[pair], delta[pair], b, h, i, j + 1, checked, scale_log2, keep_scale).ds;
+          const float d0 =
+              score_grads(p, sc[x], dp[x], lse2[pair], delta[pair], b, h, i, j, checked, scale_log2, keep_scale).ds;
+          const float d1 = score_grads(p, sc[x + 1], dp[x + 1], lse2[pair], delta[pair], b, h, i, j + 1, checked,
+                                       scale_log2, keep_scale)
+                               .ds;
           da[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(d0, d1);
         }
       }
     };
-    // One turn per key tile: dQ of tile t with the scores of tile t + 1 (measured faster than two
-    // turns per tile, at 64 keys and at 128).
+    // One turn per key tile: dQ of tile t with the scores of tile t + 1 (faster than two turns per
+    // tile, at 64 keys and at 128; docs/benchmarks.md).
     tma::wait(full, 0);
     my_turn();
     wgmma::fence();
@@ -462,8 +480,8 @@ void launch_dim(const BackwardCall& c, const Maps& kv_maps, const Maps& q_maps, 
 struct Span {
   std::uintptr_t first = 0, last = 0;
 };
-std::optional<Span> span_of(const void* data, const std::array<std::int64_t, 4>& shape, const std::array<std::int64_t, 4>& strides,
-                            std::int64_t element) {
+std::optional<Span> span_of(const void* data, const std::array<std::int64_t, 4>& shape,
+                            const std::array<std::int64_t, 4>& strides, std::int64_t element) {
   std::int64_t far = 0;
   for (int d = 0; d < 4; ++d) {
     if (strides[d] < 0) return std::nullopt;
@@ -478,9 +496,10 @@ std::optional<Span> span_of(const void* data, const std::array<std::int64_t, 4>&
 bool dq_is_separate(const BackwardCall& c) {
   const auto dq = span_of(c.dq.data, c.dq.shape, c.dq.strides, 2);
   const std::array<std::int64_t, 4> lse_shape{c.p.B * c.p.H * c.p.Sq, 1, 1, 1}, lse_strides{1, 0, 0, 0};
-  std::optional<Span> inputs[] = {span_of(c.q.data, c.q.shape, c.q.strides, 2), span_of(c.k.data, c.k.shape, c.k.strides, 2),
-                                  span_of(c.v.data, c.v.shape, c.v.strides, 2), span_of(c.out.data, c.out.shape, c.out.strides, 2),
-                                  span_of(c.dout.data, c.dout.shape, c.dout.strides, 2), span_of(c.lse, lse_shape, lse_strides, 4)};
+  std::optional<Span> inputs[] = {
+      span_of(c.q.data, c.q.shape, c.q.strides, 2),          span_of(c.k.data, c.k.shape, c.k.strides, 2),
+      span_of(c.v.data, c.v.shape, c.v.strides, 2),          span_of(c.out.data, c.out.shape, c.out.strides, 2),
+      span_of(c.dout.data, c.dout.shape, c.dout.strides, 2), span_of(c.lse, lse_shape, lse_strides, 4)};
   if (!dq) return false;
   for (const auto& in : inputs) {
     if (!in || (in->first < dq->last && dq->first < in->last)) return false;
@@ -511,9 +530,11 @@ bool launch_dense_backward_wgmma(const BackwardCall& c) {
   auto stream = static_cast<cudaStream_t>(c.stream);
   const bool half = c.p.dtype == DType::f16;
   if (c.p.D == 64) {
-    half ? launch_dim<__half, 64>(c, *kv_maps, *q_maps, stream) : launch_dim<__nv_bfloat16, 64>(c, *kv_maps, *q_maps, stream);
+    half ? launch_dim<__half, 64>(c, *kv_maps, *q_maps, stream)
+         : launch_dim<__nv_bfloat16, 64>(c, *kv_maps, *q_maps, stream);
   } else {
-    half ? launch_dim<__half, 128>(c, *kv_maps, *q_maps, stream) : launch_dim<__nv_bfloat16, 128>(c, *kv_maps, *q_maps, stream);
+    half ? launch_dim<__half, 128>(c, *kv_maps, *q_maps, stream)
+         : launch_dim<__nv_bfloat16, 128>(c, *kv_maps, *q_maps, stream);
   }
   return true;
 }

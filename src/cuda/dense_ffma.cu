@@ -1,11 +1,11 @@
 // Dense forward for f32 inputs in f32 arithmetic (FFMA), tiled: the f32 path with
-// AttentionParams::pedantic_f32 (the default runs error-compensated TF32, dense_tf32.cu). A block of 8 warps owns 128 query rows (16 per warp); K and V tiles of 64 keys go through
-// shared memory (one buffer each: K of the next tile loads while P V runs, V of the next while the
-// scores run). Lane (rg, kg) = (lane / 8, lane % 8) of a warp holds rows rg + 4 i (i < 4) of the
-// warp's 16 and keys kg + 8 j (j < 8) of the tile, and dims 32 c + 4 kg + {0..3} of the output: every
-// shared-memory read is a 16-byte vector that 4 or 8 lanes share or that 8 lanes read contiguously,
-// and each thread does 32 FFMA per 3 such reads for the scores and 64 per 5 for P V. P passes through
-// shared memory (rows private to a warp). The softmax, features and store are dense_softmax.cuh's.
+// AttentionParams::pedantic_f32 (the default runs error-compensated TF32, dense_tf32.cu). A block of 8 warps owns 128
+// query rows (16 per warp); K and V tiles of 64 keys go through shared memory (one buffer each: K of the next tile
+// loads while P V runs, V of the next while the scores run). Lane (rg, kg) = (lane / 8, lane % 8) of a warp holds rows
+// rg + 4 i (i < 4) of the warp's 16 and keys kg + 8 j (j < 8) of the tile, and dims 32 c + 4 kg + {0..3} of the output:
+// every shared-memory read is a 16-byte vector that 4 or 8 lanes share or that 8 lanes read contiguously, and each
+// thread does 32 FFMA per 3 such reads for the scores and 64 per 5 for P V. P passes through shared memory (rows
+// private to a warp). The softmax, features and store are dense_softmax.cuh's.
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
@@ -21,7 +21,7 @@ namespace {
 constexpr RowOrder kRowOrder = RowOrder::heaviest_first;  // row_blocks.cuh
 
 constexpr int kRows = 128, kWarpRows = 16, kKeys = 64, kThreads = 256;
-constexpr int kPad = 4;        // floats per Q/K/V row: rows 4 banks apart
+constexpr int kPad = 4;           // floats per Q/K/V row: rows 4 banks apart
 constexpr int kPRow = kKeys + 8;  // floats per P row: rows 8 banks apart
 
 template <int D>
@@ -30,15 +30,15 @@ constexpr int shared_floats() {
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads, 1) forward_ffma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv,
-                                                                   TensorView ov, float* lse) {
+__global__ void __launch_bounds__(kThreads, 1)
+    forward_ffma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv, TensorView ov, float* lse) {
   constexpr int kChunks = D / 32;  // 4-dim output chunks per thread
   extern __shared__ __align__(16) unsigned char smem_raw[];
   using Row = float[D + kPad];
   Row* const q_tile = reinterpret_cast<Row*>(smem_raw);
   Row* const k_tile = q_tile + kRows;
   Row* const v_tile = k_tile + kKeys;
-  float (*const p_tile)[kPRow] = reinterpret_cast<float (*)[kPRow]>(v_tile + kKeys);
+  float(*const p_tile)[kPRow] = reinterpret_cast<float(*)[kPRow]>(v_tile + kKeys);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, rg = lane / 8, kg = lane % 8;
   const RowBlock block = this_row_block(p, kRows, kRowOrder);
   const std::int64_t b = block.b, h = block.h, hk = block.hk, i0 = block.i0;
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_ffma_kernel(DenseProblem 
     __syncthreads();
     // S = Q K^T: 4 dims a step, Q's 4 rows and K's 8 keys as float4.
     float s[2][4][4] = {};
-#pragma unroll 4  // measured: 3 % faster than 2; the FMA order within a step makes no difference
+#pragma unroll 4  // faster than 2; the FMA order within a step makes no difference (docs/benchmarks.md)
     for (int d = 0; d < D; d += 4) {
       float4 q[4], k[8];
 #pragma unroll
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_ffma_kernel(DenseProblem 
       cp_async_wait<0>();
     }
     __syncthreads();  // V, and this warp's P rows, visible
-    // O += P V: 4 keys a step, P's 4 rows and V's rows as float4.
+                      // O += P V: 4 keys a step, P's 4 rows and V's rows as float4.
 #pragma unroll 2
     for (int k = 0; k < kKeys; k += 4) {
       float4 w[4];

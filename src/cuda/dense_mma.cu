@@ -3,7 +3,7 @@
 // through shared memory, double-buffered with cp.async so the next tile loads during this one's math.
 // S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators, P staying in registers
 // between the two (its C fragments are the next product's A fragments); the softmax runs on exp2.
-// Every feature of SPEC §1 (strides, GQA, causal offset, window, mask, dropout, LSE); tiles no row
+// Every feature of docs/spec.md §1 (strides, GQA, causal offset, window, mask, dropout, LSE); tiles no row
 // of the block can see are skipped, and per-element checks run only on boundary tiles. K's and V's
 // B fragments come from their row-major tiles through ldmatrix (.trans for V), four 8x8 matrices a time.
 #include <cuda_bf16.h>
@@ -30,27 +30,30 @@ constexpr int kRows = 128, kAtomRows = 64, kThreads = 128;
 template <int D>
 constexpr int kKeysFor = D >= 96 ? 32 : 64;
 
-// Volatile asm: the products issue in source order (measured: non-volatile, letting the compiler
-// reorder them, was 3 % slower here and in the TurboQuant decode).
+// Volatile asm: the products issue in source order (non-volatile, letting the compiler reorder
+// them, was slower here and in the TurboQuant decode; docs/benchmarks.md).
 template <typename T>
 __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);
 template <>
-__device__ __forceinline__ void mma<__half>(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+__device__ __forceinline__ void mma<__half>(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                            std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 template <>
 __device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
                                                    std::uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv,
-                                                                  TensorView ov, float* lse) {
+__global__ void __launch_bounds__(kThreads, 2)
+    forward_mma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv, TensorView ov, float* lse) {
   // Shared memory: the block's Q tile, then two stages of K and V tiles (rows padded by 8 elements
   // so that the 8 rows an ldmatrix reads fall in distinct banks): the copy engine fills one stage
   // (cp.async) while the warps compute on the other.
@@ -58,7 +61,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
   extern __shared__ __align__(16) unsigned char smem_raw[];
   using Row = T[D + 8];
   Row* q_tile = reinterpret_cast<Row*>(smem_raw);
-  Row* const k_stages = q_tile + kRows;           // stage s at k_stages + s * kKeys
+  Row* const k_stages = q_tile + kRows;  // stage s at k_stages + s * kKeys
   Row* const v_stages = k_stages + 2 * kKeys;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tig = lane % 4;
   const RowBlock block = this_row_block(p, kRows, kRowOrder);
@@ -109,15 +112,18 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
           const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(
               &q_tile[kAtomRows * a + 16 * warp + lane % 8 + 8 * ((lane / 8) & 1)][16 * (ks + x) + 8 * (lane / 16)]));
           asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(qa[a][x][0]), "=r"(qa[a][x][1]), "=r"(qa[a][x][2]), "=r"(qa[a][x][3]) : "r"(addr));
+                       : "=r"(qa[a][x][0]), "=r"(qa[a][x][1]), "=r"(qa[a][x][2]), "=r"(qa[a][x][3])
+                       : "r"(addr));
         }
       }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         std::uint32_t kb[4];
-        const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(&k_tile[nt * 8 + lane % 8][16 * ks + 8 * (lane / 8)]));
+        const unsigned addr =
+            static_cast<unsigned>(__cvta_generic_to_shared(&k_tile[nt * 8 + lane % 8][16 * ks + 8 * (lane / 8)]));
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3]) : "r"(addr));
+                     : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3])
+                     : "r"(addr));
 #pragma unroll
         for (int a = 0; a < 2; ++a) {
           mma<T>(s[a][nt], qa[a][0], kb[0], kb[1]);
@@ -147,7 +153,8 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
         const unsigned addr = static_cast<unsigned>(
             __cvta_generic_to_shared(&v_tile[16 * kk + lane % 8 + 8 * ((lane / 8) & 1)][(nt + lane / 16) * 8]));
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(vb[0]), "=r"(vb[1]), "=r"(vb[2]), "=r"(vb[3]) : "r"(addr));
+                     : "=r"(vb[0]), "=r"(vb[1]), "=r"(vb[2]), "=r"(vb[3])
+                     : "r"(addr));
 #pragma unroll
         for (int a = 0; a < 2; ++a) {
           mma<T>(o[a][nt], pa[a], vb[0], vb[1]);
@@ -162,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_mma_kernel(DenseProblem p
 
 template <typename T, int D>
 void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
-  constexpr int smem = (kRows + 4 * kKeysFor<D>) * (D + 8) * int(sizeof(T));  // Q, and K and V in two stages each
+  constexpr int smem = (kRows + 4 * kKeysFor<D>)*(D + 8) * int(sizeof(T));  // Q, and K and V in two stages each
   allow_shared_bytes<forward_mma_kernel<T, D>>(smem);
   forward_mma_kernel<T, D><<<grid, kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
 }

@@ -29,15 +29,17 @@ struct ScoreTile {
 };
 
 template <int RowLanes, typename RowOf, typename KeyOf, typename DimOf>
-__device__ __forceinline__ ScoreTile<RowOf, KeyOf, DimOf, RowLanes> score_tile(const DenseProblem& p, std::int64_t b, std::int64_t h,
-                                                                                RowOf row_of, KeyOf key_of, DimOf dim_of) {
+__device__ __forceinline__ ScoreTile<RowOf, KeyOf, DimOf, RowLanes> score_tile(const DenseProblem& p, std::int64_t b,
+                                                                               std::int64_t h, RowOf row_of,
+                                                                               KeyOf key_of, DimOf dim_of) {
   return {p, b, h, row_of, key_of, dim_of, p.scale * kLog2e, p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f};
 }
 
 // The tensor cores' C-fragment layout (mma.sync m16n8 and wgmma m64nN alike): lane (g, tig) holds
 // keys and dims 8 n + 2 tig + {0, 1}; the 4 lanes of a g share its rows.
 template <typename RowOf>
-__device__ __forceinline__ auto mma_layout(const DenseProblem& p, std::int64_t b, std::int64_t h, int tig, RowOf row_of) {
+__device__ __forceinline__ auto mma_layout(const DenseProblem& p, std::int64_t b, std::int64_t h, int tig,
+                                           RowOf row_of) {
   auto column = [tig](int n, int x) { return n * 8 + 2 * tig + x; };
   return score_tile<4>(p, b, h, row_of, column, column);
 }
@@ -87,7 +89,8 @@ __device__ __forceinline__ void softmax_tile(const Tile& t, std::int64_t j0, boo
           // for the block's real rows only.
           if (i >= p.Sq || (!interior && !core::key_visible(p, i, j))) v = -INFINITY;
           if (p.mask != nullptr && v != -INFINITY) {
-            v += p.mask[t.b * p.mask_strides[0] + t.h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
+            v += p.mask[t.b * p.mask_strides[0] + t.h * p.mask_strides[1] + i * p.mask_strides[2] +
+                        j * p.mask_strides[3]];
             if (v <= -1e30f) v = -INFINITY;
           }
           v *= kLog2e;
@@ -144,7 +147,8 @@ __device__ __forceinline__ void softmax_tile(const Tile& t, std::int64_t j0, boo
         const float pr = s[a][nt][e] == -INFINITY ? 0.0f : exp2_approx(s[a][nt][e] - m[a][e / 2]);
         l[a][e / 2] += pr;
         const std::int64_t i = t.row_of(a, e / 2), j = j0 + t.key_of(nt, e & 1);
-        const bool keep = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(t.b * p.H + t.h), std::uint32_t(i), std::uint32_t(j));
+        const bool keep =
+            core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(t.b * p.H + t.h), std::uint32_t(i), std::uint32_t(j));
         s[a][nt][e] = keep ? pr * t.keep_scale : 0.0f;
       }
     }

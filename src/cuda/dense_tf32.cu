@@ -1,14 +1,14 @@
 // Dense forward for f32 inputs on TF32 tensor cores (mma.m16n8k8.tf32), in one of two modes:
-// - rounded (the opt-in AttentionParams::allow_tf32 path; SPEC §3 bounds its error at 2e-3): each
+// - rounded (the opt-in AttentionParams::allow_tf32 path; docs/spec.md §3 bounds its error at 2e-3): each
 //   operand rounded to TF32 once, one product per multiply. A block of 4 warps owns 128 query rows
 //   (two 16-row atoms per warp); the threads that copied a tile round it in place.
-// - compensated (the default f32 path: f32 accuracy, SPEC's 1e-5): each operand x is split into
+// - compensated (the default f32 path: f32 accuracy, docs/spec.md §3's 1e-5): each operand x is split into
 //   big = tf32(x) and small = tf32(x - big) as its fragment is read, and a b is taken as
 //   a_small b_big + a_big b_small + a_big b_big (the dropped a_small b_small is ~2^-22 of a b) — the
 //   error-compensated "3xTF32" scheme of CUTLASS's OpMultiplyAddFastF32, which PyTorch's efficient
 //   attention runs for f32. Each key tile's P V is summed in fresh accumulators and added to O in
 //   f32 (the tensor cores' accumulation truncates; over thousands of keys O would drift). Three
-//   tensor-core products still beat f32 FMAs (1.4x the FFMA kernel on an H200). A block of 8 warps
+//   tensor-core products still beat f32 FMAs (timings: docs/benchmarks.md). A block of 8 warps
 //   owns 256 rows (two atoms per warp), so each split K/V fragment feeds two atoms.
 // K and V tiles are double-buffered by cp.async. Q's and K's fragments come through ldmatrix (an
 // 8 x 8 matrix of 16-bit halves is an 8 x 4 matrix of floats); V's by single loads: P's C fragments
@@ -66,8 +66,8 @@ __device__ __forceinline__ Parts parts_of(std::uint32_t bits) {
   }
 }
 
-__device__ __forceinline__ void mma_tf32(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2, std::uint32_t a3,
-                                         std::uint32_t b0, std::uint32_t b1) {
+__device__ __forceinline__ void mma_tf32(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                         std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
   // Not volatile: a pure function of its operands, so independent products may be interleaved.
   asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -155,7 +155,8 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
               &q_tile[C::kAtomRows * a + 16 * warp + lane % 8 + 8 * ((lane / 8) & 1)][8 * (ks + x) + 4 * (lane / 16)]));
           std::uint32_t r[4];
           asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+                       : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                       : "r"(addr));
 #pragma unroll
           for (int e = 0; e < 4; ++e) qa[a][x][e] = parts_of<M>(r[e]);
         }
@@ -163,9 +164,11 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         std::uint32_t r[4];
-        const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(&k_tile[nt * 8 + lane % 8][8 * ks + 4 * (lane / 8)]));
+        const unsigned addr =
+            static_cast<unsigned>(__cvta_generic_to_shared(&k_tile[nt * 8 + lane % 8][8 * ks + 4 * (lane / 8)]));
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
         const Parts kb[2][2] = {{parts_of<M>(r[0]), parts_of<M>(r[1])}, {parts_of<M>(r[2]), parts_of<M>(r[3])}};
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
@@ -199,7 +202,7 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
       // in f32: a tensor-core accumulation truncates, so O accumulated there over thousands of keys
       // drifts (1e-4 at 16k keys, measured); within one tile the drift is ~1e-7.
       float fresh[2][4] = {};
-      auto target = [&](int a) -> float (&)[4] {
+      auto target = [&](int a) -> float(&)[4] {
         if constexpr (M == Tf32Mode::rounded) {
           return o[a][nt];
         } else {
@@ -229,7 +232,7 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
 template <int D, Tf32Mode M>
 void launch_dim(const ForwardCall& c, cudaStream_t stream) {
   constexpr int rows = Tf32Config<M>::kRows;
-  constexpr int smem = (rows + 4 * kKeysFor<D>) * (D + kPad) * int(sizeof(float));  // Q, K and V in two stages
+  constexpr int smem = (rows + 4 * kKeysFor<D>)*(D + kPad) * int(sizeof(float));  // Q, K and V in two stages
   allow_shared_bytes<forward_tf32_kernel<D, M>>(smem);
   const dim3 grid = row_block_grid(c.p, rows, kRowOrder);
   forward_tf32_kernel<D, M><<<grid, Tf32Config<M>::kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
@@ -240,7 +243,8 @@ void launch_dim(const ForwardCall& c, cudaStream_t stream) {
 bool launch_dense_forward_tf32(const ForwardCall& c) {
   if (c.p.dtype != DType::f32 || c.p.pedantic) return false;
   if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v)) return false;
-  if (!row_block_grid_fits(c.p, Tf32Config<Tf32Mode::rounded>::kRows, kRowOrder)) return false;  // the smaller blocks' grid
+  if (!row_block_grid_fits(c.p, Tf32Config<Tf32Mode::rounded>::kRows, kRowOrder))
+    return false;  // the smaller blocks' grid
   auto stream = static_cast<cudaStream_t>(c.stream);
   const bool launched = for_head_dim(c.p.D, [&](auto d) {
     constexpr int D = decltype(d)::value;
@@ -251,7 +255,8 @@ bool launch_dense_forward_tf32(const ForwardCall& c) {
     }
   });
   if (!launched) return false;
-  FLASHTQ_CUDA_CHECK_LAUNCH(c.p.tf32 ? "dense forward (tf32 tensor cores)" : "dense forward (error-compensated tf32 tensor cores)");
+  FLASHTQ_CUDA_CHECK_LAUNCH(c.p.tf32 ? "dense forward (tf32 tensor cores)"
+                                     : "dense forward (error-compensated tf32 tensor cores)");
   return true;
 }
 

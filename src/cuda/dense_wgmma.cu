@@ -8,7 +8,7 @@
 // Each warpgroup runs the chain S_0; (O += P_0 V_0, S_1); (O += P_1 V_1, S_2); ...; (O += P_n V_n) as one
 // product group per turn: S = Q K^T reads both operands from shared memory; O += P V takes P from
 // registers (S's accumulators after the softmax) and V from shared memory as an N-major operand.
-// The softmax and every feature of SPEC §1 are shared with the other forwards (dense_softmax.cuh).
+// The softmax and every feature of docs/spec.md §1 are shared with the other forwards (dense_softmax.cuh).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -42,7 +42,8 @@ constexpr int kStagesFor = D <= 128 ? 3 : 2;
 // 1024 bytes to align the start.
 template <int D>
 constexpr unsigned shared_bytes() {
-  return wgmma::swizzled_tile_bytes<D>(kRows) + 2 * kStagesFor<D> * wgmma::swizzled_tile_bytes<D>(kKeysFor<D>) + 8 * (1 + 2 * kStagesFor<D>) + wgmma::kSwizzleAtomBytes;
+  return wgmma::swizzled_tile_bytes<D>(kRows) + 2 * kStagesFor<D> * wgmma::swizzled_tile_bytes<D>(kKeysFor<D>) +
+         8 * (1 + 2 * kStagesFor<D>)+wgmma::kSwizzleAtomBytes;
 }
 
 struct Maps {
@@ -50,8 +51,8 @@ struct Maps {
 };
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem p, const __grid_constant__ Maps maps,
-                                                                    TensorView ov, float* lse) {
+__global__ void __launch_bounds__(kThreads, 1)
+    forward_wgmma_kernel(DenseProblem p, const __grid_constant__ Maps maps, TensorView ov, float* lse) {
 #ifdef FLASHTQ_WGMMA
   constexpr int kKeys = kKeysFor<D>, kStages = kStagesFor<D>;
   constexpr int NT = kKeys / 8, DT = D / 8, kBlocks = D / 64;  // n-tiles of S and of O; column blocks
@@ -85,8 +86,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
       tma::arrive_expect_bytes(full + 8 * s, 2 * kKvBytes);
       const int j0 = int(first) + t * kKeys;
       for (int c = 0; c < kBlocks; ++c) {
-        tma::load_4d(k_tiles + s * kKvBytes + c * (kKvBytes / kBlocks), maps.k, full + 8 * s, 64 * c, int(hk), j0, int(b));
-        tma::load_4d(v_tiles + s * kKvBytes + c * (kKvBytes / kBlocks), maps.v, full + 8 * s, 64 * c, int(hk), j0, int(b));
+        tma::load_4d(k_tiles + s * kKvBytes + c * (kKvBytes / kBlocks), maps.k, full + 8 * s, 64 * c, int(hk), j0,
+                     int(b));
+        tma::load_4d(v_tiles + s * kKvBytes + c * (kKvBytes / kBlocks), maps.v, full + 8 * s, 64 * c, int(hk), j0,
+                     int(b));
       }
     }
     return;
@@ -101,11 +104,12 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
   const auto tile = mma_layout(p, b, h, tig, row_of);
   // Q and K as K-major operands, V as an N-major one (wgmma.cuh).
   const std::uint64_t q_desc = wgmma::k_major(q_tile, group * kGroupRows);
-  auto scores = [&](float (&s)[1][NT][4], int stage) {  // S = Q K^T, issued
+  auto scores = [&](float(&s)[1][NT][4], int stage) {  // S = Q K^T, issued
     const std::uint64_t k_desc = wgmma::k_major(k_tiles + stage * kKvBytes, 0);
-    wgmma::mma_ss_rows<T, kKeys, D>(reinterpret_cast<float(&)[NT * 4]>(s[0]), q_desc, kQBytes / kBlocks, k_desc, kKvBytes / kBlocks);
+    wgmma::mma_ss_rows<T, kKeys, D>(reinterpret_cast<float(&)[NT * 4]>(s[0]), q_desc, kQBytes / kBlocks, k_desc,
+                                    kKvBytes / kBlocks);
   };
-  auto accumulate = [&](const std::uint32_t (&pa)[kKeys / 16][4], int stage) {  // O += P V, issued
+  auto accumulate = [&](const std::uint32_t(&pa)[kKeys / 16][4], int stage) {  // O += P V, issued
     const std::uint64_t v_desc = wgmma::n_major(v_tiles + stage * kKvBytes, kKvBytes / kBlocks);
     wgmma::mma_rs_rows<T, D, kKeys>(reinterpret_cast<float(&)[DT * 4]>(o[0]), pa, v_desc);
   };
@@ -123,7 +127,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
 #pragma unroll
-      for (int x = 0; x < 4; ++x) pa[kk][x] = pack2<T>(s[0][2 * kk + x / 2][2 * (x % 2)], s[0][2 * kk + x / 2][2 * (x % 2) + 1]);
+      for (int x = 0; x < 4; ++x)
+        pa[kk][x] = pack2<T>(s[0][2 * kk + x / 2][2 * (x % 2)], s[0][2 * kk + x / 2][2 * (x % 2) + 1]);
     }
   };
   if (tiles > 0) {
@@ -182,14 +187,15 @@ void launch_for(const ForwardCall& c, const Maps& maps) {
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (wgmma)");
 }
 
-
 }  // namespace
 
 bool launch_dense_forward_wgmma(const ForwardCall& c) {
   if (c.p.D != 64 && c.p.D != 128 && c.p.D != 256) return false;
   if (c.p.dtype != DType::f16 && c.p.dtype != DType::bf16) return false;
   // Grid y, and the TMA coordinates (32-bit signed).
-  if (!row_block_grid_fits(c.p, kRows, kRowOrder) || c.p.Sq >= (std::int64_t(1) << 31) || c.p.Sk >= (std::int64_t(1) << 31)) return false;
+  if (!row_block_grid_fits(c.p, kRows, kRowOrder) || c.p.Sq >= (std::int64_t(1) << 31) ||
+      c.p.Sk >= (std::int64_t(1) << 31))
+    return false;
   if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v) || !device_is_hopper()) return false;
   const unsigned keys = c.p.D <= 128 ? kKeysFor<128> : kKeysFor<256>;
   const auto q = row_tile_map(c.q, kRows), k = row_tile_map(c.k, keys), v = row_tile_map(c.v, keys);

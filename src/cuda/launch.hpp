@@ -55,7 +55,8 @@ bool for_head_dim(std::int64_t D, F&& f) {
 // drains: its blocks must call wait_for_previous_grid() (common.cuh) before they touch what that
 // kernel writes or reads. On older devices an ordinary launch.
 template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, const char* name, Args&&... args) {
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, const char* name,
+                      Args&&... args) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;

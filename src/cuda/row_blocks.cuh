@@ -2,10 +2,9 @@
 // rows), the heaviest row blocks (under a causal mask, the last) first.
 // Blocks start in x-then-y order. RowOrder::heaviest_first, when rows see different numbers of keys
 // (causal, window), puts row blocks in y so that every head's heaviest block starts before any
-// lighter one: longest first keeps the last wave short (f32 causal forward on an H200, S = 1k / 4k /
-// 16k: 2.30 / 6.81 / 23.99 -> 2.11 / 5.99 / 21.41 ms). Otherwise rows go in x, keeping a head's blocks
-// together while its K and V are in L2 — what the Hopper bf16 forward keeps (heaviest-first measured
-// 0.406 -> 0.419 ms there, causal S = 1k).
+// lighter one: longest first keeps the last wave short. Otherwise rows go in x, keeping a head's
+// blocks together while its K and V are in L2 — what the Hopper bf16 forward keeps (heaviest-first
+// was slower there). Timings of both orders: docs/benchmarks.md.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -16,7 +16,9 @@ __device__ __forceinline__ void barrier_init(unsigned bar, unsigned arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
 }
 // Makes initialised barriers visible to the copy engine (then a block barrier to the other threads).
-__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 __device__ __forceinline__ void arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
@@ -28,24 +30,27 @@ __device__ __forceinline__ void arrive_expect_bytes(unsigned bar, unsigned bytes
 __device__ __forceinline__ void wait(unsigned bar, unsigned parity) {
   unsigned done = 0;
   do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
   } while (!done);
 }
 // Copies the box at coordinates (c0, c1, c2, c3) (innermost first) of `map` to shared address `dst`,
 // completing `bytes` on barrier `bar`; parts of the box outside the tensor arrive as zeros.
-__device__ __forceinline__ void load_4d(unsigned dst, const CUtensorMap& map, unsigned bar, int c0, int c1, int c2, int c3) {
+__device__ __forceinline__ void load_4d(unsigned dst, const CUtensorMap& map, unsigned bar, int c0, int c1, int c2,
+                                        int c3) {
   asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
-      ::"r"(dst), "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
 }
 // A producer/consumer ring: barrier `once` (one arrival, for tiles loaded once) and per stage a
 // "full" barrier (`producer_arrivals`) and an "empty" one (`consumer_arrivals`), 8 bytes apart each;
 // initialised by one thread, made visible to the copy engine (the caller then syncs the block).
-__device__ __forceinline__ void init_ring(unsigned once, unsigned full, unsigned empty, int stages, unsigned producer_arrivals,
-                                          unsigned consumer_arrivals) {
+__device__ __forceinline__ void init_ring(unsigned once, unsigned full, unsigned empty, int stages,
+                                          unsigned producer_arrivals, unsigned consumer_arrivals) {
   barrier_init(once, 1);
   for (int s = 0; s < stages; ++s) {
     barrier_init(full + 8 * s, producer_arrivals);
@@ -55,7 +60,9 @@ __device__ __forceinline__ void init_ring(unsigned once, unsigned full, unsigned
 }
 
 // Named barriers 1..15 among `threads` threads: sync waits for all of them, arrive only counts itself.
-__device__ __forceinline__ void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

@@ -7,7 +7,6 @@
 #include <algorithm>
 
 #include "core/packing.hpp"
-#include "core/validate.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
@@ -18,10 +17,6 @@ namespace flashtq::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-
-
-
-
 
 template <int D, int HT>
 __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
@@ -45,13 +40,11 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
     }
     return;
   }
-  const std::int64_t region = a.q_cap * a.H * D;
   for (int i = tid; i < HT * D; i += kThreads) {
-    const std::int64_t at = (j * a.H + h0 + i / D) * D + i % D;
-    q_rot[i / D][i % D] = a.scratch[at];
-    q_jl[i / D][i % D] = a.scratch[region + at];
+    q_rot[i / D][i % D] = a.scratch[a.scratch_layout.q_rot(j, h0 + i / D) + i % D];
+    q_jl[i / D][i % D] = a.scratch[a.scratch_layout.q_jl(j, h0 + i / D) + i % D];
   }
-  if (tid < HT) q_sum[tid] = a.scratch[2 * region + j * a.H + h0 + tid];
+  if (tid < HT) q_sum[tid] = a.scratch[a.scratch_layout.sum(j, h0 + tid)];
   if (tid < 16) {
     kc[tid] = a.key_centroids[tid];
     vc[tid] = a.value_centroids[tid];
@@ -207,13 +200,14 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge(AttendParams a) {
     y[d] = (d & len) ? other - mine : mine + other;
   }
   const float sign = ((a.polar_signs[d / 32] >> (d % 32)) & 1u) ? -1.0f : 1.0f;
-  a.out[b * a.out_batch_stride + j * a.out_row_stride + h * a.out_head_stride + d] = y[d] * (1.0f / sqrtf(float(D))) * sign;
+  a.out[b * a.out_batch_stride + j * a.out_row_stride + h * a.out_head_stride + d] =
+      y[d] * (1.0f / sqrtf(float(D))) * sign;
 }
 
 // Timesteps per block. The tensor-core decode kernel pays a fixed cost per block (copying the query
 // fragments, the cross-warp combine, one partial for the merge), so it takes longer splits while the
 // grid still gives every SM at least 4 blocks; the scalar kernel keeps kSplitTokens.
-std::int64_t split_tokens_of(const TqAttendArgs& c) {
+std::int64_t split_tokens_of(const TqAttendCall& c) {
   if (!mma_decode_supported(c)) return kSplitTokens;
   static const int sms = [] {
     int device = 0, count = 0;
@@ -221,16 +215,16 @@ std::int64_t split_tokens_of(const TqAttendArgs& c) {
     FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
     return count;
   }();
-  const std::int64_t longest = core::tq_longest_row(c);
+  const std::int64_t longest = c.longest_row;
   const std::int64_t units = c.batch * c.n_queries * c.n_heads / 4;  // blocks per split index
   std::int64_t per = kMmaSplitTokens;
   while (per < kMmaMaxSplitTokens && units * ((longest + 2 * per - 1) / (2 * per)) >= 4 * std::int64_t(sms)) per *= 2;
   return per;
 }
 
-int n_splits_of(const TqAttendArgs& c) {
+int n_splits_of(const TqAttendCall& c) {
   const std::int64_t per_split = split_tokens_of(c);
-  return int(std::max<std::int64_t>(1, (core::tq_longest_row(c) + per_split - 1) / per_split));
+  return int(std::max<std::int64_t>(1, (c.longest_row + per_split - 1) / per_split));
 }
 
 int head_tile(std::int64_t group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1; }
@@ -248,11 +242,12 @@ void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, cud
     const dim3 grid(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), unsigned(std::min(kMaxGridZ, rows - first)));
     if (mma_decode_supported(a)) {
       launch_mma_decode(a, grid, stream);
-    } else switch (ht) {
-      case 4: attend_partial<D, 4><<<grid, kThreads, 0, stream>>>(a); break;
-      case 2: attend_partial<D, 2><<<grid, kThreads, 0, stream>>>(a); break;
-      default: attend_partial<D, 1><<<grid, kThreads, 0, stream>>>(a); break;
-    }
+    } else
+      switch (ht) {
+        case 4: attend_partial<D, 4><<<grid, kThreads, 0, stream>>>(a); break;
+        case 2: attend_partial<D, 2><<<grid, kThreads, 0, stream>>>(a); break;
+        default: attend_partial<D, 1><<<grid, kThreads, 0, stream>>>(a); break;
+      }
     FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant attend kernel");
   }
   const AttendParams& a = all_rows;
@@ -262,30 +257,30 @@ void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, cud
 
 // The workspace: the splits' partials (max, sum, D accumulators per row, head and split), then, for
 // the tensor-core decode, the query fragments of every (row, group of 4 heads), 16-byte aligned.
-std::size_t partial_bytes(const TqAttendArgs& c) {
-  return std::size_t(c.batch * c.n_queries * c.n_heads * n_splits_of(c) * partial_stride(int(c.layout.head_dim))) * sizeof(float);
+std::size_t partial_bytes(const TqAttendCall& c) {
+  return std::size_t(c.rows() * c.n_heads * n_splits_of(c) * partial_stride(int(c.layout().head_dim))) * sizeof(float);
 }
 
-std::size_t fragment_offset(const TqAttendArgs& c) { return (partial_bytes(c) + 15) / 16 * 16; }
+std::size_t fragment_offset(const TqAttendCall& c) { return (partial_bytes(c) + 15) / 16 * 16; }
 
 }  // namespace
 
-std::size_t tq_attend_workspace(const TqAttendArgs& c) {
+std::size_t tq_attend_workspace(const TqAttendCall& c) {
   if (!mma_decode_supported(c)) return partial_bytes(c);
-  return fragment_offset(c) + std::size_t(c.batch * c.n_queries * (c.n_heads / 4)) * kKeyFragmentBytes;
+  return fragment_offset(c) + std::size_t(c.rows() * (c.n_heads / 4)) * kKeyFragmentBytes;
 }
 
-void launch_tq_attend(const TqAttendArgs& c) {
+void launch_tq_attend(const TqAttendCall& c) {
   AttendParams a{};
-  a.l = c.layout;
+  a.l = c.layout();
   a.scratch = c.scratch;
-  a.q_cap = c.q_cap;
+  a.scratch_layout = c.scratch_layout;
   a.H = c.n_heads;
   a.n_queries = c.n_queries;
   a.start_pos = c.start_pos;
-  a.max_seq = *c.max_seq;
-  a.scale = *c.scale;
-  a.qjl_scale = *c.qjl_scale;
+  a.max_seq = c.max_seq;
+  a.scale = c.scale;
+  a.qjl_scale = c.qjl_scale;
   a.k = c.k_cache;
   a.v = c.v_cache;
   a.out = static_cast<float*>(c.out.data);
@@ -298,19 +293,19 @@ void launch_tq_attend(const TqAttendArgs& c) {
   a.key_fragments = static_cast<char*>(c.workspace) + fragment_offset(c);
   a.n_splits = n_splits_of(c);
   a.split_tokens = int(split_tokens_of(c));
-  const int ht = head_tile(c.n_heads / c.layout.n_kv_heads);
-  a.n_tiles = int(c.n_heads / c.layout.n_kv_heads / ht);
+  const int ht = head_tile(c.group());
+  a.n_tiles = int(c.group() / ht);
   for (int i = 0; i < 16; ++i) {
     a.key_centroids[i] = c.tables.key_centroids[std::size_t(i)];
     a.value_centroids[i] = c.tables.value_centroids[std::size_t(i)];
   }
   for (int i = 0; i < 8; ++i) a.polar_signs[i] = c.tables.polar_sign_bits[std::size_t(i)];
   auto stream = static_cast<cudaStream_t>(c.stream);
-  switch (c.layout.head_dim) {
-    case 32: launch_for_dim<32>(a, ht, c.layout.n_kv_heads, stream); break;
-    case 64: launch_for_dim<64>(a, ht, c.layout.n_kv_heads, stream); break;
-    case 128: launch_for_dim<128>(a, ht, c.layout.n_kv_heads, stream); break;
-    case 256: launch_for_dim<256>(a, ht, c.layout.n_kv_heads, stream); break;
+  switch (c.layout().head_dim) {
+    case 32: launch_for_dim<32>(a, ht, c.layout().n_kv_heads, stream); break;
+    case 64: launch_for_dim<64>(a, ht, c.layout().n_kv_heads, stream); break;
+    case 128: launch_for_dim<128>(a, ht, c.layout().n_kv_heads, stream); break;
+    case 256: launch_for_dim<256>(a, ht, c.layout().n_kv_heads, stream); break;
     default: throw Error("head_dim", "no CUDA TurboQuant kernel for this head_dim");
   }
 }

@@ -6,18 +6,19 @@
 
 #include <cstdint>
 
-#include "flashtq/turboquant.hpp"
+#include "flashtq/problem.hpp"
 
 namespace flashtq::cuda {
 
-constexpr int kSplitTokens = 256;      // tokens per block of the scalar kernel
-constexpr int kMmaSplitTokens = 512;   // least tokens per block of the tensor-core decode kernel
+constexpr int kSplitTokens = 256;     // tokens per block of the scalar kernel
+constexpr int kMmaSplitTokens = 512;  // least tokens per block of the tensor-core decode kernel
 constexpr int kMmaMaxSplitTokens = 4096;
 
 struct AttendParams {
   TqLayout l;
   const float* scratch;
-  std::int64_t q_cap, H, n_queries, start_pos, max_seq;
+  TqScratchLayout scratch_layout;
+  std::int64_t H, n_queries, start_pos, max_seq;
   float scale, qjl_scale;
   const std::uint32_t* k;
   const std::uint32_t* v;
@@ -34,7 +35,9 @@ struct AttendParams {
   std::uint32_t polar_signs[8];
 };
 
-__device__ __forceinline__ float f16_low(std::uint32_t w) { return __half2float(__ushort_as_half(std::uint16_t(w & 0xFFFFu))); }
+__device__ __forceinline__ float f16_low(std::uint32_t w) {
+  return __half2float(__ushort_as_half(std::uint16_t(w & 0xFFFFu)));
+}
 
 // Timesteps that row z = b * n_queries + j sees, clamped into [0, capacity].
 __device__ __forceinline__ std::int64_t seq_len_of(const AttendParams& a, std::int64_t z) {
@@ -60,7 +63,7 @@ constexpr int kPartialHeader = 4;
 __host__ __device__ constexpr int partial_stride(int head_dim) { return head_dim + kPartialHeader; }
 
 // The tensor-core decode path: head_dim 128, keys 2+1 bits, values 2 bits, GQA groups of 4k heads.
-bool mma_decode_supported(const TqAttendArgs& c);
+bool mma_decode_supported(const TqAttendCall& c);
 bool mma_decode_supported(const AttendParams& a);
 // Bytes of the prepared query fragments per (query row, group of 4 heads).
 constexpr std::size_t kKeyFragmentBytes = 6208;

@@ -42,10 +42,9 @@ __device__ __forceinline__ void mma16816(float (&d)[4], std::uint32_t a0, std::u
 
 // D[16x8] += A[16x32] (s8, row-major) . B[32x8] (u8, column-major), exact in 32-bit integers.
 __device__ __forceinline__ void imma16832(int (&d)[4], const uint4& a, std::uint32_t b0, std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
 
 // Bits p and p + 16 of a word as a bf16 pair of +-1 (set bit: +), given the word inverted and
@@ -67,7 +66,6 @@ __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&h);
 }
-
 
 // Max and sum over the 4 threads of a group (lanes 4g .. 4g + 3: the tokens of one head).
 __device__ __forceinline__ float group_max(float x) {
@@ -158,7 +156,8 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   const std::uint32_t* key_src_a = pa < 2 ? keys + (first + ka) * 8 + 4 * pa : keys + jl_off + (first + ka) * 4;
   const std::uint32_t* key_src_b = pb < 2 ? keys + (first + kb) * 8 + 4 * pb : keys + jl_off + (first + kb) * 4;
   const std::uint32_t* value_src = values + (first + lane / 2) * 8 + 4 * (lane % 2);
-  const std::uint32_t* norm_src = lane < 16 ? keys + k_norm_off + first + lane : values + v_norm_off + first + lane - 16;
+  const std::uint32_t* norm_src =
+      lane < 16 ? keys + k_norm_off + first + lane : values + v_norm_off + first + lane - 16;
   const std::uint32_t key_step_a = pa < 2 ? 128 : 64, key_step_b = pb < 2 ? 128 : 64;  // words per 16 tokens
   auto fill = [&](int t0, TileStage& st) {
     if (t0 + 16 <= w_end && k_aligned && v_aligned) {
@@ -170,7 +169,9 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       cp_async_commit();
       return;
     }
-    auto slot_of = [&](int i) { return slot_base + min(std::uint32_t(t0 + i), last); };  // the partial last tile repeats `last`
+    auto slot_of = [&](int i) {
+      return slot_base + min(std::uint32_t(t0 + i), last);
+    };  // the partial last tile repeats `last`
     for (int c = lane; c < 48; c += 32) {
       const int i = c / 3, part = c % 3;
       const std::uint32_t slot = slot_of(i);
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   // Limb rows: this thread's C rows are limbs row / 4 and 2 + row / 4; the partner lane (lane ^ 16)
   // holds the other two.
   const float limb_weight = row < 4 ? 1.0f : 256.0f;
-  const float score_scale = a.scale * kLog2e;  // base-2 scores
+  const float score_scale = a.scale * kLog2e;                               // base-2 scores
   float k_unscale = 0.0f, k_offset = 0.0f, j_unscale = 0.0f, j_sum = 0.0f;  // read once the fragments have landed
   auto process_tile = [&](const TileWords& cur, int t0) {
     // ---- integer key products: tokens t0 + 8 nt + row are the columns ----
@@ -282,7 +283,8 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       for (int i = 0; i < 8; ++i) {
         const std::uint32_t src = i < 4 ? lo_half : hi_half;
         const int q = 4 * (i % 4);
-        mma16816(acc[i], bit_pair(src, q, mag), bit_pair(src, q + 2, mag), bit_pair(src, q + 1, mag), bit_pair(src, q + 3, mag), b0, b1);
+        mma16816(acc[i], bit_pair(src, q, mag), bit_pair(src, q + 2, mag), bit_pair(src, q + 1, mag),
+                 bit_pair(src, q + 3, mag), b0, b1);
       }
     }
     __syncwarp();
@@ -293,8 +295,10 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   if (w_begin < w_end) fill(w_begin, stages[warp][0]);
   wait_for_previous_grid();
   {  // this (row, head group)'s key fragments, from the prepare kernel
-    const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const KeyFragments*>(a.key_fragments) + j * (a.H / 4) + h0 / 4);
-    for (int i = tid; i < int(sizeof(KeyFragments) / 16); i += 32 * kWarps) cp_async16(reinterpret_cast<uint4*>(&frag) + i, src + i);
+    const uint4* src =
+        reinterpret_cast<const uint4*>(reinterpret_cast<const KeyFragments*>(a.key_fragments) + j * (a.H / 4) + h0 / 4);
+    for (int i = tid; i < int(sizeof(KeyFragments) / 16); i += 32 * kWarps)
+      cp_async16(reinterpret_cast<uint4*>(&frag) + i, src + i);
     cp_async_commit();
   }
   cp_async_wait<0>();  // the first tile and the key fragments
@@ -348,9 +352,9 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
 
 }  // namespace
 
-bool mma_decode_supported(const TqAttendArgs& c) {
-  return c.layout.head_dim == kD && c.layout.key_bits == 2 && c.layout.value_bits == 2 &&
-         (c.n_heads / c.layout.n_kv_heads) % 4 == 0;
+bool mma_decode_supported(const TqAttendCall& c) {
+  const TqLayout& l = c.layout();
+  return l.head_dim == kD && l.key_bits == 2 && l.value_bits == 2 && c.group() % 4 == 0;
 }
 
 bool mma_decode_supported(const AttendParams& a) {

@@ -3,7 +3,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "core/codebook.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
@@ -12,21 +11,6 @@ namespace flashtq::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-
-struct DeviceCodebook {
-  double centroids[16];
-  double boundaries[15];
-  int n_boundaries;
-};
-
-DeviceCodebook device_codebook(std::int64_t head_dim, int bits) {
-  const core::Codebook& cb = core::codebook(head_dim, bits);
-  DeviceCodebook d{};
-  for (std::size_t i = 0; i < cb.centroids.size(); ++i) d.centroids[i] = cb.centroids[i];
-  for (std::size_t i = 0; i < cb.boundaries.size(); ++i) d.boundaries[i] = cb.boundaries[i];
-  d.n_boundaries = int(cb.boundaries.size());
-  return d;
-}
 
 // ORs `width` bits per lane (lane's bits start at lane * width) into words[], then stores them.
 __device__ __forceinline__ void store_bitstream(std::uint32_t* shared_words, std::uint32_t* out, int n_words,
@@ -42,8 +26,10 @@ __device__ __forceinline__ void store_bitstream(std::uint32_t* shared_words, std
 }
 
 template <typename T, int E>
-__global__ void __launch_bounds__(32 * kWarps) encode_kernel(TqLayout l, TqTables tables, TensorView x, std::int64_t start,
-                                                             std::uint32_t* cache, DeviceCodebook cb, bool keys) {
+__global__ void __launch_bounds__(32 * kWarps)
+    encode_kernel(TqTables tables, TensorView x, std::int64_t start, std::uint32_t* cache, bool keys) {
+  const TqLayout& l = tables.layout;
+  const TqCodebook& cb = keys ? tables.key_codebook : tables.value_codebook;
   __shared__ std::uint32_t words[kWarps][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + warp;
@@ -80,7 +66,7 @@ __global__ void __launch_bounds__(32 * kWarps) encode_kernel(TqLayout l, TqTable
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     int idx = 0;
-    for (int i = 0; i < cb.n_boundaries; ++i) idx += r[e] >= cb.boundaries[i] ? 1 : 0;
+    for (int i = 0; i < cb.levels - 1; ++i) idx += r[e] >= cb.boundaries[i] ? 1 : 0;
     lane_codes |= std::uint32_t(idx) << (e * bits);
     r[e] -= cb.centroids[idx];
     e2 += r[e] * r[e];
@@ -102,31 +88,32 @@ __global__ void __launch_bounds__(32 * kWarps) encode_kernel(TqLayout l, TqTable
 }
 
 template <typename T, int E>
-__global__ void __launch_bounds__(32 * kWarps) rotate_kernel(TqTables tables, TensorView q, std::int64_t q_cap, float* scratch) {
+__global__ void __launch_bounds__(32 * kWarps)
+    rotate_kernel(TqTables tables, TensorView q, TqScratchLayout s, float* scratch) {
   allow_next_grid();  // the attention's first kernel may start launching (it waits for this one's output)
   const int lane = threadIdx.x % 32;
   const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const std::int64_t n = q.shape[1], H = q.shape[2], D = 32 * E;
+  const std::int64_t n = q.shape[1], H = q.shape[2];
   if (row >= q.shape[0] * n * H) return;
   const std::int64_t j = row / H, h = row % H;  // j: scratch row b * n + i of query (b, i)
-  const std::int64_t region = q_cap * H * D;
   double x[E];
   const T* src = static_cast<const T*>(q.data) + row_offset(q, j / n, j % n, h) + lane * E;
 #pragma unroll
   for (int e = 0; e < E; ++e) x[e] = double(to_float(src[e]));
   warp_rht<E>(x, tables.polar_sign_bits.data(), lane);
-  float* q_rot = scratch + (j * H + h) * D + lane * E;
+  float* q_rot = scratch + s.q_rot(j, h) + lane * E;
+  float* q_jl = scratch + s.q_jl(j, h) + lane * E;
 #pragma unroll
   for (int e = 0; e < E; ++e) q_rot[e] = float(x[e]);
   warp_rht<E>(x, tables.jl_sign_bits.data(), lane);
   double sum = 0.0;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    q_rot[region + e] = float(x[e]);
+    q_jl[e] = float(x[e]);
     sum += x[e];
   }
   sum = warp_sum(sum);
-  if (lane == 0) scratch[2 * region + j * H + h] = float(sum);
+  if (lane == 0) scratch[s.sum(j, h)] = float(sum);
 }
 
 template <typename F>
@@ -149,23 +136,22 @@ void by_dtype_and_width(DType t, std::int64_t head_dim, F&& f) {
 
 }  // namespace
 
-void launch_tq_encode(const TqEncodeArgs& c, bool keys) {
-  const DeviceCodebook cb = device_codebook(c.layout.head_dim, keys ? c.layout.key_bits : c.layout.value_bits);
-  const std::int64_t rows = c.x.shape[1] * c.layout.n_kv_heads;
-  by_dtype_and_width(c.x.dtype, c.layout.head_dim, [&](auto tag, auto width) {
+void launch_tq_encode(const TqEncodeCall& c) {
+  const std::int64_t rows = c.tokens() * c.layout().n_kv_heads;
+  by_dtype_and_width(c.x.dtype, c.layout().head_dim, [&](auto tag, auto width) {
     encode_kernel<decltype(tag), decltype(width)::value>
         <<<unsigned((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(
-            c.layout, c.tables, c.x, c.start_pos, c.cache, cb, keys);
+            c.tables, c.x, c.start_pos, c.cache, c.keys);
   });
   FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant encode kernel");
 }
 
-void launch_tq_rotate(const TqRotateArgs& c) {
-  const std::int64_t rows = c.q.shape[0] * c.q.shape[1] * c.q.shape[2];
-  by_dtype_and_width(c.q.dtype, c.tables.head_dim, [&](auto tag, auto width) {
+void launch_tq_rotate(const TqRotateCall& c) {
+  const std::int64_t rows = c.rows() * c.scratch_layout.n_heads;
+  by_dtype_and_width(c.q.dtype, c.scratch_layout.head_dim, [&](auto tag, auto width) {
     rotate_kernel<decltype(tag), decltype(width)::value>
         <<<unsigned((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(
-            c.tables, c.q, c.q_cap, c.scratch);
+            c.tables, c.q, c.scratch_layout, c.scratch);
   });
   FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant rotate kernel");
 }

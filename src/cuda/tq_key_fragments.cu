@@ -28,11 +28,9 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_key_fragments(AttendP
   KeyFragments& out = reinterpret_cast<KeyFragments*>(a.key_fragments)[blockIdx.x];
   const float kc0 = a.key_centroids[2], kc1 = a.key_centroids[3];
   const float lo_coef = kc1 - kc0, hi_coef = kc0 + kc1;  // centroid = -c1 + lo_coef lo + hi_coef hi
-  const std::int64_t region = a.q_cap * a.H * kD;
   for (int i = tid; i < 4 * kD; i += kPrepareThreads) {
-    const std::int64_t at = (j * a.H + h0 + i / kD) * kD + i % kD;
-    q_rot[i / kD][i % kD] = a.scratch[at];
-    q_jl[i / kD][i % kD] = a.scratch[region + at];
+    q_rot[i / kD][i % kD] = a.scratch[a.scratch_layout.q_rot(j, h0 + i / kD) + i % kD];
+    q_jl[i / kD][i % kD] = a.scratch[a.scratch_layout.q_jl(j, h0 + i / kD) + i % kD];
   }
   __syncthreads();
   if (warp < 4) {  // warp w: the fixed-point exponents and constant terms of head w
@@ -71,7 +69,8 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_key_fragments(AttendP
   for (int e = tid; e < kKeySteps * 4 * 32; e += kPrepareThreads) {
     const int step = e / 128, head = (e / 32) % 4, k = e % 32;
     const int sigma = 4 * (k / 16) + (k % 16) / 4, bit = 8 * (k % 4) + sigma;
-    const float x = step < 8 ? q_rot[head][16 * step + bit / 2] * ((bit & 1) ? hi_coef : lo_coef) : q_jl[head][32 * (step - 8) + bit];
+    const float x = step < 8 ? q_rot[head][16 * step + bit / 2] * ((bit & 1) ? hi_coef : lo_coef)
+                             : q_jl[head][32 * (step - 8) + bit];
     const int exponent = (step < 8 ? fix_exp[head] : jl_exp[head]) - sigma;  // in [-105, 100]: a normal float
     const int fixed = __float2int_rn(x * __int_as_float((127 + exponent) << 23));
     digits[step][head][k] = (std::uint32_t(fixed) + 0x80808080u) ^ 0x80808080u;
@@ -91,8 +90,8 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_key_fragments(AttendP
 }  // namespace
 
 void launch_mma_prepare(const AttendParams& a, cudaStream_t stream) {
-  launch_dependent(prepare_key_fragments, dim3(unsigned(a.batch * a.n_queries * (a.H / 4))), dim3(kPrepareThreads), stream,
-                   "TurboQuant query fragment kernel", a);
+  launch_dependent(prepare_key_fragments, dim3(unsigned(a.batch * a.n_queries * (a.H / 4))), dim3(kPrepareThreads),
+                   stream, "TurboQuant query fragment kernel", a);
 }
 
 }  // namespace flashtq::cuda

@@ -8,7 +8,7 @@
 
 namespace flashtq::cuda {
 
-constexpr int kD = 128;  // the head_dim of the tensor-core decode path
+constexpr int kD = 128;        // the head_dim of the tensor-core decode path
 constexpr int kKeySteps = 12;  // k-steps of the key product: 8 code words, then 4 QJL words
 
 // What the prepare kernel builds for one (query row, group of 4 heads): the A fragments of the key

@@ -59,10 +59,9 @@ class ReferenceBackend final : public core::HostBackend {
     scatter(dv, c.dv);
   }
 
-  void tq_encode_keys(const TqEncodeArgs& c) override { reference::tq_encode_keys(c); }
-  void tq_encode_values(const TqEncodeArgs& c) override { reference::tq_encode_values(c); }
-  void tq_rotate_queries(const TqRotateArgs& c) override { reference::tq_rotate_queries(c); }
-  void tq_attend(const TqAttendArgs& c) override { reference::tq_attend(c); }
+  void tq_encode(const TqEncodeCall& c) override { reference::tq_encode(c); }
+  void tq_rotate_queries(const TqRotateCall& c) override { reference::tq_rotate_queries(c); }
+  void tq_attend(const TqAttendCall& c) override { reference::tq_attend(c); }
 };
 
 }  // namespace

@@ -10,14 +10,14 @@
 namespace flashtq::reference {
 namespace {
 
-std::int64_t at(const DenseProblem& p, std::int64_t S, std::int64_t heads, std::int64_t b,
-                std::int64_t s, std::int64_t h) {
+std::int64_t at(const DenseProblem& p, std::int64_t S, std::int64_t heads, std::int64_t b, std::int64_t s,
+                std::int64_t h) {
   return ((b * S + s) * heads + h) * p.D;
 }
 
 // Score of (b, h, i, j), or -inf when the key is invisible or masked.
-double score(const DenseProblem& p, const double* q, const double* k, std::int64_t b,
-             std::int64_t h, std::int64_t i, std::int64_t j) {
+double score(const DenseProblem& p, const double* q, const double* k, std::int64_t b, std::int64_t h, std::int64_t i,
+             std::int64_t j) {
   if (!core::key_visible(p, i, j)) return -std::numeric_limits<double>::infinity();
   const double* qi = q + at(p, p.Sq, p.H, b, i, h);
   const double* kj = k + at(p, p.Sk, p.Hkv, b, j, h / p.group());
@@ -25,25 +25,22 @@ double score(const DenseProblem& p, const double* q, const double* k, std::int64
   for (std::int64_t d = 0; d < p.D; ++d) dot += qi[d] * kj[d];
   double s = double(p.scale) * dot;
   if (p.mask != nullptr) {
-    s += double(p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] +
-                       j * p.mask_strides[3]]);
+    s += double(p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]]);
   }
   return s <= core::masked_score ? -std::numeric_limits<double>::infinity() : s;
 }
 
 // keep / (1 - p) for weight (b, h, i, j).
-double dropout_factor(const DenseProblem& p, std::int64_t b, std::int64_t h, std::int64_t i,
-                      std::int64_t j) {
+double dropout_factor(const DenseProblem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
   if (p.dropout_p <= 0.0f) return 1.0;
-  const bool keep = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h),
-                                       std::uint32_t(i), std::uint32_t(j));
+  const bool keep =
+      core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j));
   return keep ? 1.0 / (1.0 - double(p.dropout_p)) : 0.0;
 }
 
 }  // namespace
 
-void dense_forward(const DenseProblem& p, const double* q, const double* k, const double* v,
-                   double* out, double* lse) {
+void dense_forward(const DenseProblem& p, const double* q, const double* k, const double* v, double* out, double* lse) {
   std::vector<double> s(p.Sk);
   for (std::int64_t b = 0; b < p.B; ++b) {
     for (std::int64_t h = 0; h < p.H; ++h) {
@@ -71,9 +68,8 @@ void dense_forward(const DenseProblem& p, const double* q, const double* k, cons
   }
 }
 
-void dense_backward(const DenseProblem& p, const double* q, const double* k, const double* v,
-                    const double* out, const double* dout, const double* lse, double* dq,
-                    double* dk, double* dv) {
+void dense_backward(const DenseProblem& p, const double* q, const double* k, const double* v, const double* out,
+                    const double* dout, const double* lse, double* dq, double* dk, double* dv) {
   for (std::int64_t n = 0; n < p.B * p.Sq * p.H * p.D; ++n) dq[n] = 0.0;
   for (std::int64_t n = 0; n < p.B * p.Sk * p.Hkv * p.D; ++n) dk[n] = dv[n] = 0.0;
   for (std::int64_t b = 0; b < p.B; ++b) {

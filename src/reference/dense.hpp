@@ -7,12 +7,10 @@
 namespace flashtq::reference {
 
 // out [B, Sq, H, D]; lse [B, H, Sq] (may be null).
-void dense_forward(const DenseProblem& p, const double* q, const double* k, const double* v,
-                   double* out, double* lse);
+void dense_forward(const DenseProblem& p, const double* q, const double* k, const double* v, double* out, double* lse);
 
 // Gradients of sum(out * dout); out and lse are the forward's.
-void dense_backward(const DenseProblem& p, const double* q, const double* k, const double* v,
-                    const double* out, const double* dout, const double* lse, double* dq,
-                    double* dk, double* dv);
+void dense_backward(const DenseProblem& p, const double* q, const double* k, const double* v, const double* out,
+                    const double* dout, const double* lse, double* dq, double* dk, double* dv);
 
 }  // namespace flashtq::reference

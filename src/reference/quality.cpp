@@ -8,7 +8,8 @@
 #include "core/signs.hpp"
 #include "flashtq/tensor.hpp"
 #include "flashtq/turboquant.hpp"
-#include "reference/turboquant.hpp"
+#include "core/tq_rows.hpp"
+#include "flashtq/backend.hpp"
 
 namespace flashtq::reference {
 namespace {
@@ -34,7 +35,8 @@ double measure_mse(std::int64_t D, int bits, int trials, std::mt19937_64& rng) {
     random_unit(x, rng);
     y = x;
     core::rht(y.data(), D, signs);
-    for (double& e : y) e = cb.centroids[std::size_t(core::quantize(e, cb.boundaries.data(), int(cb.boundaries.size())))];
+    for (double& e : y)
+      e = cb.centroids[std::size_t(core::quantize(e, cb.boundaries.data(), int(cb.boundaries.size())))];
     core::inverse_rht(y.data(), D, signs);
     for (std::int64_t d = 0; d < D; ++d) total += std::pow(y[std::size_t(d)] - x[std::size_t(d)], 2);
   }
@@ -67,15 +69,18 @@ EstimatorStats measure_key_estimator(std::int64_t D, int b_mse, std::int64_t pai
   }
   std::vector<std::uint32_t> words(std::size_t(l.key_words()));
   std::vector<float> scratch(std::size_t(tq_scratch_floats(pairs, 1, D)));
-  tq_encode_keys({l, tables, TensorView::bshd(k.data(), DType::f32, 1, pairs, 1, D), 0, words.data(), nullptr});
-  tq_rotate_queries({tables, TensorView::bshd(q.data(), DType::f32, 1, pairs, 1, D), pairs, scratch.data(), nullptr});
+  Backend& oracle = flashtq::backend("reference");
+  flashtq::tq_encode_keys(oracle,
+                          {tables, TensorView::bshd(k.data(), DType::f32, 1, pairs, 1, D), 0, words.data(), nullptr});
+  flashtq::tq_rotate_queries(
+      oracle, {tables, TensorView::bshd(q.data(), DType::f32, 1, pairs, 1, D), pairs, scratch.data(), nullptr});
   const double qjl_scale = std::sqrt(std::acos(-1.0) / 2) / std::sqrt(double(D));
-  const std::int64_t region = pairs * D;
+  const TqScratchLayout s{pairs, 1, D};
   double sx = 0, sy = 0, sxx = 0, sxy = 0, sq_err = 0;
   for (std::int64_t i = 0; i < pairs; ++i) {
     const double x = truth[std::size_t(i)];
-    const double y = tq_key_dot(l, scratch.data() + i * D, scratch.data() + region + i * D,
-                                scratch[std::size_t(2 * region + i)], words.data(), i, qjl_scale);
+    const double y = core::tq_key_dot(tables, scratch.data() + s.q_rot(i, 0), scratch.data() + s.q_jl(i, 0),
+                                      scratch[std::size_t(s.sum(i, 0))], words.data(), i, qjl_scale);
     sx += x;
     sy += y;
     sxx += x * x;

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <limits>
 
-#include "core/codebook.hpp"
 #include "core/validate.hpp"
 #include "flashtq/error.hpp"
 #include "webgpu/context.hpp"
@@ -65,7 +64,9 @@ Placed place(const void* data, std::int64_t elements, std::size_t element_bytes,
   return {at.buffer, std::int64_t(at.offset / element_bytes)};
 }
 
-Placed place(const TensorView& t, const char* what) { return place(t.data, extent_elements(t), dtype_size(t.dtype), what); }
+Placed place(const TensorView& t, const char* what) {
+  return place(t.data, extent_elements(t), dtype_size(t.dtype), what);
+}
 
 // WebGPU lets a writable binding share its buffer with no other binding of a dispatch. An output
 // whose buffer also holds an input, or an earlier output (tensors packed in one allocation), is
@@ -146,14 +147,19 @@ Placed place_mask(const DenseProblem& p) {
 }
 
 void add_mask(Params& P, const DenseProblem& p, const Placed& mask) {
-  P.u(mask.offset, "mask").u(p.mask_strides[0], "mask_strides").u(p.mask_strides[1], "mask_strides")
-      .u(p.mask_strides[2], "mask_strides").u(p.mask_strides[3], "mask_strides");
+  P.u(mask.offset, "mask")
+      .u(p.mask_strides[0], "mask_strides")
+      .u(p.mask_strides[1], "mask_strides")
+      .u(p.mask_strides[2], "mask_strides")
+      .u(p.mask_strides[3], "mask_strides");
 }
 
 class WebGpuBackend final : public Backend {
  public:
   std::string name() const override { return "webgpu"; }
-  std::string description() const override { return Context::usable() ? Context::get().adapter_description() : "no adapter"; }
+  std::string description() const override {
+    return Context::usable() ? Context::get().adapter_description() : "no adapter";
+  }
   Memory memory() const override { return Memory::webgpu; }
   bool available() const override { return Context::usable(); }
   std::string unavailable_reason() const override { return Context::unusable_reason(); }
@@ -168,7 +174,8 @@ class WebGpuBackend final : public Backend {
       const std::int64_t iterations = std::max(p.Sk, p.group() * p.Sq) * (2 * (p.D / 4) + 4) + 4096;
       if (iterations > 65535) {
         return "on llvmpipe (lavapipe), which stops a shader invocation's loops after 65535 iterations, the dense "
-               "kernels take at most about " + std::to_string(61439 / (2 * (p.D / 4) + 4)) +
+               "kernels take at most about " +
+               std::to_string(61439 / (2 * (p.D / 4) + 4)) +
                " keys per query row and query rows (times the GQA group) per key at this head_dim";
       }
     }
@@ -205,7 +212,8 @@ class WebGpuBackend final : public Backend {
     P.u(lse.offset, "lse");
     const std::size_t y0 = P.size();
     P.u(0).u(0);
-    dispatch_chunked("dense_forward", P, y0, {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}},
+    dispatch_chunked("dense_forward", P, y0,
+                     {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}},
                      {groups(p.Sq, 64), p.B * p.H, 1}, 1);
     outputs.finish();
   }
@@ -236,22 +244,37 @@ class WebGpuBackend final : public Backend {
     const std::size_t y0 = P.size();
     P.u(0).u(0).u(0);
     dispatch_chunked("dense_backward#dq", P, y0,
-                     {{q.buffer}, {k.buffer}, {v.buffer}, {out.buffer}, {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}, {dq.buffer}},
+                     {{q.buffer},
+                      {k.buffer},
+                      {v.buffer},
+                      {out.buffer},
+                      {dout.buffer},
+                      {lse.buffer},
+                      {mask.buffer},
+                      {delta},
+                      {dq.buffer}},
                      {groups(p.Sq, 64), p.B * p.H, 1}, 1);
     dispatch_chunked("dense_backward#dkdv", P, y0,
-                     {{q.buffer}, {k.buffer}, {v.buffer}, {out.buffer}, {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}, {dk.buffer}, {dv.buffer}},
+                     {{q.buffer},
+                      {k.buffer},
+                      {v.buffer},
+                      {out.buffer},
+                      {dout.buffer},
+                      {lse.buffer},
+                      {mask.buffer},
+                      {delta},
+                      {dk.buffer},
+                      {dv.buffer}},
                      {groups(p.Sk, 64), p.B * p.Hkv, 1}, 1);
     outputs.finish();
   }
 
-  void tq_encode_keys(const TqEncodeArgs& c) override { encode(c, true); }
-  void tq_encode_values(const TqEncodeArgs& c) override { encode(c, false); }
-  void tq_rotate_queries(const TqRotateArgs& c) override;
-  void tq_attend(const TqAttendArgs& c) override;
-  std::size_t tq_attend_workspace(const TqAttendArgs& c) const override;
+  void tq_encode(const TqEncodeCall& c) override;
+  void tq_rotate_queries(const TqRotateCall& c) override;
+  void tq_attend(const TqAttendCall& c) override;
+  std::size_t tq_attend_workspace(const TqAttendCall& c) const override;
 
  private:
-  void encode(const TqEncodeArgs& c, bool keys);
 };
 
 // ---- TurboQuant ----
@@ -264,23 +287,26 @@ void add_double(Params& P, double x) {
 
 constexpr std::int64_t kSplitTokens = 256;  // timesteps per workgroup of the attention kernel
 
-std::int64_t n_splits(const TqAttendArgs& c) {
-  return std::max<std::int64_t>(1, (core::tq_longest_row(c) + kSplitTokens - 1) / kSplitTokens);
+std::int64_t n_splits(const TqAttendCall& c) {
+  return std::max<std::int64_t>(1, (c.longest_row + kSplitTokens - 1) / kSplitTokens);
 }
 
-void WebGpuBackend::encode(const TqEncodeArgs& c, bool keys) {
-  const TqLayout& l = c.layout;
+void WebGpuBackend::tq_encode(const TqEncodeCall& c) {
+  const bool keys = c.keys;
+  const TqLayout& l = c.layout();
   const std::int64_t D = l.head_dim, T = c.x.shape[1];
   const int bits = keys ? l.key_bits : l.value_bits;
   const Placed x = place(c.x, "x");
   Outputs outputs({x.buffer});
   const std::int64_t cache_words = keys ? l.key_words() : l.value_words();
   const Placed cache = outputs.add(place(c.cache, cache_words, 4, "cache"), cache_words, 4);
-  const core::Codebook& cb = core::codebook(D, bits);
+  const TqCodebook& cb = keys ? c.tables.key_codebook : c.tables.value_codebook;
   Params P;
   P.u(D).u(l.n_kv_heads).u(l.capacity).u(bits).u(keys ? 1 : 0).u(dtype_code(c.x.dtype)).u(c.start_pos).u(T);
   add_view(P, x, c.x, "x");
-  P.u(cache.offset, "cache").u(keys ? l.key_code_words() : l.value_code_words()).u(l.key_jl_offset(), "cache")
+  P.u(cache.offset, "cache")
+      .u(keys ? l.key_code_words() : l.value_code_words())
+      .u(l.key_jl_offset(), "cache")
       .u(keys ? l.key_norm_offset() : l.value_norm_offset(), "cache");
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
@@ -289,20 +315,21 @@ void WebGpuBackend::encode(const TqEncodeArgs& c, bool keys) {
   const std::size_t t0 = P.size();
   P.u(0);
   // Centroids and boundaries in double-float (16 + 15 entries, the unused ones zero).
-  for (int i = 0; i < 16; ++i) add_double(P, i < (1 << bits) ? cb.centroids[std::size_t(i)] : 0.0);
-  for (int i = 0; i < 16; ++i) add_double(P, i < (1 << bits) - 1 ? cb.boundaries[std::size_t(i)] : 0.0);
+  for (int i = 0; i < 16; ++i) add_double(P, i < cb.levels ? cb.centroids[std::size_t(i)] : 0.0);
+  for (int i = 0; i < 16; ++i) add_double(P, i < cb.levels - 1 ? cb.boundaries[std::size_t(i)] : 0.0);
   dispatch_chunked("tq_encode", P, t0, {{x.buffer}, {cache.buffer}}, {T, l.n_kv_heads, 1}, 0);
   outputs.finish();
 }
 
-void WebGpuBackend::tq_rotate_queries(const TqRotateArgs& c) {
-  const std::int64_t D = c.tables.head_dim, B = c.q.shape[0], nq = c.q.shape[1], H = c.q.shape[2];
+void WebGpuBackend::tq_rotate_queries(const TqRotateCall& c) {
+  const TqScratchLayout& s = c.scratch_layout;
+  const std::int64_t D = s.head_dim, B = c.q.shape[0], nq = c.q.shape[1], H = s.n_heads;
   const Placed q = place(c.q, "q");
   Outputs outputs({q.buffer});
-  const std::int64_t scratch_floats = tq_scratch_floats(c.q_cap, H, D);
+  const std::int64_t scratch_floats = s.floats();
   const Placed scratch = outputs.add(place(c.scratch, scratch_floats, 4, "scratch"), scratch_floats, 4);
   Params P;
-  P.u(D).u(nq).u(H).u(dtype_code(c.q.dtype)).u(c.q_cap * H * D, "q_cap").u(scratch.offset, "scratch");
+  P.u(D).u(nq).u(H).u(dtype_code(c.q.dtype)).u(s.region(), "q_cap").u(scratch.offset, "scratch");
   const std::size_t row0 = P.size();
   P.u(0).u(0);
   add_view(P, q, c.q, "q");
@@ -312,15 +339,15 @@ void WebGpuBackend::tq_rotate_queries(const TqRotateArgs& c) {
   outputs.finish();
 }
 
-std::size_t WebGpuBackend::tq_attend_workspace(const TqAttendArgs& c) const {
-  return std::size_t(c.batch * c.n_queries * c.n_heads * n_splits(c) * (c.layout.head_dim + 2)) * sizeof(float);
+std::size_t WebGpuBackend::tq_attend_workspace(const TqAttendCall& c) const {
+  return std::size_t(c.rows() * c.n_heads * n_splits(c) * (c.layout().head_dim + 2)) * sizeof(float);
 }
 
-void WebGpuBackend::tq_attend(const TqAttendArgs& c) {
+void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   Context& ctx = Context::get();
-  const TqLayout& l = c.layout;
-  const std::int64_t D = l.head_dim, rows = c.batch * c.n_queries, splits = n_splits(c);
-  const Placed scratch = place(c.scratch, tq_scratch_floats(c.q_cap, c.n_heads, D), 4, "scratch");
+  const TqLayout& l = c.layout();
+  const std::int64_t D = l.head_dim, rows = c.rows(), splits = n_splits(c);
+  const Placed scratch = place(c.scratch, c.scratch_layout.floats(), 4, "scratch");
   const Placed keys = place(c.k_cache, c.batch * l.key_words(), 4, "k_cache");
   const Placed values = place(c.v_cache, c.batch * l.value_words(), 4, "v_cache");
   Placed starts{ctx.dummy_buffer(0), 0};
@@ -331,11 +358,19 @@ void WebGpuBackend::tq_attend(const TqAttendArgs& c) {
   const Placed out = outputs.add(place(c.out, "out"), extent_elements(c.out), 4);
   Params P;
   P.u(D).u(l.n_kv_heads).u(l.capacity).u(l.key_bits).u(l.value_bits).u(c.n_heads).u(c.n_queries).u(c.batch);
-  P.i(c.start_pos, "start_pos").i(std::min<std::int64_t>(*c.max_seq, std::numeric_limits<std::int32_t>::max()), "max_seq")
-      .u(c.start_positions ? 1 : 0).u(starts.offset, "start_positions");
-  P.f(*c.scale).f(*c.qjl_scale).u(splits).u(kSplitTokens);
-  P.u(scratch.offset, "scratch").u(c.q_cap * c.n_heads * D, "q_cap").u(keys.offset, "k_cache").u(values.offset, "v_cache");
-  P.u(l.key_words(), "k_cache").u(l.value_words(), "v_cache").u(l.key_jl_offset(), "k_cache").u(l.key_norm_offset(), "k_cache");
+  P.i(c.start_pos, "start_pos")
+      .i(std::min<std::int64_t>(c.max_seq, std::numeric_limits<std::int32_t>::max()), "max_seq")
+      .u(c.start_positions ? 1 : 0)
+      .u(starts.offset, "start_positions");
+  P.f(c.scale).f(c.qjl_scale).u(splits).u(kSplitTokens);
+  P.u(scratch.offset, "scratch")
+      .u(c.scratch_layout.region(), "q_cap")
+      .u(keys.offset, "k_cache")
+      .u(values.offset, "v_cache");
+  P.u(l.key_words(), "k_cache")
+      .u(l.value_words(), "v_cache")
+      .u(l.key_jl_offset(), "k_cache")
+      .u(l.key_norm_offset(), "k_cache");
   P.u(l.value_norm_offset(), "v_cache").u(ws.offset, "workspace").u(out.offset, "out").u(c.out.strides[0], "out");
   P.u(c.out.strides[1], "out").u(c.out.strides[2], "out");
   const std::size_t row0 = P.size();
@@ -343,7 +378,8 @@ void WebGpuBackend::tq_attend(const TqAttendArgs& c) {
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.key_centroids[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.value_centroids[std::size_t(i)]);
-  dispatch_chunked("tq_attend#partial", P, row0, {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}},
+  dispatch_chunked("tq_attend#partial", P, row0,
+                   {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}},
                    {splits, c.n_heads, rows}, 2);
   dispatch_chunked("tq_attend#merge", P, row0, {{nullptr}, {nullptr}, {nullptr}, {nullptr}, {ws.buffer}, {out.buffer}},
                    {c.n_heads, rows, 1}, 1);

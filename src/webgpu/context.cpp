@@ -19,18 +19,21 @@ namespace flashtq::webgpu {
 // wgpu-native's own extra (wgpu.h): wait for submitted work.
 typedef WGPUBool (*ProcDevicePoll)(WGPUDevice device, WGPUBool wait, const void* submission_index);
 
-#define FLASHTQ_WGPU_PROCS(X)                                                                            \
-  X(CreateInstance) X(InstanceRequestAdapter) X(InstanceProcessEvents) X(InstanceRelease)               \
-  X(AdapterGetInfo) X(AdapterInfoFreeMembers) X(AdapterGetLimits) X(AdapterHasFeature)                   \
-  X(AdapterRequestDevice) X(AdapterRelease) X(DeviceGetQueue) X(DeviceCreateBuffer) X(BufferRelease)      \
-  X(BufferDestroy) X(QueueWriteBuffer) X(DeviceCreateCommandEncoder) X(CommandEncoderCopyBufferToBuffer) \
-  X(CommandEncoderBeginComputePass) X(ComputePassEncoderSetPipeline) X(ComputePassEncoderSetBindGroup)   \
-  X(ComputePassEncoderDispatchWorkgroups) X(ComputePassEncoderEnd) X(ComputePassEncoderRelease)          \
-  X(CommandEncoderFinish) X(CommandEncoderRelease) X(QueueSubmit) X(CommandBufferRelease)                \
-  X(BufferMapAsync) X(BufferGetConstMappedRange) X(BufferUnmap) X(DeviceCreateShaderModule)              \
-  X(ShaderModuleRelease) X(DeviceCreateComputePipeline) X(ComputePipelineGetBindGroupLayout)             \
-  X(BindGroupLayoutRelease) X(DeviceCreateBindGroup) X(BindGroupRelease) X(DevicePushErrorScope)         \
-  X(DevicePopErrorScope) X(CommandEncoderClearBuffer)
+// The procedures loaded from wgpu-native (clang-format is not stable on this list).
+// clang-format off
+#define FLASHTQ_WGPU_PROCS(X) \
+  X(CreateInstance) X(InstanceRequestAdapter) X(InstanceProcessEvents) X(InstanceRelease) X(AdapterGetInfo) \
+  X(AdapterInfoFreeMembers) X(AdapterGetLimits) X(AdapterHasFeature) X(AdapterRequestDevice) \
+  X(AdapterRelease) X(DeviceGetQueue) X(DeviceCreateBuffer) X(BufferRelease) X(BufferDestroy) \
+  X(QueueWriteBuffer) X(DeviceCreateCommandEncoder) X(CommandEncoderCopyBufferToBuffer) \
+  X(CommandEncoderBeginComputePass) X(ComputePassEncoderSetPipeline) X(ComputePassEncoderSetBindGroup) \
+  X(ComputePassEncoderDispatchWorkgroups) X(ComputePassEncoderEnd) X(ComputePassEncoderRelease) \
+  X(CommandEncoderFinish) X(CommandEncoderRelease) X(QueueSubmit) X(CommandBufferRelease) X(BufferMapAsync) \
+  X(BufferGetConstMappedRange) X(BufferUnmap) X(DeviceCreateShaderModule) X(ShaderModuleRelease) \
+  X(DeviceCreateComputePipeline) X(ComputePipelineGetBindGroupLayout) X(BindGroupLayoutRelease) \
+  X(DeviceCreateBindGroup) X(BindGroupRelease) X(DevicePushErrorScope) X(DevicePopErrorScope) \
+  X(CommandEncoderClearBuffer)
+// clang-format on
 
 struct Api {
   void* library = nullptr;
@@ -57,11 +60,11 @@ struct Api {
       why = "wgpu-native was not found (set FLASHTQ_WGPU_NATIVE or run scripts/fetch_wgpu_native.sh)";
       return nullptr;
     }
-#define FLASHTQ_RESOLVE(name)                                                              \
-  api->name = reinterpret_cast<WGPUProc##name>(dlsym(api->library, "wgpu" #name));         \
-  if (!api->name) {                                                                        \
-    why = "wgpu-native lacks wgpu" #name;                                                  \
-    return nullptr;                                                                        \
+#define FLASHTQ_RESOLVE(name)                                                      \
+  api->name = reinterpret_cast<WGPUProc##name>(dlsym(api->library, "wgpu" #name)); \
+  if (!api->name) {                                                                \
+    why = "wgpu-native lacks wgpu" #name;                                          \
+    return nullptr;                                                                \
   }
     FLASHTQ_WGPU_PROCS(FLASHTQ_RESOLVE)
 #undef FLASHTQ_RESOLVE
@@ -139,7 +142,8 @@ Context::Context() {
   acb.userdata1 = &ar;
   w.InstanceRequestAdapter(dev_->instance, &opts, acb);
   process_until(w, dev_->instance, ar.done);
-  if (!ar.adapter) throw Error("webgpu", "no WebGPU adapter: " + (ar.message.empty() ? std::string("none found") : ar.message));
+  if (!ar.adapter)
+    throw Error("webgpu", "no WebGPU adapter: " + (ar.message.empty() ? std::string("none found") : ar.message));
   dev_->adapter = ar.adapter;
   WGPUAdapterInfo info{};
   w.AdapterGetInfo(dev_->adapter, &info);
@@ -158,8 +162,8 @@ Context::Context() {
   WGPUDeviceDescriptor ddesc{};
   ddesc.requiredLimits = &supported;
   ddesc.deviceLostCallbackInfo.mode = WGPUCallbackMode_AllowProcessEvents;
-  ddesc.deviceLostCallbackInfo.callback = [](const WGPUDevice*, WGPUDeviceLostReason reason, WGPUStringView message, void* u1,
-                                             void*) {
+  ddesc.deviceLostCallbackInfo.callback = [](const WGPUDevice*, WGPUDeviceLostReason reason, WGPUStringView message,
+                                             void* u1, void*) {
     if (reason == WGPUDeviceLostReason_Destroyed || reason == WGPUDeviceLostReason_CallbackCancelled) return;
     auto* d = static_cast<Device*>(u1);
     d->lost = true;
@@ -241,7 +245,8 @@ void Context::check_errors(const char* what) {
     w.DevicePopErrorScope(dev_->device, cb);
     process_until(w, dev_->instance, r.done);
     if (r.type != WGPUErrorType_NoError && failure.empty()) {
-      failure = std::string(r.type == WGPUErrorType_OutOfMemory ? "out of memory" : "error") + " in " + what + ": " + r.message;
+      failure = std::string(r.type == WGPUErrorType_OutOfMemory ? "out of memory" : "error") + " in " + what + ": " +
+                r.message;
     }
   }
   if (dev_->lost) throw Error("webgpu", "device lost: " + dev_->lost_message);
@@ -273,7 +278,8 @@ void* Context::allocate(std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::uint64_t padded = round_up(std::max<std::uint64_t>(bytes, 4), 4);
   if (padded > dev_->limits.maxBufferSize) {
-    throw Error("bytes", std::to_string(bytes) + " exceeds the adapter's largest buffer (" + std::to_string(dev_->limits.maxBufferSize) + ")");
+    throw Error("bytes", std::to_string(bytes) + " exceeds the adapter's largest buffer (" +
+                             std::to_string(dev_->limits.maxBufferSize) + ")");
   }
   const Api& w = *api_;
   auto buffer = static_cast<WGPUBuffer>(create_storage_buffer(padded, "allocate"));
@@ -302,7 +308,8 @@ Location Context::locate(const void* address, std::uint64_t bytes, const char* w
   std::lock_guard<std::mutex> lock(mutex_);
   const auto a = reinterpret_cast<std::uintptr_t>(address);
   auto it = allocations_.upper_bound(a);
-  if (it == allocations_.begin()) throw Error(what, "is not memory of the webgpu backend (allocate it with the backend)");
+  if (it == allocations_.begin())
+    throw Error(what, "is not memory of the webgpu backend (allocate it with the backend)");
   --it;
   const std::uint64_t offset = a - it->first;
   if (offset > it->second.bytes || bytes > it->second.bytes - offset) {
@@ -338,7 +345,8 @@ void Context::upload(void* dst, const void* src, std::size_t bytes) {
   const std::uint64_t begin = at.offset & ~std::uint64_t(3), end = round_up(at.offset + bytes, 4);
   std::vector<std::uint8_t> words(end - begin);
   if (begin != at.offset || end != at.offset + bytes) {  // partial words at the edges: keep their other bytes
-    download(words.data(), static_cast<std::uint8_t*>(dst) - (at.offset - begin), std::min<std::uint64_t>(end - begin, at.size - begin));
+    download(words.data(), static_cast<std::uint8_t*>(dst) - (at.offset - begin),
+             std::min<std::uint64_t>(end - begin, at.size - begin));
   }
   std::memcpy(words.data() + (at.offset - begin), src, bytes);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -430,8 +438,8 @@ void* Context::pipeline(const std::string& kernel) {
   return p;
 }
 
-void Context::dispatch(const std::string& kernel, const std::vector<std::uint32_t>& params, const std::vector<Binding>& buffers,
-                       std::uint32_t gx, std::uint32_t gy, std::uint32_t gz) {
+void Context::dispatch(const std::string& kernel, const std::vector<std::uint32_t>& params,
+                       const std::vector<Binding>& buffers, std::uint32_t gx, std::uint32_t gy, std::uint32_t gz) {
   const std::uint32_t limit = dev_->limits.maxComputeWorkgroupsPerDimension;
   if (gx > limit || gy > limit || gz > limit) {
     throw Error("shape", "needs " + std::to_string(gx) + " x " + std::to_string(gy) + " x " + std::to_string(gz) +
@@ -500,7 +508,8 @@ void Context::copy(void* src, std::uint64_t src_offset, void* dst, std::uint64_t
   ErrorScopes scopes(w, dev_->device);
   WGPUCommandEncoderDescriptor edesc{};
   WGPUCommandEncoder enc = w.DeviceCreateCommandEncoder(dev_->device, &edesc);
-  w.CommandEncoderCopyBufferToBuffer(enc, static_cast<WGPUBuffer>(src), src_offset, static_cast<WGPUBuffer>(dst), dst_offset, bytes);
+  w.CommandEncoderCopyBufferToBuffer(enc, static_cast<WGPUBuffer>(src), src_offset, static_cast<WGPUBuffer>(dst),
+                                     dst_offset, bytes);
   WGPUCommandBufferDescriptor cdesc{};
   WGPUCommandBuffer cmd = w.CommandEncoderFinish(enc, &cdesc);
   w.CommandEncoderRelease(enc);

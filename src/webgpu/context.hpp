@@ -60,8 +60,9 @@ class Context {
 
   // Runs `kernel` ("shader" for entry point main of shader.wgsl, or "shader#entry") over `groups`
   // workgroups; binding 0 is a uniform buffer holding `params`, bindings 1.. are `buffers`.
-  void dispatch(const std::string& kernel, const std::vector<std::uint32_t>& params, const std::vector<Binding>& buffers,
-                std::uint32_t groups_x, std::uint32_t groups_y, std::uint32_t groups_z);
+  void dispatch(const std::string& kernel, const std::vector<std::uint32_t>& params,
+                const std::vector<Binding>& buffers, std::uint32_t groups_x, std::uint32_t groups_y,
+                std::uint32_t groups_z);
   // Copies `bytes` (multiples of 4, as the offsets) between buffers, in queue order.
   void copy(void* src, std::uint64_t src_offset, void* dst, std::uint64_t dst_offset, std::uint64_t bytes);
   // Waits until every submitted dispatch has finished.

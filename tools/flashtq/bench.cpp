@@ -12,28 +12,10 @@
 
 #include "commands.hpp"
 #include "timing.hpp"
-#include "cpu/kernels.hpp"
 #include "flashtq/flashtq.hpp"
 
 namespace flashtq::cli {
 namespace {
-
-double fma_peak_gflops(int threads) {
-  double flops = 0;
-  const double s = median_s(
-      [&] {
-        double total = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-        {
-          float checksum;
-          total += cpu::fma_burst(20'000'000, &checksum);
-          if (checksum == 12345.0f) std::puts("");  // keeps the work observable
-        }
-        flops = total;
-      },
-      3);
-  return flops / s / 1e9;
-}
 
 double copy_bandwidth_gbs(int threads) {
   const std::size_t bytes = std::size_t(1) << 29;
@@ -60,7 +42,8 @@ std::vector<T> random_bytes(std::size_t n, DType dtype, std::mt19937_64& rng) {
     } else {
       std::uint32_t bits;
       std::memcpy(&bits, &v, 4);
-      const std::uint16_t h = dtype == DType::bf16 ? std::uint16_t(bits >> 16) : std::uint16_t(0x3C00 ^ (bits >> 22 & 0x1FF));
+      const std::uint16_t h =
+          dtype == DType::bf16 ? std::uint16_t(bits >> 16) : std::uint16_t(0x3C00 ^ (bits >> 22 & 0x1FF));
       std::memcpy(reinterpret_cast<char*>(x.data()) + 2 * i, &h, 2);
     }
   }
@@ -84,98 +67,124 @@ Command add_bench(CLI::App& app) {
   sub->add_option("--threads", opts->threads, "Threads (default: all cores)");
   sub->add_option("--output", opts->output, "Also write the JSON to this file");
   sub->add_option("--torch-json", opts->torch_json, "PyTorch results (bench/torch_cpu_sdpa.py) to merge");
-  return {sub, [opts] {
-            if (opts->gpu) {
-              nlohmann::json r;
-              r["gpu"] = bench_gpu_backends(opts->quick);
-              if (r["gpu"].empty()) fmt::print(stderr, "flashtq bench --gpu: no GPU backend is available here\n");
-              if (!opts->output.empty()) std::ofstream(opts->output) << r.dump(2) << "\n";
-              fmt::print("{}\n", opts->json ? r.dump(2) : r.dump());
-              return 0;
-            }
-            Backend& cpu = backend("cpu");
-            cpu.set_threads(opts->threads);
-            const int threads = cpu.threads();
-            std::mt19937_64 rng(1);
-            nlohmann::json r;
-            r["threads"] = threads;
-            r["simd_target"] = cpu::simd_target();
-            r["fma_peak_gflops"] = fma_peak_gflops(threads);
-            r["copy_bandwidth_gbs"] = copy_bandwidth_gbs(threads);
-            const double peak = r["fma_peak_gflops"], bw = r["copy_bandwidth_gbs"];
-            fmt::print(stderr, "{} threads, {}: FMA peak {:.1f} GFLOP/s, copy {:.1f} GB/s\n", threads,
-                       r["simd_target"].get<std::string>(), peak, bw);
-            const int reps = opts->quick ? 1 : 3;
-            // Dense forward and backward: B = 1, H = 8, S x S.
-            for (DType dtype : opts->decode_only ? std::vector<DType>{} : std::vector<DType>{DType::f32, DType::bf16}) {
-              for (std::int64_t D : {64, 128}) {
-                for (std::int64_t S : opts->quick ? std::vector<std::int64_t>{1024} : std::vector<std::int64_t>{1024, 4096}) {
-                  const std::int64_t B = 1, H = 8, n = B * S * H * D;
-                  auto q = random_bytes<std::uint8_t>(std::size_t(n), dtype, rng), k = random_bytes<std::uint8_t>(std::size_t(n), dtype, rng),
-                       v = random_bytes<std::uint8_t>(std::size_t(n), dtype, rng), o = q, dout = q, dq = q, dk = q, dv = q;
-                  std::vector<float> lse(std::size_t(B * H * S));
-                  auto view = [&](std::vector<std::uint8_t>& x) { return TensorView::bshd(x.data(), dtype, B, S, H, D); };
-                  for (bool causal : {false, true}) {
-                    AttentionParams params;
-                    params.causal = causal;
-                    const double flops = 4.0 * double(B * H) * double(S) * double(S) * double(D) * (causal ? 0.5 : 1.0);
-                    const double fwd = median_s([&] { attention_forward(cpu, {view(q), view(k), view(v), view(o), lse.data()}, params); }, reps);
-                    nlohmann::json row = {{"dtype", dtype_name(dtype)}, {"D", D}, {"S", S}, {"B", B}, {"H", H}, {"causal", causal},
-                                          {"fwd_s", fwd}, {"fwd_gflops", flops / fwd / 1e9}, {"fwd_fraction_of_peak", flops / fwd / 1e9 / peak}};
-                    if (S == 1024 || !opts->quick) {
-                      const double bwd = median_s(
-                          [&] {
-                            attention_backward(cpu, {view(q), view(k), view(v), view(o), view(dout), lse.data(), view(dq), view(dk), view(dv)},
-                                               params);
-                          },
-                          1);
-                      row["bwd_s"] = bwd;
-                      row["bwd_gflops"] = 2.5 * flops / bwd / 1e9;
-                      row["bwd_fraction_of_peak"] = 2.5 * flops / bwd / 1e9 / peak;
-                    }
-                    fmt::print(stderr, "{}\n", row.dump());
-                    r["dense"].push_back(row);
-                  }
+  return {
+      sub, [opts] {
+        if (opts->gpu) {
+          nlohmann::json r;
+          r["gpu"] = bench_gpu_backends(opts->quick);
+          if (r["gpu"].empty()) fmt::print(stderr, "flashtq bench --gpu: no GPU backend is available here\n");
+          if (!opts->output.empty()) std::ofstream(opts->output) << r.dump(2) << "\n";
+          fmt::print("{}\n", opts->json ? r.dump(2) : r.dump());
+          return 0;
+        }
+        Backend& cpu = backend("cpu");
+        cpu.set_threads(opts->threads);
+        const int threads = cpu.threads();
+        std::mt19937_64 rng(1);
+        nlohmann::json r;
+        r["threads"] = threads;
+        r["backend"] = cpu.description();
+        r["fma_peak_gflops"] = cpu.measure_fma_flops() / 1e9;
+        r["copy_bandwidth_gbs"] = copy_bandwidth_gbs(threads);
+        const double peak = r["fma_peak_gflops"], bw = r["copy_bandwidth_gbs"];
+        fmt::print(stderr, "{} threads, {}: FMA peak {:.1f} GFLOP/s, copy {:.1f} GB/s\n", threads,
+                   r["backend"].get<std::string>(), peak, bw);
+        const int reps = opts->quick ? 1 : 3;
+        // Dense forward and backward: B = 1, H = 8, S x S.
+        for (DType dtype : opts->decode_only ? std::vector<DType>{} : std::vector<DType>{DType::f32, DType::bf16}) {
+          for (std::int64_t D : {64, 128}) {
+            for (std::int64_t S :
+                 opts->quick ? std::vector<std::int64_t>{1024} : std::vector<std::int64_t>{1024, 4096}) {
+              const std::int64_t B = 1, H = 8, n = B * S * H * D;
+              auto q = random_bytes<std::uint8_t>(std::size_t(n), dtype, rng),
+                   k = random_bytes<std::uint8_t>(std::size_t(n), dtype, rng),
+                   v = random_bytes<std::uint8_t>(std::size_t(n), dtype, rng), o = q, dout = q, dq = q, dk = q, dv = q;
+              std::vector<float> lse(std::size_t(B * H * S));
+              auto view = [&](std::vector<std::uint8_t>& x) { return TensorView::bshd(x.data(), dtype, B, S, H, D); };
+              for (bool causal : {false, true}) {
+                AttentionParams params;
+                params.causal = causal;
+                const double flops = 4.0 * double(B * H) * double(S) * double(S) * double(D) * (causal ? 0.5 : 1.0);
+                const double fwd = median_s(
+                    [&] {
+                      attention_forward(cpu, {view(q), view(k), view(v), view(o), lse.data()}, params);
+                    },
+                    reps);
+                nlohmann::json row = {{"dtype", dtype_name(dtype)},
+                                      {"D", D},
+                                      {"S", S},
+                                      {"B", B},
+                                      {"H", H},
+                                      {"causal", causal},
+                                      {"fwd_s", fwd},
+                                      {"fwd_gflops", flops / fwd / 1e9},
+                                      {"fwd_fraction_of_peak", flops / fwd / 1e9 / peak}};
+                if (S == 1024 || !opts->quick) {
+                  const double bwd = median_s(
+                      [&] {
+                        attention_backward(
+                            cpu,
+                            {view(q), view(k), view(v), view(o), view(dout), lse.data(), view(dq), view(dk), view(dv)},
+                            params);
+                      },
+                      1);
+                  row["bwd_s"] = bwd;
+                  row["bwd_gflops"] = 2.5 * flops / bwd / 1e9;
+                  row["bwd_fraction_of_peak"] = 2.5 * flops / bwd / 1e9 / peak;
                 }
+                fmt::print(stderr, "{}\n", row.dump());
+                r["dense"].push_back(row);
               }
             }
-            // Decode: Hq = 32, Hkv = 8, D = 128; a dense f16 cache against a TurboQuant cache.
-            for (std::int64_t ctx : opts->quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{4096, 32768, 131072}) {
-              const std::int64_t H = 32, Hkv = 8, D = 128;
-              auto k = random_bytes<std::uint8_t>(std::size_t(ctx * Hkv * D), DType::f16, rng), v = k;
-              auto q = random_bytes<std::uint8_t>(std::size_t(H * D), DType::f16, rng), o = q;
-              const double dense = median_s(
-                  [&] {
-                    attention_forward(cpu, {TensorView::bshd(q.data(), DType::f16, 1, 1, H, D), TensorView::bshd(k.data(), DType::f16, 1, ctx, Hkv, D),
-                                            TensorView::bshd(v.data(), DType::f16, 1, ctx, Hkv, D), TensorView::bshd(o.data(), DType::f16, 1, 1, H, D)},
-                                      AttentionParams{});
-                  },
-                  reps);
-              TqKvCache cache({1, Hkv, D, ctx, 2, 2, 7}, &cpu);
-              const TensorView kv = TensorView::bshd(k.data(), DType::f16, 1, ctx, Hkv, D);
-              const double encode = median_s([&] { cache.append(0, kv, kv, 0); }, 1);
-              std::vector<float> qf(std::size_t(H * D), 0.5f), out(std::size_t(H * D));
-              const double tq = median_s(
-                  [&] {
-                    cache.attend(0, TensorView::bshd(qf.data(), DType::f32, 1, 1, H, D), ctx - 1, TensorView::bshd(out.data(), DType::f32, 1, 1, H, D));
-                  },
-                  reps);
-              const double dense_bytes = double(ctx * Hkv * D * 2 * 2), tq_bytes = double(ctx * cache.bytes_per_token());
-              nlohmann::json row = {{"ctx", ctx}, {"dense_f16_s", dense}, {"turboquant_s", tq}, {"speedup", dense / tq},
-                                    {"dense_bytes_per_token", 2 * 2 * Hkv * D}, {"turboquant_bytes_per_token", cache.bytes_per_token()},
-                                    {"dense_gbs", dense_bytes / dense / 1e9}, {"turboquant_gbs", tq_bytes / tq / 1e9},
-                                    {"encode_tokens_per_s", double(ctx) / encode}};
-              fmt::print(stderr, "{}\n", row.dump());
-              r["decode"].push_back(row);
-            }
-            if (!opts->torch_json.empty()) {
-              std::ifstream f(opts->torch_json);
-              if (f) r["torch"] = nlohmann::json::parse(f);
-            }
-            if (!opts->output.empty()) std::ofstream(opts->output) << r.dump(2) << "\n";
-            fmt::print("{}\n", opts->json ? r.dump(2) : r.dump());
-            return 0;
-          }};
+          }
+        }
+        // Decode: Hq = 32, Hkv = 8, D = 128; a dense f16 cache against a TurboQuant cache.
+        for (std::int64_t ctx :
+             opts->quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{4096, 32768, 131072}) {
+          const std::int64_t H = 32, Hkv = 8, D = 128;
+          auto k = random_bytes<std::uint8_t>(std::size_t(ctx * Hkv * D), DType::f16, rng), v = k;
+          auto q = random_bytes<std::uint8_t>(std::size_t(H * D), DType::f16, rng), o = q;
+          const double dense = median_s(
+              [&] {
+                attention_forward(cpu,
+                                  {TensorView::bshd(q.data(), DType::f16, 1, 1, H, D),
+                                   TensorView::bshd(k.data(), DType::f16, 1, ctx, Hkv, D),
+                                   TensorView::bshd(v.data(), DType::f16, 1, ctx, Hkv, D),
+                                   TensorView::bshd(o.data(), DType::f16, 1, 1, H, D)},
+                                  AttentionParams{});
+              },
+              reps);
+          TqKvCache cache({1, {D, Hkv, ctx, 2, 2}, 7}, &cpu);
+          const TensorView kv = TensorView::bshd(k.data(), DType::f16, 1, ctx, Hkv, D);
+          const double encode = median_s([&] { cache.append(0, kv, kv, 0); }, 1);
+          std::vector<float> qf(std::size_t(H * D), 0.5f), out(std::size_t(H * D));
+          const double tq = median_s(
+              [&] {
+                cache.attend(0, TensorView::bshd(qf.data(), DType::f32, 1, 1, H, D), ctx - 1,
+                             TensorView::bshd(out.data(), DType::f32, 1, 1, H, D));
+              },
+              reps);
+          const double dense_bytes = double(ctx * Hkv * D * 2 * 2), tq_bytes = double(ctx * cache.bytes_per_token());
+          nlohmann::json row = {{"ctx", ctx},
+                                {"dense_f16_s", dense},
+                                {"turboquant_s", tq},
+                                {"speedup", dense / tq},
+                                {"dense_bytes_per_token", 2 * 2 * Hkv * D},
+                                {"turboquant_bytes_per_token", cache.bytes_per_token()},
+                                {"dense_gbs", dense_bytes / dense / 1e9},
+                                {"turboquant_gbs", tq_bytes / tq / 1e9},
+                                {"encode_tokens_per_s", double(ctx) / encode}};
+          fmt::print(stderr, "{}\n", row.dump());
+          r["decode"].push_back(row);
+        }
+        if (!opts->torch_json.empty()) {
+          std::ifstream f(opts->torch_json);
+          if (f) r["torch"] = nlohmann::json::parse(f);
+        }
+        if (!opts->output.empty()) std::ofstream(opts->output) << r.dump(2) << "\n";
+        fmt::print("{}\n", opts->json ? r.dump(2) : r.dump());
+        return 0;
+      }};
 }
 
 }  // namespace flashtq::cli

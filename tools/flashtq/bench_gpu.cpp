@@ -39,13 +39,18 @@ nlohmann::json dense_forward(Backend& b, std::int64_t S, int repeats) {
   const std::int64_t B = 1, H = 16, D = 128;
   std::mt19937_64 rng(3);
   const std::size_t n = std::size_t(B * S * H * D);
-  conformance::DeviceBuffer q(b, random_floats(n, rng)), k(b, random_floats(n, rng)), v(b, random_floats(n, rng)), o(b, n * 4);
+  conformance::DeviceBuffer q(b, random_floats(n, rng)), k(b, random_floats(n, rng)), v(b, random_floats(n, rng)),
+      o(b, n * 4);
   auto view = [&](void* p) { return TensorView::bshd(p, DType::f32, B, S, H, D, b.memory()); };
   const double s = median_synced(
-      b, [&] { attention_forward(b, {view(q.get()), view(k.get()), view(v.get()), view(o.get())}, AttentionParams{}); }, repeats);
+      b,
+      [&] {
+        attention_forward(b, {view(q.get()), view(k.get()), view(v.get()), view(o.get())}, AttentionParams{});
+      },
+      repeats);
   const double flops = 4.0 * double(B * H) * double(S) * double(S) * double(D);
-  return {{"op", "dense_forward_f32"}, {"B", B}, {"S", S}, {"H", H}, {"D", D}, {"causal", false},
-          {"ms", s * 1e3}, {"tflops", flops / s / 1e12}};
+  return {{"op", "dense_forward_f32"}, {"B", B}, {"S", S}, {"H", H}, {"D", D}, {"causal", false}, {"ms", s * 1e3},
+          {"tflops", flops / s / 1e12}};
 }
 
 nlohmann::json turboquant_decode(Backend& b, std::int64_t ctx, int repeats) {
@@ -53,21 +58,21 @@ nlohmann::json turboquant_decode(Backend& b, std::int64_t ctx, int repeats) {
   const TqLayout layout{D, Hkv, ctx, 2, 2};
   const TqTables tables = make_tq_tables(layout, 1234, 0);
   std::mt19937_64 rng(5);
-  conformance::DeviceBuffer keys(b, std::size_t(layout.key_words()) * 4), values(b, std::size_t(layout.value_words()) * 4);
+  conformance::DeviceBuffer keys(b, std::size_t(layout.key_words()) * 4),
+      values(b, std::size_t(layout.value_words()) * 4);
   {  // encode the whole context in chunks
     const std::int64_t chunk = std::min<std::int64_t>(ctx, 4096);
     conformance::DeviceBuffer x(b, random_floats(std::size_t(chunk * Hkv * D), rng));
     for (std::int64_t t = 0; t < ctx; t += chunk) {
       const TensorView xv = TensorView::bshd(x.get(), DType::f32, 1, chunk, Hkv, D, b.memory());
-      tq_encode_keys(b, {layout, tables, xv, t, static_cast<std::uint32_t*>(keys.get()), nullptr});
-      tq_encode_values(b, {layout, tables, xv, t, static_cast<std::uint32_t*>(values.get()), nullptr});
+      tq_encode_keys(b, {tables, xv, t, static_cast<std::uint32_t*>(keys.get()), nullptr});
+      tq_encode_values(b, {tables, xv, t, static_cast<std::uint32_t*>(values.get()), nullptr});
     }
     b.synchronize();
   }
   conformance::DeviceBuffer q(b, random_floats(std::size_t(H * D), rng)), out(b, std::size_t(H * D) * 4),
       scratch(b, std::size_t(tq_scratch_floats(1, H, D)) * 4);
   TqAttendArgs a;
-  a.layout = layout;
   a.tables = tables;
   a.scratch = static_cast<const float*>(scratch.get());
   a.n_heads = H;
@@ -88,8 +93,9 @@ nlohmann::json turboquant_decode(Backend& b, std::int64_t ctx, int repeats) {
       },
       repeats);
   const double packed = double(ctx) * double(layout.bytes_per_token_per_head() * Hkv);
-  return {{"op", "turboquant_decode"}, {"batch", 1}, {"ctx", ctx}, {"H", H}, {"Hkv", Hkv}, {"D", D},
-          {"ms", s * 1e3}, {"packed_gbs", packed / s / 1e9}};
+  return {
+      {"op", "turboquant_decode"},     {"batch", 1}, {"ctx", ctx}, {"H", H}, {"Hkv", Hkv}, {"D", D}, {"ms", s * 1e3},
+      {"packed_gbs", packed / s / 1e9}};
 }
 
 }  // namespace
@@ -106,7 +112,8 @@ nlohmann::json bench_gpu_backends(bool quick) {
       fmt::print(stderr, "{}\n", r.dump());
       rows.push_back(r);
     };
-    for (std::int64_t S : quick ? std::vector<std::int64_t>{512} : std::vector<std::int64_t>{1024, 4096}) record(dense_forward(*b, S, repeats));
+    for (std::int64_t S : quick ? std::vector<std::int64_t>{512} : std::vector<std::int64_t>{1024, 4096})
+      record(dense_forward(*b, S, repeats));
     for (std::int64_t ctx : quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{8192, 32768}) {
       record(turboquant_decode(*b, ctx, repeats));
     }

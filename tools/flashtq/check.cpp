@@ -6,6 +6,7 @@
 
 #include "commands.hpp"
 #include "conformance/conformance.hpp"
+#include "conformance/seeds.hpp"
 #include "flashtq/flashtq.hpp"
 
 namespace flashtq::cli {
@@ -21,7 +22,7 @@ Command add_check(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("check", "Run the conformance suite's random cases against the oracle");
   sub->add_option("--backend", opts->backend, "Backend to check (default: every available one)");
   sub->add_option("--cases", opts->cases, "Random cases per operation")->check(CLI::Range(1, 100000));
-  sub->add_option("--seed", opts->seed, "Seed for drawing the cases (default: fresh)");
+  sub->add_option("--seed", opts->seed, "Seed for drawing the cases (default: FLASHTQ_TEST_SEED, else fresh)");
   sub->add_flag("--json", opts->json,
                 "Print {\"backends\": {NAME: {\"cases\": N, \"failed\": F, \"failures\": [...]}}, \"seed\": S}");
   return {sub, [opts] {
@@ -31,7 +32,7 @@ Command add_check(CLI::App& app) {
             } else {
               targets.push_back(&backend(opts->backend));
             }
-            const std::uint64_t seed = opts->seed ? opts->seed : std::random_device{}();
+            const std::uint64_t seed = opts->seed ? opts->seed : conformance::run_seed();  // FLASHTQ_TEST_SEED replays
             nlohmann::json report;
             report["backends"] = nlohmann::json::object();
             int failed_total = 0;
@@ -43,7 +44,10 @@ Command add_check(CLI::App& app) {
                 if (r.passed) continue;
                 ++failed;
                 if (failures.size() < 10) {
-                  failures.push_back({{"op", r.op}, {"case", r.description}, {"error", r.error}, {"tolerance", r.tolerance},
+                  failures.push_back({{"op", r.op},
+                                      {"case", r.description},
+                                      {"error", r.error},
+                                      {"tolerance", r.tolerance},
                                       {"detail", r.detail}});
                 }
                 if (!opts->json) {
@@ -54,7 +58,8 @@ Command add_check(CLI::App& app) {
               failed_total += failed;
               report["backends"][b->name()] = {{"cases", results.size()}, {"failed", failed}};
               if (failed) report["backends"][b->name()]["failures"] = failures;
-              if (!opts->json) fmt::print("{:<10} {:>6} checks {:>4} failed (seed {})\n", b->name(), results.size(), failed, seed);
+              if (!opts->json)
+                fmt::print("{:<10} {:>6} checks {:>4} failed (seed {})\n", b->name(), results.size(), failed, seed);
             }
             report["seed"] = seed;
             if (opts->json) fmt::print("{}\n", report.dump());

@@ -66,15 +66,17 @@ void turboquant_part() {
       for (std::int64_t d = 0; d < D; ++d) q[std::size_t((row * H + h) * D + d)] = 1.5f * target[d] + n(rng);
     }
 
-  TqKvCache cache({1, Hkv, D, ctx, 2, 2, 2024}, &host);
+  TqKvCache cache({1, {D, Hkv, ctx, 2, 2}, 2024}, &host);
   auto t0 = std::chrono::steady_clock::now();
-  cache.append(0, TensorView::bshd(k.data(), DType::f32, 1, ctx, Hkv, D), TensorView::bshd(v.data(), DType::f32, 1, ctx, Hkv, D), 0);
+  cache.append(0, TensorView::bshd(k.data(), DType::f32, 1, ctx, Hkv, D),
+               TensorView::bshd(v.data(), DType::f32, 1, ctx, Hkv, D), 0);
   const double encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const double bf16_bytes = double(ctx * Hkv * D * 2 * 2);
-  fmt::print("memory: {:.2f} MiB packed against {:.2f} MiB as bf16 ({} bytes per token per kv head, {:.2f}x smaller); "
-             "encode {:.1f} ms\n",
-             cache.memory_bytes() / 1048576.0, bf16_bytes / 1048576.0, cache.layout().bytes_per_token_per_head(),
-             cache.compression_vs_bf16(), encode_ms);
+  fmt::print(
+      "memory: {:.2f} MiB packed against {:.2f} MiB as bf16 ({} bytes per token per kv head, {:.2f}x smaller); "
+      "encode {:.1f} ms\n",
+      cache.memory_bytes() / 1048576.0, bf16_bytes / 1048576.0, cache.layout().bytes_per_token_per_head(),
+      cache.compression_vs_bf16(), encode_ms);
 
   fmt::print("{:<24} {:>14} {:>11}\n", "case", "rel. error", "time (ms)");
   for (std::int64_t rows : {std::int64_t(1), chunk}) {
@@ -98,7 +100,8 @@ void turboquant_part() {
     std::vector<double> qd(q.begin(), q.begin() + rows * H * D), kd(k.begin(), k.end()), vd(v.begin(), v.end()),
         exact(std::size_t(rows * H * D));
     reference::dense_forward(p, qd.data(), kd.data(), vd.data(), exact.data(), nullptr);
-    fmt::print("{:<24} {:>14.3e} {:>11.2f}\n", rows == 1 ? "decode (1 row)" : fmt::format("chunked prefill ({} rows)", rows),
+    fmt::print("{:<24} {:>14.3e} {:>11.2f}\n",
+               rows == 1 ? "decode (1 row)" : fmt::format("chunked prefill ({} rows)", rows),
                conformance::relative_error(exact, std::vector<double>(out.begin(), out.end())), ms);
   }
 }

@@ -27,7 +27,8 @@ struct Workload {
 // Gaussian: i.i.d. N(0, 1) keys and values, Gaussian queries.
 // LLM-like: keys with a non-zero mean and 4 outlier channels 10-50x larger; each query head
 // attends sharply to 4 positions among the first 1024 (present at every context).
-Workload make_workload(bool llm, std::int64_t T, std::int64_t Hkv, std::int64_t H, std::int64_t D, std::mt19937_64& rng) {
+Workload make_workload(bool llm, std::int64_t T, std::int64_t Hkv, std::int64_t H, std::int64_t D,
+                       std::mt19937_64& rng) {
   std::normal_distribution<float> n(0, 1);
   Workload w{std::vector<float>(std::size_t(T * Hkv * D)), std::vector<float>(std::size_t(T * Hkv * D)),
              std::vector<float>(std::size_t(H * D))};
@@ -68,7 +69,7 @@ nlohmann::json attention_rows(std::mt19937_64& rng, const std::vector<std::int64
     const Workload w = make_workload(llm, T, Hkv, H, D, rng);
     const std::vector<double> kd(w.k.begin(), w.k.end()), vd(w.v.begin(), w.v.end()), qd(w.q.begin(), w.q.end());
     for (const auto& [kb, vb] : kConfigs) {
-      TqKvCache cache({1, Hkv, D, T, kb, vb, rng()}, &default_backend());
+      TqKvCache cache({1, {D, Hkv, T, kb, vb}, rng()}, &default_backend());
       cache.append(0, TensorView::bshd(const_cast<float*>(w.k.data()), DType::f32, 1, T, Hkv, D),
                    TensorView::bshd(const_cast<float*>(w.v.data()), DType::f32, 1, T, Hkv, D), 0);
       for (std::int64_t ctx : contexts) {
@@ -86,7 +87,10 @@ nlohmann::json attention_rows(std::mt19937_64& rng, const std::vector<std::int64
         p.scale = float(1.0 / std::sqrt(double(D)));
         std::vector<double> exact(std::size_t(H * D));
         reference::dense_forward(p, qd.data(), kd.data(), vd.data(), exact.data(), nullptr);
-        rows.push_back({{"data", llm ? "llm_like" : "gaussian"}, {"ctx", ctx}, {"key_bits", kb}, {"value_bits", vb},
+        rows.push_back({{"data", llm ? "llm_like" : "gaussian"},
+                        {"ctx", ctx},
+                        {"key_bits", kb},
+                        {"value_bits", vb},
                         {"rel_err", conformance::relative_error(exact, std::vector<double>(out.begin(), out.end()))}});
       }
     }
@@ -109,61 +113,64 @@ Command add_eval(CLI::App& app) {
   sub->add_option("--output", opts->output, "Also write the JSON report to this file");
   sub->add_option("--seed", opts->seed, "Random seed");
   sub->add_flag("--quick", opts->quick, "Contexts up to 4k only and fewer samples (for tests)");
-  return {sub, [opts] {
-            std::mt19937_64 rng(opts->seed);
-            nlohmann::json report;
-            const int trials = opts->quick ? 2000 : 20000;
-            for (int b = 1; b <= 4; ++b) {
-              report["mse"][std::to_string(b)] = reference::measure_mse(128, b, trials, rng);
-              report["mse_d64"][std::to_string(b)] = reference::measure_mse(64, b, trials, rng);
-              report["mse_spec"][std::to_string(b)] = kSpecMse[b];
-            }
-            for (int b = 1; b <= 3; ++b) {
-              const auto s = reference::measure_key_estimator(128, b, opts->quick ? 20000 : 50000, rng);
-              report["prod"][std::to_string(b)] = {
-                  {"slope", s.slope}, {"dprod_d", s.dprod_d},
-                  {"bound", std::sqrt(3.0) * std::pow(std::acos(-1.0), 2) * std::pow(4.0, -(b + 1))}};
-            }
-            const std::vector<std::int64_t> contexts =
-                opts->quick ? std::vector<std::int64_t>{1024, 4096} : std::vector<std::int64_t>{1024, 4096, 16384, 32768};
-            report["attention"] = attention_rows(rng, contexts);
-            for (const auto& [kb, vb] : kConfigs) {
-              const TqLayout l{128, 1, 1, kb, vb};
-              report["bytes_per_token"][fmt::format("k{}v{}", kb, vb)] = {
-                  {"head_dim", 128}, {"bytes", l.bytes_per_token_per_head()}, {"bf16_bytes", 512},
-                  {"compression_vs_bf16", l.compression_vs_bf16()}};
-            }
-            if (!opts->output.empty()) std::ofstream(opts->output) << report.dump(2) << "\n";
-            if (opts->json) {
-              fmt::print("{}\n", report.dump(2));
-              return 0;
-            }
-            fmt::print("D_mse (random unit vectors)\n{:>4} {:>10} {:>10} {:>10}\n", "bits", "D=64", "D=128", "spec");
-            for (int b = 1; b <= 4; ++b) {
-              const auto key = std::to_string(b);
-              fmt::print("{:>4} {:>10.4f} {:>10.4f} {:>10.4f}\n", b, report["mse_d64"][key].get<double>(),
-                         report["mse"][key].get<double>(), kSpecMse[b]);
-            }
-            fmt::print("\nKey inner-product estimator (b_mse + 1 QJL bit, D=128)\n{:>6} {:>8} {:>10} {:>10}\n", "b_mse",
-                       "slope", "D_prod*D", "bound");
-            for (int b = 1; b <= 3; ++b) {
-              const auto& p = report["prod"][std::to_string(b)];
-              fmt::print("{:>6} {:>8.4f} {:>10.4f} {:>10.4f}\n", b, p["slope"].get<double>(), p["dprod_d"].get<double>(),
-                         p["bound"].get<double>());
-            }
-            fmt::print("\nDecode attention, relative error against exact attention (H=4, Hkv=1, D=128)\n");
-            fmt::print("{:<10} {:>7} {:>6} {:>6} {:>10}\n", "data", "ctx", "kbits", "vbits", "rel_err");
-            for (const auto& row : report["attention"]) {
-              fmt::print("{:<10} {:>7} {:>6} {:>6} {:>10.4f}\n", row["data"].get<std::string>(), row["ctx"].get<int>(),
-                         row["key_bits"].get<int>(), row["value_bits"].get<int>(), row["rel_err"].get<double>());
-            }
-            fmt::print("\nBytes per token per kv head (D=128)\n");
-            for (const auto& [name, b] : report["bytes_per_token"].items()) {
-              fmt::print("{:<6} {:>4} bytes  {:.2f}x smaller than bf16\n", name, b["bytes"].get<int>(),
-                         b["compression_vs_bf16"].get<double>());
-            }
-            return 0;
-          }};
+  return {
+      sub, [opts] {
+        std::mt19937_64 rng(opts->seed);
+        nlohmann::json report;
+        const int trials = opts->quick ? 2000 : 20000;
+        for (int b = 1; b <= 4; ++b) {
+          report["mse"][std::to_string(b)] = reference::measure_mse(128, b, trials, rng);
+          report["mse_d64"][std::to_string(b)] = reference::measure_mse(64, b, trials, rng);
+          report["mse_spec"][std::to_string(b)] = kSpecMse[b];
+        }
+        for (int b = 1; b <= 3; ++b) {
+          const auto s = reference::measure_key_estimator(128, b, opts->quick ? 20000 : 50000, rng);
+          report["prod"][std::to_string(b)] = {
+              {"slope", s.slope},
+              {"dprod_d", s.dprod_d},
+              {"bound", std::sqrt(3.0) * std::pow(std::acos(-1.0), 2) * std::pow(4.0, -(b + 1))}};
+        }
+        const std::vector<std::int64_t> contexts =
+            opts->quick ? std::vector<std::int64_t>{1024, 4096} : std::vector<std::int64_t>{1024, 4096, 16384, 32768};
+        report["attention"] = attention_rows(rng, contexts);
+        for (const auto& [kb, vb] : kConfigs) {
+          const TqLayout l{128, 1, 1, kb, vb};
+          report["bytes_per_token"][fmt::format("k{}v{}", kb, vb)] = {{"head_dim", 128},
+                                                                      {"bytes", l.bytes_per_token_per_head()},
+                                                                      {"bf16_bytes", 512},
+                                                                      {"compression_vs_bf16", l.compression_vs_bf16()}};
+        }
+        if (!opts->output.empty()) std::ofstream(opts->output) << report.dump(2) << "\n";
+        if (opts->json) {
+          fmt::print("{}\n", report.dump(2));
+          return 0;
+        }
+        fmt::print("D_mse (random unit vectors)\n{:>4} {:>10} {:>10} {:>10}\n", "bits", "D=64", "D=128", "spec");
+        for (int b = 1; b <= 4; ++b) {
+          const auto key = std::to_string(b);
+          fmt::print("{:>4} {:>10.4f} {:>10.4f} {:>10.4f}\n", b, report["mse_d64"][key].get<double>(),
+                     report["mse"][key].get<double>(), kSpecMse[b]);
+        }
+        fmt::print("\nKey inner-product estimator (b_mse + 1 QJL bit, D=128)\n{:>6} {:>8} {:>10} {:>10}\n", "b_mse",
+                   "slope", "D_prod*D", "bound");
+        for (int b = 1; b <= 3; ++b) {
+          const auto& p = report["prod"][std::to_string(b)];
+          fmt::print("{:>6} {:>8.4f} {:>10.4f} {:>10.4f}\n", b, p["slope"].get<double>(), p["dprod_d"].get<double>(),
+                     p["bound"].get<double>());
+        }
+        fmt::print("\nDecode attention, relative error against exact attention (H=4, Hkv=1, D=128)\n");
+        fmt::print("{:<10} {:>7} {:>6} {:>6} {:>10}\n", "data", "ctx", "kbits", "vbits", "rel_err");
+        for (const auto& row : report["attention"]) {
+          fmt::print("{:<10} {:>7} {:>6} {:>6} {:>10.4f}\n", row["data"].get<std::string>(), row["ctx"].get<int>(),
+                     row["key_bits"].get<int>(), row["value_bits"].get<int>(), row["rel_err"].get<double>());
+        }
+        fmt::print("\nBytes per token per kv head (D=128)\n");
+        for (const auto& [name, b] : report["bytes_per_token"].items()) {
+          fmt::print("{:<6} {:>4} bytes  {:.2f}x smaller than bf16\n", name, b["bytes"].get<int>(),
+                     b["compression_vs_bf16"].get<double>());
+        }
+        return 0;
+      }};
 }
 
 }  // namespace flashtq::cli

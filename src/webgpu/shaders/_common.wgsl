@@ -2,7 +2,7 @@
 // dtype codes: 0 f32, 1 f16, 2 bf16 (16-bit elements packed two to a u32 word, element 2i low).
 
 const NEG_INF_BITS: u32 = 0xff800000u;
-const MASKED: f32 = -1.0e30;  // a score at or below this counts as masked (SPEC 1)
+const MASKED: f32 = -1.0e30;  // a score at or below this counts as masked (docs/spec.md §1)
 
 // Element `i` of a buffer of `dtype` elements, given the word holding it.
 fn widen(word: u32, i: u32, dtype: u32) -> f32 {
@@ -59,7 +59,7 @@ fn half_store(i: u32, x: f32, dtype: u32) -> vec2<u32> {
   return vec2<u32>(~(0xffffu << shift), bits << shift);
 }
 
-// The seed's hash (SPEC 1): bit-exact across backends.
+// The seed's hash (docs/spec.md §1): bit-exact across backends.
 fn hash3(x: u32, y: u32, z: u32) -> f32 {
   var a = x * 1664525u + 1013904223u;
   var b = y * 1664525u + 1013904223u;
@@ -79,7 +79,7 @@ fn dropout_factor(p: f32, seed: u32, bh: u32, row: u32, key: u32) -> f32 {
   return select(0.0, 1.0 / (1.0 - p), hash3(bh, row, key + seed) >= p);
 }
 
-// Whether key j is visible from absolute position pos (SPEC 1).
+// Whether key j is visible from absolute position pos (docs/spec.md §1).
 fn key_visible(j: i32, pos: i32, sk: i32, causal: u32, window: i32) -> bool {
   if (j < 0 || j >= sk) { return false; }
   if (causal != 0u && j > pos) { return false; }
@@ -89,4 +89,14 @@ fn key_visible(j: i32, pos: i32, sk: i32, causal: u32, window: i32) -> bool {
     if (dist >= u32(window)) { return false; }
   }
   return true;
+}
+
+// The rotated-query scratch [q_rot | q_jl | sums] (TqScratchLayout in include/flashtq/turboquant.hpp),
+// `base` words into its buffer, region = rows * n_heads * head_dim: the one place WGSL computes it.
+// part 0 is q_rot, part 1 q_jl; element d of (row, head) is at the returned index + d.
+fn scratch_vector(base: u32, region: u32, part: u32, row: u32, n_heads: u32, head: u32, head_dim: u32) -> u32 {
+  return base + part * region + (row * n_heads + head) * head_dim;
+}
+fn scratch_sum(base: u32, region: u32, row: u32, n_heads: u32, head: u32) -> u32 {
+  return base + 2u * region + row * n_heads + head;
 }

@@ -1,4 +1,4 @@
-// Dense attention backward (SPEC 1), two entry points sharing one parameter block:
+// Dense attention backward (docs/spec.md §1), two entry points sharing one parameter block:
 //   dq:   one invocation per query row (64 rows of one (batch, head) per workgroup, keys streamed
 //         through workgroup memory); writes dq and delta_i = <dout_i, out_i> for dkdv.
 //   dkdv: one invocation per key row (64 keys of one (batch, kv head) per workgroup, query rows

@@ -1,4 +1,4 @@
-// Dense attention forward (SPEC 1), after the seed 000: one invocation per query row; a workgroup
+// Dense attention forward (docs/spec.md §1), after the seed 000: one invocation per query row; a workgroup
 // covers 64 rows of one (batch, head) and streams K/V through workgroup memory a tile of keys at a
 // time, with a running max and sum (online softmax). Strided views, GQA, causal with offset,
 // window, additive mask with broadcast strides, dropout by hash3, LSE.

@@ -1,4 +1,4 @@
-// TurboQuant attention over the packed cache (SPEC 2), after the seed 003, split over the sequence:
+// TurboQuant attention over the packed cache (docs/spec.md §2), after the seed 003, split over the sequence:
 //   partial: one workgroup per (split, head, query row) scores tiles of 128 tokens straight from the
 //            packed words (thread t: token t of the tile), keeps a running max and sum, and
 //            accumulates values in rotated space (thread t: coordinates t, t + 128); writes
@@ -83,13 +83,12 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
   // The bound every thread loops to, made uniform for the barriers in the loop.
   let t_end = workgroupUniformLoad(&end_shared);
   for (var d = tid; d < D; d += TILE) {
-    let at = P.scratch_off + (row * P.H + h) * D + d;
-    q_rot[d] = SCRATCH[at];
-    q_jl[d] = SCRATCH[P.region + at];
+    q_rot[d] = SCRATCH[scratch_vector(P.scratch_off, P.region, 0u, row, P.H, h, D) + d];
+    q_jl[d] = SCRATCH[scratch_vector(P.scratch_off, P.region, 1u, row, P.H, h, D) + d];
   }
   if (tid == 0u) { stats = vec4<f32>(0.0, 0.0, bitcast<f32>(NEG_INF_BITS), 0.0); }
   workgroupBarrier();
-  let jl_sum = SCRATCH[P.scratch_off + 2u * P.region + row * P.H + h];
+  let jl_sum = SCRATCH[scratch_sum(P.scratch_off, P.region, row, P.H, h)];
   let keys = P.k_off + b * P.key_words;
   let values = P.v_off + b * P.value_words;
   let key_code_words = D * P.key_bits / 32u;

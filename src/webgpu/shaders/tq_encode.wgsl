@@ -1,4 +1,4 @@
-// TurboQuant encode (SPEC 2): one workgroup per (timestep, kv head), thread d owns coordinate d.
+// TurboQuant encode (docs/spec.md §2): one workgroup per (timestep, kv head), thread d owns coordinate d.
 // The oracle computes in double, and every norm word must equal its; so norms, the rotation, the
 // residual and the comparisons with the codebook's boundaries run in double-float (_df64.wgsl).
 // Keys: norm, codes of RHT_polar(k / |k|), residual norm and the QJL signs of H diag(s_jl) e.

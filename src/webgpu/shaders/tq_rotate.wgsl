@@ -1,4 +1,4 @@
-// TurboQuant query rotation (SPEC 2): one workgroup per (query row, head), thread d owns
+// TurboQuant query rotation (docs/spec.md §2): one workgroup per (query row, head), thread d owns
 // coordinate d. q_rot = RHT_polar(q), q_jl = RHT_jl(q_rot), sum = sum_d q_jl[d], into the scratch
 // [q_rot | q_jl | sums] at row b * n_queries + j.
 
@@ -40,7 +40,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     }
     if (tid < D) {
       let y = fwht_x[tid] * inv;
-      let at = P.scratch_off + stage * P.region + (row * P.H + h) * D + tid;
+      let at = scratch_vector(P.scratch_off, P.region, stage, row, P.H, h, D) + tid;
       SCRATCH[at] = y;
       fwht_x[tid] = y * select(1.0, sign_of(P.jl, tid), stage == 0u);
     }
@@ -49,6 +49,6 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   if (tid == 0u) {
     var s = 0.0;
     for (var d = 0u; d < D; d++) { s += fwht_x[d]; }  // fwht_x holds q_jl after the second stage
-    SCRATCH[P.scratch_off + 2u * P.region + row * P.H + h] = s;
+    SCRATCH[scratch_sum(P.scratch_off, P.region, row, P.H, h)] = s;
   }
 }

@@ -1,0 +1,174 @@
+#include "core/tq_rows.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/codebook.hpp"
+#include "core/elements.hpp"
+#include "core/half.hpp"
+#include "core/packing.hpp"
+#include "core/rht.hpp"
+
+namespace flashtq::core {
+namespace {
+
+constexpr double kZeroNorm = 1e-12;
+
+// Reads row (t, h) of x [1, T, H, D] into doubles.
+void read_row(const TensorView& x, std::int64_t t, std::int64_t h, std::vector<double>& row) {
+  const std::int64_t base = offset(x, 0, t, h);
+  for (std::size_t d = 0; d < row.size(); ++d) row[d] = load(x.data, x.dtype, base + std::int64_t(d));
+}
+
+double norm(const std::vector<double>& x) {
+  double s = 0;
+  for (double e : x) s += e * e;
+  return std::sqrt(s);
+}
+
+// The f16 of a norm as a GPU computing in f32 stores it: rounded to f32, then to f16 (RNE).
+std::uint32_t f16_bits(double x) { return f32_to_f16(float(x)); }
+double f16_value(std::uint32_t bits) { return double(f16_to_f32(std::uint16_t(bits & 0xFFFFu))); }
+
+}  // namespace
+
+EncodedRow encode_row(std::vector<double> x, const TqTables& t, bool keys) {
+  const std::int64_t D = std::int64_t(x.size());
+  const TqCodebook& cb = keys ? t.key_codebook : t.value_codebook;
+  EncodedRow e;
+  e.norm = norm(x);
+  if (e.norm < kZeroNorm) return e;  // a zero vector: every word of its slot is 0
+  for (double& v : x) v /= e.norm;
+  rht(x.data(), D, t.polar_sign_bits);
+  e.rotated = x;
+  e.codes.resize(x.size());
+  for (std::size_t d = 0; d < x.size(); ++d) {
+    e.codes[d] = quantize(x[d], cb.boundaries.data(), cb.levels - 1);
+    x[d] -= cb.centroids[std::size_t(e.codes[d])];  // x becomes the residual
+  }
+  if (!keys) return e;
+  e.gamma = norm(x);
+  if (e.gamma >= kZeroNorm) {
+    // Only the signs of H diag(s_jl) e matter, so the 1/sqrt(D) of the RHT is irrelevant.
+    rht(x.data(), D, t.jl_sign_bits);
+    e.projected = x;
+  }
+  return e;
+}
+
+void tq_encode_rows(const TqEncodeCall& c, std::int64_t first, std::int64_t end) {
+  const TqLayout& l = c.layout();
+  const std::int64_t D = l.head_dim;
+  const int bits = c.keys ? l.key_bits : l.value_bits;
+  const std::int64_t code_words = c.keys ? l.key_code_words() : l.value_code_words();
+  const std::int64_t norm_off = c.keys ? l.key_norm_offset() : l.value_norm_offset();
+  std::vector<double> r(static_cast<std::size_t>(D));
+  for (std::int64_t t = first; t < end; ++t) {
+    for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
+      const std::int64_t slot = h * l.capacity + c.start_pos + t;
+      std::uint32_t* codes = c.cache + slot * code_words;
+      std::uint32_t* jl = c.cache + l.key_jl_offset() + slot * l.jl_words();
+      for (std::int64_t w = 0; w < code_words; ++w) codes[w] = 0;
+      if (c.keys)
+        for (std::int64_t w = 0; w < l.jl_words(); ++w) jl[w] = 0;
+      c.cache[norm_off + slot] = 0;
+      read_row(c.x, t, h, r);
+      const EncodedRow e = encode_row(r, c.tables, c.keys);
+      if (e.codes.empty()) continue;  // a zero vector
+      for (std::int64_t d = 0; d < D; ++d) put_code(codes, d, bits, std::uint32_t(e.codes[std::size_t(d)]));
+      std::uint32_t word = f16_bits(e.norm);
+      if (c.keys) {
+        for (std::size_t d = 0; d < e.projected.size(); ++d) {
+          if (e.projected[d] >= 0) jl[d / 32] |= 1u << (d % 32);
+        }
+        word |= f16_bits(e.gamma) << 16;
+      }
+      c.cache[norm_off + slot] = word;
+    }
+  }
+}
+
+void tq_rotate_rows(const TqRotateCall& c, std::int64_t first, std::int64_t end) {
+  const TqScratchLayout& s = c.scratch_layout;
+  const std::int64_t D = s.head_dim, nq = c.q.shape[1], H = s.n_heads;
+  std::vector<double> x(static_cast<std::size_t>(D));
+  for (std::int64_t row = first; row < end; ++row) {
+    const std::int64_t b = row / nq, j = row % nq;
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t base = offset(c.q, b, j, h);
+      for (std::int64_t d = 0; d < D; ++d) x[std::size_t(d)] = load(c.q.data, c.q.dtype, base + d);
+      rht(x.data(), D, c.tables.polar_sign_bits);
+      float* q_rot = c.scratch + s.q_rot(row, h);
+      for (std::int64_t d = 0; d < D; ++d) q_rot[d] = float(x[std::size_t(d)]);
+      rht(x.data(), D, c.tables.jl_sign_bits);
+      float* q_jl = c.scratch + s.q_jl(row, h);
+      double sum = 0;
+      for (std::int64_t d = 0; d < D; ++d) {
+        q_jl[d] = float(x[std::size_t(d)]);
+        sum += x[std::size_t(d)];
+      }
+      c.scratch[s.sum(row, h)] = float(sum);
+    }
+  }
+}
+
+double tq_key_dot(const TqTables& t, const float* q_rot, const float* q_jl, double q_jl_sum,
+                  const std::uint32_t* k_cache, std::int64_t slot, double qjl_scale) {
+  const TqLayout& l = t.layout;
+  const std::uint32_t nw = k_cache[l.key_norm_offset() + slot];
+  const double n = f16_value(nw), gamma = f16_value(nw >> 16);
+  const std::uint32_t* codes = k_cache + slot * l.key_code_words();
+  const std::uint32_t* jl = k_cache + l.key_jl_offset() + slot * l.jl_words();
+  double polar = 0, positive = 0;
+  for (std::int64_t d = 0; d < l.head_dim; ++d) {
+    polar += double(q_rot[d]) * t.key_codebook.centroids[get_code(codes, d, l.key_bits)];
+    if ((jl[d / 32] >> (d % 32)) & 1u) positive += double(q_jl[d]);
+  }
+  return n * (polar + gamma * qjl_scale * (2.0 * positive - q_jl_sum));
+}
+
+void tq_attend_row_head(const TqAttendCall& a, std::int64_t row, std::int64_t h) {
+  const TqLayout& l = a.layout();
+  const TqScratchLayout& s = a.scratch_layout;
+  const std::int64_t D = l.head_dim;
+  const TqCodebook& vcb = a.tables.value_codebook;
+  const double scale = double(a.scale), qjl_scale = double(a.qjl_scale);
+  const std::int64_t b = row / a.n_queries, j = row % a.n_queries;
+  const std::uint32_t* k_cache = a.k_cache + b * l.key_words();
+  const std::uint32_t* v_cache = a.v_cache + b * l.value_words();
+  const std::int64_t start = a.start_positions ? std::int64_t(a.start_positions[b]) : a.start_pos;
+  // Clamped like the kernels, so a bad per-sequence start position never reads out of bounds.
+  const std::int64_t seq_len = std::max<std::int64_t>(0, std::min({start + j + 1, a.max_seq, l.capacity}));
+  const float* q_rot = a.scratch + s.q_rot(row, h);
+  const float* q_jl = a.scratch + s.q_jl(row, h);
+  const double q_jl_sum = a.scratch[s.sum(row, h)];
+  const std::int64_t slot0 = (h / a.group()) * l.capacity;
+  std::vector<double> scores(static_cast<std::size_t>(seq_len)), acc(static_cast<std::size_t>(D), 0.0);
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::int64_t t = 0; t < seq_len; ++t) {
+    scores[std::size_t(t)] = scale * tq_key_dot(a.tables, q_rot, q_jl, q_jl_sum, k_cache, slot0 + t, qjl_scale);
+    m = std::max(m, scores[std::size_t(t)]);
+  }
+  float* out = static_cast<float*>(a.out.data) + offset(a.out, b, j, h);
+  if (seq_len == 0) {
+    for (std::int64_t d = 0; d < D; ++d) out[d] = 0.0f;
+    return;
+  }
+  double sum = 0;
+  for (std::int64_t t = 0; t < seq_len; ++t) {
+    const std::int64_t slot = slot0 + t;
+    const double p = std::exp(scores[std::size_t(t)] - m);
+    sum += p;
+    const double vn = f16_value(v_cache[l.value_norm_offset() + slot]);
+    const std::uint32_t* codes = v_cache + slot * l.value_code_words();
+    for (std::int64_t d = 0; d < D; ++d)
+      acc[std::size_t(d)] += p * vn * vcb.centroids[get_code(codes, d, l.value_bits)];
+  }
+  for (double& e : acc) e /= sum;
+  inverse_rht(acc.data(), D, a.tables.polar_sign_bits);  // back from rotated space, once
+  for (std::int64_t d = 0; d < D; ++d) out[d] = float(acc[std::size_t(d)]);
+}
+
+}  // namespace flashtq::core

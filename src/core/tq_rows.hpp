@@ -1,0 +1,35 @@
+// TurboQuant's scalar per-row code in double with the exact codebooks: the oracle's arithmetic,
+// which the cpu backend also runs (in parallel, so its packed words match the oracle's exactly).
+// Validated calls, host memory.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "flashtq/problem.hpp"
+
+namespace flashtq::core {
+
+// One row's encoding: its norm; the polar-rotated unit vector and its codes; for keys, the
+// residual's norm and its QJL projection H diag(s_jl) e, whose signs are the bits. rotated and codes
+// are empty for a zero vector, projected when the residual is zero.
+struct EncodedRow {
+  double norm = 0, gamma = 0;
+  std::vector<double> rotated, projected;
+  std::vector<int> codes;
+};
+EncodedRow encode_row(std::vector<double> x, const TqTables& tables, bool keys);
+
+// Encodes the call's timesteps [first, end) (indices into its x rows).
+void tq_encode_rows(const TqEncodeCall& call, std::int64_t first, std::int64_t end);
+// Rotates scratch rows [first, end) (row = b * n_queries + j).
+void tq_rotate_rows(const TqRotateCall& call, std::int64_t first, std::int64_t end);
+// One (scratch row, query head) of an attention.
+void tq_attend_row_head(const TqAttendCall& call, std::int64_t row, std::int64_t head);
+
+// The estimate of <q, k_t> (no softmax scale) for one rotated query row against key slot `slot`:
+// n_t * (sum_d q_rot[d] c[idx_d] + gamma_t * qjl_scale * (2 sum_{bit=1} q_jl[d] - q_jl_sum)).
+double tq_key_dot(const TqTables& tables, const float* q_rot, const float* q_jl, double q_jl_sum,
+                  const std::uint32_t* k_cache, std::int64_t slot, double qjl_scale);
+
+}  // namespace flashtq::core
