@@ -1,10 +1,12 @@
 """flashtq.TurboQuantCache: the library's packed KV cache (SPEC §2) for every layer of a model.
 
-One C++ TqKvCache per sequence of the batch, so each sequence keeps its own length. Keys and values
+One C++ TqKvCache per sequence of the batch, so each sequence keeps its own length; on cpu its words
+are in host memory, on cuda in the GPU's (the library's device cache, on torch's current stream). Keys and values
 are encoded when appended and never kept dense; attention reads the packed words.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -58,14 +60,19 @@ def resolve_config(config: Union[str, CacheConfig, dict, None]) -> CacheConfig:
     raise error("config", f"must be a name, a CacheConfig or a dict, got {type(config).__name__}")
 
 
-def host_backend(device: Union[str, torch.device]) -> str:
-    """The backend a cache on `device` runs on. The one place that refuses device caches for now."""
+def backend_for_device(device: Union[str, torch.device]) -> tuple[str, torch.device]:
+    """(backend, torch device) of a cache on `device`: "cpu" (or "reference", the oracle) keep the words in host
+    memory, "cuda[:i]" in that GPU's memory (the library's cuda backend, on torch's current stream)."""
     name = str(device)
     if name in ("cpu", "reference"):
-        return name
+        return name, torch.device("cpu")
     if name.startswith("cuda"):
-        raise error("device", "a TurboQuant cache on cuda is not available in this build yet; use device='cpu'")
-    raise error("device", f"must be 'cpu' (or 'reference'), got {name!r}")
+        if not torch.cuda.is_available():
+            raise error("device", f"{name!r} needs a CUDA device; torch.cuda.is_available() is False")
+        if not any(b[0] == "cuda" and b[2] for b in _ext.backends()):
+            raise error("device", "this build of flashtq has no usable cuda backend (built without nvcc?)")
+        return "cuda", torch.device(name)
+    raise error("device", f"must be 'cpu', 'reference' or 'cuda[:i]', got {name!r}")
 
 
 class TurboQuantCache:
@@ -75,19 +82,21 @@ class TurboQuantCache:
                  config: Union[str, CacheConfig, dict, None] = "seed", device: Union[str, torch.device] = "cpu",
                  batch_size: int = 1):
         self.config = resolve_config(config)
-        self.backend = host_backend(device)
+        self.backend, self.device = backend_for_device(device)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise error("batch_size", f"must be an integer >= 1, got {batch_size!r}")
         self.num_layers, self.num_kv_heads, self.head_dim, self.capacity = num_layers, num_kv_heads, head_dim, capacity
-        self._seqs = [_ext.TqKvCache(num_layers, num_kv_heads, head_dim, capacity, self.config.key_bits,
-                                     self.config.value_bits, self.config.seed, self.backend) for _ in range(batch_size)]
+        with self._scope():
+            self._seqs = [_ext.TqKvCache(num_layers, num_kv_heads, head_dim, capacity, self.config.key_bits,
+                                         self.config.value_bits, self.config.seed, self.backend)
+                          for _ in range(batch_size)]
 
     @classmethod
-    def _wrap(cls, seqs: list, backend: str) -> "TurboQuantCache":
+    def _wrap(cls, seqs: list, backend: str, device: torch.device) -> "TurboQuantCache":
         c = seqs[0].config()
         self = cls.__new__(cls)
         self.config = CacheConfig(c["key_bits"], c["value_bits"], c["seed"])
-        self.backend = backend
+        self.backend, self.device = backend, device
         self.num_layers, self.num_kv_heads, self.head_dim, self.capacity = (c["layers"], c["n_kv_heads"], c["head_dim"],
                                                                              c["capacity"])
         self._seqs = seqs
@@ -97,6 +106,17 @@ class TurboQuantCache:
     def batch_size(self) -> int:
         return len(self._seqs)
 
+    def _scope(self):
+        """The cache's GPU as torch's current device (its words live there); nothing on the host."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+
+    def _on_stream(self):
+        """Every sequence's operations go to torch's current stream (no synchronisation)."""
+        if self.device.type == "cuda":
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            for seq in self._seqs:
+                seq.set_stream(stream)
+
     def _rows(self, t: Tensor, name: str, layout: str) -> Tensor:
         """t as [B, S, H, D] (a view), checked against the batch and the host."""
         if not isinstance(t, Tensor):
@@ -105,8 +125,8 @@ class TurboQuantCache:
             raise error("layout", f"must be 'bshd' or 'bhsd', got {layout!r}")
         if t.dim() != 4:
             raise error(name, f"must be 4-D ({layout}), got shape {tuple(t.shape)}")
-        if t.device.type != "cpu":
-            raise error(name, f"must be on the cpu like the cache, is on {t.device}")
+        if t.device != self.device:
+            raise error(name, f"must be on {self.device} like the cache, is on {t.device}")
         if t.shape[0] != self.batch_size:
             raise error(name, f"batch {t.shape[0]} does not match the cache's batch_size {self.batch_size}")
         return t.transpose(1, 2) if layout == "bhsd" else t
@@ -114,9 +134,11 @@ class TurboQuantCache:
     def append(self, layer: int, k: Tensor, v: Tensor, start_pos: Optional[int] = None, layout: str = "bshd") -> None:
         """Encodes k, v [B, T, Hkv, D] into timesteps start_pos.. of every sequence (default: its current length)."""
         k, v = self._rows(k, "k", layout), self._rows(v, "v", layout)
-        for b, seq in enumerate(self._seqs):
-            pos = seq.length(layer) if start_pos is None else start_pos
-            seq.append(layer, view(k[b:b + 1], "k"), view(v[b:b + 1], "v"), pos)
+        with self._scope():
+            self._on_stream()
+            for b, seq in enumerate(self._seqs):
+                pos = seq.length(layer) if start_pos is None else start_pos
+                seq.append(layer, view(k[b:b + 1], "k"), view(v[b:b + 1], "v"), pos)
 
     def attend(self, layer: int, q: Tensor, start_pos: Optional[int] = None, *, window: int = 0,
                scale: Optional[float] = None, layout: str = "bshd", out: Optional[Tensor] = None) -> Tensor:
@@ -130,13 +152,15 @@ class TurboQuantCache:
             q = q * (float(scale) * math.sqrt(self.head_dim))
         if out is None:
             out = torch.empty(q.shape if layout == "bshd" else (q.shape[0], q.shape[2], n, q.shape[3]),
-                              dtype=torch.float32)
-        if out.dtype != torch.float32 or out.device.type != "cpu":
-            raise error("out", "must be a float32 cpu tensor")
+                              dtype=torch.float32, device=self.device)
+        if out.dtype != torch.float32:
+            raise error("out", f"must be float32, is {out.dtype}")
         o = self._rows(out, "out", layout)
-        for b, seq in enumerate(self._seqs):
-            pos = seq.length(layer) - n if start_pos is None else start_pos
-            seq.attend(layer, view(q[b:b + 1], "q"), pos, view(o[b:b + 1], "out"), self._window(window, pos + n))
+        with self._scope():
+            self._on_stream()
+            for b, seq in enumerate(self._seqs):
+                pos = seq.length(layer) - n if start_pos is None else start_pos
+                seq.attend(layer, view(q[b:b + 1], "q"), pos, view(o[b:b + 1], "out"), self._window(window, pos + n))
         return out
 
     @staticmethod
@@ -174,5 +198,6 @@ class TurboQuantCache:
 
     @classmethod
     def load(cls, path: str, device: Union[str, torch.device] = "cpu") -> "TurboQuantCache":
-        backend = host_backend(device)
-        return cls._wrap([_ext.TqKvCache.load(str(path), backend)], backend)
+        backend, dev = backend_for_device(device)
+        with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+            return cls._wrap([_ext.TqKvCache.load(str(path), backend)], backend, dev)

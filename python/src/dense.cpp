@@ -44,13 +44,14 @@ void bind_dense(nb::module_& m) {
          std::array<std::int64_t, 4> mask_strides, std::int64_t mask_elements, float dropout_p, std::uint32_t seed,
          std::uintptr_t stream) {
         Backend& be = flashtq::backend(backend);
-        const AttentionParams p = make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements, dropout_p, seed);
+        const AttentionParams p =
+            make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements, dropout_p, seed);
         nb::gil_scoped_release release;
         attention_forward(be, {q, k, v, out, reinterpret_cast<float*>(lse), reinterpret_cast<void*>(stream)}, p);
       },
-      nb::arg("backend"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("scale").none(),
-      nb::arg("causal"), nb::arg("causal_offset").none(), nb::arg("window"), nb::arg("mask"), nb::arg("mask_strides"),
-      nb::arg("mask_elements"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("stream"));
+      nb::arg("backend"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
+      nb::arg("scale").none(), nb::arg("causal"), nb::arg("causal_offset").none(), nb::arg("window"), nb::arg("mask"),
+      nb::arg("mask_strides"), nb::arg("mask_elements"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("stream"));
   m.def(
       "backward",
       [](const std::string& backend, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -59,9 +60,12 @@ void bind_dense(nb::module_& m) {
          std::int64_t window, std::uintptr_t mask, std::array<std::int64_t, 4> mask_strides, std::int64_t mask_elements,
          float dropout_p, std::uint32_t seed, std::uintptr_t stream) {
         Backend& be = flashtq::backend(backend);
-        const AttentionParams p = make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements, dropout_p, seed);
+        const AttentionParams p =
+            make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements, dropout_p, seed);
         nb::gil_scoped_release release;
-        attention_backward(be, {q, k, v, out, dout, reinterpret_cast<const float*>(lse), dq, dk, dv, reinterpret_cast<void*>(stream)}, p);
+        attention_backward(
+            be, {q, k, v, out, dout, reinterpret_cast<const float*>(lse), dq, dk, dv, reinterpret_cast<void*>(stream)},
+            p);
       },
       nb::arg("backend"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"),
       nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("scale").none(), nb::arg("causal"),

@@ -33,14 +33,18 @@ NB_MODULE(_flashtq, m) {
     // (name, memory, available, description or why not) for every compiled-in backend.
     std::vector<std::tuple<std::string, std::string, bool, std::string>> list;
     for (flashtq::Backend* b : flashtq::all_backends()) {
-      const char* memory = b->memory() == flashtq::Memory::host ? "host" : b->memory() == flashtq::Memory::cuda ? "cuda" : "webgpu";
+      const char* memory = b->memory() == flashtq::Memory::host   ? "host"
+                           : b->memory() == flashtq::Memory::cuda ? "cuda"
+                                                                  : "webgpu";
       list.emplace_back(b->name(), memory, b->available(), b->available() ? b->description() : b->unavailable_reason());
     }
     return list;
   });
-  m.def("set_threads", [](const std::string& backend, int threads) { flashtq::backend(backend).set_threads(threads); },
-        nb::arg("backend"), nb::arg("threads"));
-  m.def("threads", [](const std::string& backend) { return flashtq::backend(backend).threads(); }, nb::arg("backend"));
+  m.def(
+      "set_threads", [](const std::string& backend, int threads) { flashtq::backend(backend).set_threads(threads); },
+      nb::arg("backend"), nb::arg("threads"));
+  m.def(
+      "threads", [](const std::string& backend) { return flashtq::backend(backend).threads(); }, nb::arg("backend"));
 
   flashtq::python::bind_views(m);
   flashtq::python::bind_dense(m);

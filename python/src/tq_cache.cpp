@@ -52,7 +52,8 @@ C to_library(const Config& c) {
 template <class C = TqCacheConfig>
 Config from_library(const C& c) {
   if constexpr (requires { c.layout; }) {
-    return {c.layers, c.layout.n_kv_heads, c.layout.head_dim, c.layout.capacity, c.layout.key_bits, c.layout.value_bits, c.seed};
+    return {c.layers, c.layout.n_kv_heads, c.layout.head_dim, c.layout.capacity, c.layout.key_bits, c.layout.value_bits,
+            c.seed};
   } else {
     return {c.layers, c.n_kv_heads, c.head_dim, c.capacity, c.key_bits, c.value_bits, c.seed};
   }
@@ -72,18 +73,23 @@ void attend(Cache& cache, std::int64_t layer, const TensorView& q, std::int64_t 
 
 // A template so that the check is a substitution (a plain requires-expression with an invalid call is ill-formed).
 template <class Cache>
-constexpr bool kHasWindow = requires(Cache& c, const TensorView& t) { c.attend(0, t, 0, t, std::int64_t{0}); };
+constexpr bool kHasWindow = requires(Cache& c, const TensorView& t) {
+  c.attend(0, t, 0, t, std::int64_t{0});
+};
 
 nb::bytes words(const std::vector<std::uint32_t>& w) {
   return nb::bytes(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(std::uint32_t));
 }
 
-Backend* host_backend(const std::string& name) {
-  Backend* b = &flashtq::backend(name);
-  if (b->memory() != Memory::host) {
-    throw Error("device", "the TurboQuant cache runs on host backends here; '" + name + "' works on device memory");
+// Any backend: the library keeps the words in that backend's memory (device memory on cuda), where the
+// Python layer checks that the tensors live too.
+template <class Cache = TqKvCache>
+void set_stream(Cache& cache, std::uintptr_t stream) {
+  if constexpr (requires { cache.set_stream(nullptr); }) {
+    cache.set_stream(reinterpret_cast<void*>(stream));
+  } else if (stream != 0) {
+    throw Error("device", "this build's TqKvCache keeps its words in host memory only");
   }
-  return b;
 }
 
 }  // namespace
@@ -96,7 +102,7 @@ void bind_tq_cache(nb::module_& m) {
           [](TqKvCache* self, std::int64_t layers, std::int64_t n_kv_heads, std::int64_t head_dim,
              std::int64_t capacity, int key_bits, int value_bits, std::uint64_t seed, const std::string& backend) {
             new (self) TqKvCache(to_library({layers, n_kv_heads, head_dim, capacity, key_bits, value_bits, seed}),
-                                 host_backend(backend));
+                                 &flashtq::backend(backend));
           },
           nb::arg("layers"), nb::arg("n_kv_heads"), nb::arg("head_dim"), nb::arg("capacity"), nb::arg("key_bits"),
           nb::arg("value_bits"), nb::arg("seed"), nb::arg("backend"))
@@ -115,12 +121,18 @@ void bind_tq_cache(nb::module_& m) {
             attend(c, layer, q, start_pos, out, window);
           },
           nb::arg("layer"), nb::arg("q"), nb::arg("start_pos"), nb::arg("out"), nb::arg("window") = 0)
+      .def(
+          "set_stream", [](TqKvCache& c, std::uintptr_t stream) { set_stream(c, stream); }, nb::arg("stream"))
       .def("length", &TqKvCache::length, nb::arg("layer"))
       .def("bytes_per_token", &TqKvCache::bytes_per_token)
       .def("memory_bytes", &TqKvCache::memory_bytes)
       .def("compression_vs_bf16", &TqKvCache::compression_vs_bf16)
-      .def("key_words", [](const TqKvCache& c, std::int64_t layer) { return words(c.key_words(layer)); }, nb::arg("layer"))
-      .def("value_words", [](const TqKvCache& c, std::int64_t layer) { return words(c.value_words(layer)); }, nb::arg("layer"))
+      .def(
+          "key_words", [](const TqKvCache& c, std::int64_t layer) { return words(c.key_words(layer)); },
+          nb::arg("layer"))
+      .def(
+          "value_words", [](const TqKvCache& c, std::int64_t layer) { return words(c.value_words(layer)); },
+          nb::arg("layer"))
       .def("config",
            [](const TqKvCache& c) {
              const Config k = from_library(c.config());
@@ -138,7 +150,7 @@ void bind_tq_cache(nb::module_& m) {
       .def_static(
           "load",
           [](const std::string& path, const std::string& backend) {
-            return std::make_unique<TqKvCache>(TqKvCache::load(path, host_backend(backend)));
+            return std::make_unique<TqKvCache>(TqKvCache::load(path, &flashtq::backend(backend)));
           },
           nb::arg("path"), nb::arg("backend"));
 }

@@ -14,7 +14,10 @@ namespace flashtq::python {
 
 void bind_views(nb::module_& m) {
   nb::enum_<DType>(m, "DType").value("f32", DType::f32).value("f16", DType::f16).value("bf16", DType::bf16);
-  nb::enum_<Memory>(m, "Memory").value("host", Memory::host).value("cuda", Memory::cuda).value("webgpu", Memory::webgpu);
+  nb::enum_<Memory>(m, "Memory")
+      .value("host", Memory::host)
+      .value("cuda", Memory::cuda)
+      .value("webgpu", Memory::webgpu);
   nb::class_<TensorView>(m, "TensorView")
       .def(
           "__init__",

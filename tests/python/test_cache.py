@@ -62,7 +62,7 @@ def test_custom_scale_scales_the_queries(seed):
 @pytest.mark.parametrize("make, argument", [
     (lambda: flashtq.TurboQuantCache(1, 1, 48, 8), "head_dim"),
     (lambda: flashtq.TurboQuantCache(1, 1, 64, 8, config="k9v9"), "config"),
-    (lambda: flashtq.TurboQuantCache(1, 1, 64, 8, device="cuda"), "device"),
+    (lambda: flashtq.TurboQuantCache(1, 1, 64, 8, device="tpu"), "device"),
     (lambda: flashtq.TurboQuantCache(0, 1, 64, 8), "layers"),
 ])
 def test_bad_construction_names_the_argument(make, argument):
@@ -81,3 +81,15 @@ def test_full_cache_is_rejected_and_left_unchanged():
     with pytest.raises(flashtq.FlashTQError) as e:
         cache.attend(0, torch.randn(1, 1, 1, 32), start_pos=5)
     assert e.value.argument == "start_pos"
+
+
+@pytest.mark.parametrize("device", [d for d in __import__("conftest").DEVICES if d != "cpu"] or ["cuda"])
+def test_device_cache_matches_the_host_cache(device, seed):
+    if not __import__("conftest")._cuda_backend_ready():
+        pytest.skip(__import__("conftest").CUDA_REASON)
+    k, v, q = torch.randn(2, 40, 2, 128), torch.randn(2, 40, 2, 128), torch.randn(2, 3, 8, 128)
+    host = flashtq.TurboQuantCache(1, 2, 128, 64, config="seed", batch_size=2)
+    gpu = flashtq.TurboQuantCache(1, 2, 128, 64, config="seed", device=device, batch_size=2)
+    host.append(0, k, v)
+    gpu.append(0, k.to(device), v.to(device))
+    assert rel_err(gpu.attend(0, q.to(device)).cpu(), host.attend(0, q)) <= 1e-2  # SPEC §3 over one packed cache

@@ -78,11 +78,12 @@ class TurboQuantCache(Cache):
     config: the model's config (its text config is used: layers, kv heads, head_dim, layer types).
     cache_config: a name from flashtq.cache_configs() ("seed": keys 2+1 bits, values 2 bits), a CacheConfig or a dict.
     max_length: tokens each sequence may hold (default: the model's max_position_embeddings).
+    device: where the packed words live (default: where the first keys are: cpu, or cuda on torch's stream).
     The model must run with attn_implementation="flashtq" (import flashtq.hf registers it).
     """
 
     def __init__(self, config, cache_config: Union[str, CacheConfig, dict, None] = "seed",
-                 max_length: Optional[int] = None, device: Union[str, torch.device] = "cpu"):
+                 max_length: Optional[int] = None, device: Union[str, torch.device, None] = None):
         text = config.get_text_config(decoder=True)
         self.model_config = text
         self.num_layers = text.num_hidden_layers
@@ -104,7 +105,8 @@ class TurboQuantCache(Cache):
         """The packed cache, made at the first update (when the batch size is known)."""
         if self.packed is None:
             self.packed = PackedCache(self.num_layers, self.num_kv_heads, self.head_dim, self.max_length,
-                                      config=self.cache_config, device=self.device, batch_size=key_states.shape[0])
+                                      config=self.cache_config, device=self.device or key_states.device,
+                                      batch_size=key_states.shape[0])
         return self.packed
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -120,4 +122,4 @@ class TurboQuantCache(Cache):
         if self.packed is not None:
             return self.packed.bytes_per_token()
         return PackedCache(self.num_layers, self.num_kv_heads, self.head_dim, 1, config=self.cache_config,
-                           device=self.device).bytes_per_token()
+                           device="cpu").bytes_per_token()  # the layout's count, wherever the words will live
