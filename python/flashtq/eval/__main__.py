@@ -81,7 +81,8 @@ def run_model(name: str, args, progress) -> dict:
     model.to(args.device)
     text = corpora.held_out(corpora.load_text(args.corpus, args.corpus_path))
     ids = tokenizer(text, add_special_tokens=False).input_ids
-    wins = perplexity.windows(ids, args.ctx, args.windows)
+    prefix = models.prefix_ids(name, tokenizer)
+    wins = perplexity.windows(ids, args.ctx, args.windows, prefix)
     if not wins:
         raise SystemExit(f"the held-out {args.corpus} text has {len(ids)} tokens, fewer than one window of {args.ctx}")
     configs = args.configs.split(",")
@@ -117,7 +118,7 @@ def run_model(name: str, args, progress) -> dict:
         checks = []
         for config in progress(args.retrieval_configs.split(","), f"{name} retrieval at {ctx} tokens"):
             for depth, key in zip(depths, keys):
-                ids_r = retrieval.prompt_ids(tokenizer, ids, ctx, depth, key)
+                ids_r = retrieval.prompt_ids(tokenizer, ids, ctx, depth, key, prefix)
                 try:
                     said = retrieval.answer(model, tokenizer, ids_r, None if config == "exact" else config)
                     checks.append({"config": config, "depth": depth, "key": key, "answer": said, "found": key in said})

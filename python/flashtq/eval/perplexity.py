@@ -9,10 +9,12 @@ import torch.nn.functional as F
 from flashtq.hf import TurboQuantCache
 
 
-def windows(token_ids: list[int], ctx: int, count: int) -> list[torch.Tensor]:
-    """The first `count` non-overlapping windows of `ctx` tokens (fewer if the text is shorter)."""
-    n = min(count, len(token_ids) // ctx)
-    return [torch.tensor(token_ids[i * ctx:(i + 1) * ctx]).unsqueeze(0) for i in range(n)]
+def windows(token_ids: list[int], ctx: int, count: int, prefix: list[int] = ()) -> list[torch.Tensor]:
+    """The first `count` non-overlapping windows of `ctx` tokens (fewer if the text is shorter), each
+    starting with `prefix` (the model's <bos>, where it needs one) followed by the next text tokens."""
+    step = ctx - len(prefix)
+    n = min(count, len(token_ids) // step)
+    return [torch.tensor(list(prefix) + token_ids[i * step:(i + 1) * step]).unsqueeze(0) for i in range(n)]
 
 
 @torch.no_grad()

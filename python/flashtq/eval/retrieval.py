@@ -16,14 +16,14 @@ def needle(key: str) -> str:
     return f"\n\nThe pass key is {key}. Remember it. {key} is the pass key.\n\n"
 
 
-def prompt_ids(tokenizer, filler_ids: list[int], ctx: int, depth: float, key: str) -> torch.Tensor:
-    """ctx tokens: filler text with the needle at `depth` (0 = start, 1 = end), then the question."""
+def prompt_ids(tokenizer, filler_ids: list[int], ctx: int, depth: float, key: str, prefix: list[int] = ()) -> torch.Tensor:
+    """ctx tokens: prefix, filler text with the needle at `depth` (0 = start, 1 = end), then the question."""
     n_ids = tokenizer(needle(key), add_special_tokens=False).input_ids
     q_ids = tokenizer(QUESTION, add_special_tokens=False).input_ids
-    room = ctx - len(n_ids) - len(q_ids)
+    room = ctx - len(n_ids) - len(q_ids) - len(prefix)
     body = filler_ids[:room]
     at = int(len(body) * depth)
-    return torch.tensor(body[:at] + n_ids + body[at:] + q_ids).unsqueeze(0)
+    return torch.tensor(list(prefix) + body[:at] + n_ids + body[at:] + q_ids).unsqueeze(0)
 
 
 @torch.no_grad()
