@@ -47,6 +47,7 @@ def parse(argv):
     p.add_argument("--depths", default="0.1,0.5,0.9", help="needle depths in [0, 1]")
     p.add_argument("--no-retrieval", action="store_true")
     p.add_argument("--json", action="store_true", help="print the report as JSON (else a table)")
+    p.add_argument("--markdown", action="store_true", help="print the report as Markdown tables (docs/quality.md)")
     p.add_argument("--output", default=None, help="also write the JSON report to this file")
     p.add_argument("--plot", default=None, help="write a PNG: perplexity change against bits per coordinate")
     p.add_argument("--from-json", nargs="+", default=None, metavar="FILE",
@@ -156,6 +157,36 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def markdown(report: dict) -> str:
+    lines = []
+    for run in report["runs"]:
+        lines += [f"**{run['model']}** on {run['corpus']}, {run['windows']} windows of {run['ctx']} tokens "
+                  f"({run['tokens_scored']} scored), {run['device']}: exact perplexity {run['exact']['ppl']:.2f}, "
+                  f"bf16 KV {run['bf16_bytes_per_token']} bytes per token.", "",
+                  "| config | bytes/token | bits/coordinate | vs bf16 | perplexity | change | 95 % CI |",
+                  "|---|---:|---:|---:|---:|---:|---|"]
+        for c in run["configs"]:
+            if "error" in c:
+                lines.append(f"| `{c['name']}` | {c['bytes_per_token']} | {c['bits_per_coordinate']:.2f} | | | | {c['error']} |")
+                continue
+            lines.append(f"| `{c['name']}` | {c['bytes_per_token']} | {c['bits_per_coordinate']:.2f} | "
+                         f"{c['compression_vs_bf16']:.2f}x | {c['ppl']:.2f} | {100 * c['rel_change']:+.1f} % | "
+                         f"[{100 * c['ci_low']:+.1f} %, {100 * c['ci_high']:+.1f} %] |")
+        if "retrieval" in run:
+            r = run["retrieval"]
+            lines += ["", f"Pass-key retrieval at {r['ctx']} tokens (found / asked, by needle depth):", "",
+                      "| config | " + " | ".join(f"depth {d}" for d in sorted({c['depth'] for c in r['checks']})) + " |",
+                      "|---|" + "---|" * len({c['depth'] for c in r['checks']})]
+            by = {}
+            for ch in r["checks"]:
+                by.setdefault(ch["config"], []).append(
+                    "error: " + ch["error"].split(": ", 2)[-1] if "error" in ch else
+                    ("yes" if ch["found"] else "no") + f" (`{' '.join(ch['answer'].split())[:24]}`)")
+            lines += [f"| `{k}` | " + " | ".join(v) + " |" for k, v in by.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     from tqdm import tqdm
@@ -180,7 +211,7 @@ def main(argv=None) -> int:
         from flashtq.eval.plot import plot
 
         plot(report, args.plot)
-    print(json.dumps(report, indent=1) if args.json else table(report))
+    print(json.dumps(report, indent=1) if args.json else markdown(report) if args.markdown else table(report))
     return 0
 
 
