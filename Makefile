@@ -1,7 +1,7 @@
 # The two commands: `make demo` and `make test`. Both set up a fresh Debian machine themselves.
 JOBS ?= $(shell nproc)
 
-.PHONY: setup build demo test clean
+.PHONY: setup build demo test python-test clean
 
 setup:
 	./scripts/setup.sh
@@ -15,6 +15,10 @@ demo: build
 
 test: build
 	./scripts/test.sh
+
+# The Python package alone (its own venv, pinned wheels, pip install ., pytest); `make test` runs it too.
+python-test: setup
+	./scripts/python_test.sh
 
 clean:
 	rm -rf build

@@ -9,8 +9,10 @@ packages=(
   libcli11-dev libfmt-dev nlohmann-json3-dev
   libhwy-dev libomp-dev
   mesa-vulkan-drivers libvulkan1  # the webgpu backend's Vulkan device where there is no GPU (lavapipe)
+  dict-devil bible-kjv-text bible-kjv  # the Python evaluation's corpora (bible-kjv decodes bible-kjv-text's file)
 )
 python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)  # fetches the pinned wgpu wheel below
+python3 -c "import ensurepip, venv" >/dev/null 2>&1 || packages+=(python3-venv)  # the Python tests' own venv
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything `make test` runs after the release build: the unit and conformance tests, the same
 # tests under AddressSanitizer + UndefinedBehaviorSanitizer, the installed package consumed from an
-# outside project (which also builds the README's example), and the CLI's conformance bar.
+# outside project (which also builds the README's example), the CLI's conformance bar, and the Python package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -35,4 +35,6 @@ report=$("$flashtq" check --json --cases 200) || status=$?
 echo "$report"
 [ "$status" -eq 0 ] || { echo "flashtq check exited with status $status"; exit 1; }
 python3 -c 'import json,sys; r=json.loads(sys.argv[1]); bad={k:v for k,v in r["backends"].items() if v["failed"]}; sys.exit(1 if bad or not r["backends"] else 0)' "$report"
+echo "== Python package: venv, pinned wheels, pip install ., pytest"
+./scripts/python_test.sh
 echo "== all tests passed"

@@ -1,0 +1,11 @@
+"""flashtq: exact FlashAttention and attention over a TurboQuant-compressed KV cache.
+
+`import flashtq` needs no GPU: CUDA tensors use the cuda backend where it is compiled in and a GPU exists.
+"""
+from flashtq._flashtq import FlashTQError, __version__
+from flashtq.backends import backends, set_threads
+from flashtq.ops import attention
+from flashtq.cache import CacheConfig, TurboQuantCache, cache_configs
+
+__all__ = ["FlashTQError", "__version__", "attention", "backends", "set_threads", "CacheConfig", "TurboQuantCache",
+           "cache_configs"]

@@ -1,0 +1,1 @@
+"""`python -m flashtq.eval`: TurboQuant's quality on real models (perplexity and long-context retrieval)."""

@@ -1,0 +1,31 @@
+"""Perplexity over non-overlapping windows of the held-out text, exact and through each packed cache."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from flashtq.hf import TurboQuantCache
+
+
+def windows(token_ids: list[int], ctx: int, count: int, prefix: list[int] = ()) -> list[torch.Tensor]:
+    """The first `count` non-overlapping windows of `ctx` tokens (fewer if the text is shorter), each
+    starting with `prefix` (the model's <bos>, where it needs one) followed by the next text tokens."""
+    step = ctx - len(prefix)
+    n = min(count, len(token_ids) // step)
+    return [torch.tensor(list(prefix) + token_ids[i * step:(i + 1) * step]).unsqueeze(0) for i in range(n)]
+
+
+@torch.no_grad()
+def window_nll(model, ids: torch.Tensor, config: Optional[str]) -> tuple[float, int]:
+    """(sum of next-token NLL, tokens predicted) of one window: exact attention when config is None, else
+    the whole window prefilled into a packed cache of that config (every query attends over packed words)."""
+    ids = ids.to(model.device)
+    if config is None:
+        logits = model(ids, use_cache=False).logits
+    else:
+        cache = TurboQuantCache(model.config, config, max_length=ids.shape[1], device=model.device.type)
+        logits = model(ids, past_key_values=cache, use_cache=True).logits
+    nll = F.cross_entropy(logits[0, :-1].float(), ids[0, 1:], reduction="sum")
+    return float(nll), ids.shape[1] - 1

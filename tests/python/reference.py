@@ -1,0 +1,38 @@
+"""Attention in float64 torch ops, from SPEC §1's definitions: the oracle the tests hold flashtq to."""
+import torch
+
+
+def attention(q, k, v, causal=False, causal_offset=None, window=0, mask=None, scale=None):
+    """q [B, Sq, H, D], k/v [B, Sk, Hkv, D] (bshd); returns (out [B, Sq, H, D], lse [B, H, Sq]) in float64."""
+    q, k, v = q.double(), k.double(), v.double()
+    B, Sq, H, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    k = k.repeat_interleave(H // Hkv, dim=2)
+    v = v.repeat_interleave(H // Hkv, dim=2)
+    scale = D ** -0.5 if scale is None else scale
+    offset = Sk - Sq if causal_offset is None else causal_offset
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if mask is not None:
+        s = s + mask.double()
+    i = torch.arange(Sq, device=q.device)[:, None] + offset
+    j = torch.arange(Sk, device=q.device)[None, :]
+    visible = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
+    if causal:
+        visible &= j <= i
+    if window:
+        visible &= (i - j).abs() < window
+    s = s.masked_fill(~visible, float("-inf"))
+    s = s.masked_fill(s <= -1e30, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m)
+    l = p.sum(-1, keepdim=True)
+    out = torch.einsum("bhqk,bkhd->bqhd", p / torch.where(l == 0, torch.ones_like(l), l), v)
+    lse = (m + torch.log(l)).squeeze(-1)
+    return out, lse
+
+
+def rel_err(a, b) -> float:
+    a, b = a.double(), b.double()
+    a, b = a.detach(), b.detach()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))

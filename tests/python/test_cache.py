@@ -1,0 +1,95 @@
+"""flashtq.TurboQuantCache: the library's packed cache from Python."""
+import pytest
+import torch
+
+import flashtq
+from reference import attention as oracle
+from reference import rel_err
+
+
+def test_every_named_config_attends_close_to_exact_at_high_bits(seed):
+    k, v = torch.randn(1, 64, 2, 64), torch.randn(1, 64, 2, 64)
+    q = torch.randn(1, 64, 4, 64)
+    exact = oracle(q, k, v, causal=True)[0]
+    errors = {}
+    for name in flashtq.cache_configs():
+        cache = flashtq.TurboQuantCache(1, 2, 64, 64, config=name)
+        cache.append(0, k, v)
+        out = torch.full(q.shape, float("nan"))  # poisoned: every element must be written
+        cache.attend(0, q, 0, out=out)
+        assert not out.isnan().any()
+        errors[name] = rel_err(out, exact)
+    assert errors["k3v4"] < errors["seed"] < 1.0 and errors["k1v2"] > errors["k3v4"]
+
+
+def test_batched_sequences_keep_their_own_lengths(seed):
+    cache = flashtq.TurboQuantCache(2, 1, 32, 16, config="seed", batch_size=2)
+    k, v = torch.randn(2, 5, 1, 32), torch.randn(2, 5, 1, 32)
+    cache.append(1, k, v)
+    cache.append(1, k[:, :2], v[:, :2])
+    assert [cache.length(1, b) for b in range(2)] == [7, 7] and cache.length(0) == 0
+    out = cache.attend(1, torch.randn(2, 1, 2, 32))  # decode: the last appended position
+    assert out.shape == (2, 1, 2, 32) and out.dtype == torch.float32
+    single = flashtq.TurboQuantCache(2, 1, 32, 16, config="seed")
+    single.append(1, k[1:], v[1:])
+    assert (cache.key_words(1, 1)[: 5] == single.key_words(1)[:5]).all()
+
+
+def test_save_and_load_keep_the_words(tmp_path, seed):
+    cache = flashtq.TurboQuantCache(3, 2, 64, 32, config="k3v3")
+    cache.append(2, torch.randn(1, 9, 2, 64), torch.randn(1, 9, 2, 64))
+    cache.save(tmp_path / "c.ftq")
+    again = flashtq.TurboQuantCache.load(tmp_path / "c.ftq")
+    assert again.config.key_bits == 3 and again.length(2) == 9
+    assert (again.key_words(2) == cache.key_words(2)).all() and (again.value_words(2) == cache.value_words(2)).all()
+    q = torch.randn(1, 2, 4, 64)
+    assert torch.equal(again.attend(2, q), cache.attend(2, q))
+
+
+def test_bytes_per_token_is_the_layouts():
+    cache = flashtq.TurboQuantCache(2, 4, 128, 8, config="seed")
+    assert cache.bytes_per_token() == 2 * 4 * 88  # SPEC §2: 88 bytes per token per kv head at D = 128
+    assert abs(cache.compression_vs_bf16() - 512 / 88) < 1e-9
+
+
+def test_custom_scale_scales_the_queries(seed):
+    cache = flashtq.TurboQuantCache(1, 1, 64, 8)
+    cache.append(0, torch.randn(1, 8, 1, 64), torch.randn(1, 8, 1, 64))
+    q = torch.randn(1, 1, 2, 64)
+    assert rel_err(cache.attend(0, q, scale=0.25), cache.attend(0, q * (0.25 * 8))) < 1e-6
+
+
+@pytest.mark.parametrize("make, argument", [
+    (lambda: flashtq.TurboQuantCache(1, 1, 48, 8), "head_dim"),
+    (lambda: flashtq.TurboQuantCache(1, 1, 64, 8, config="k9v9"), "config"),
+    (lambda: flashtq.TurboQuantCache(1, 1, 64, 8, device="tpu"), "device"),
+    (lambda: flashtq.TurboQuantCache(0, 1, 64, 8), "layers"),
+])
+def test_bad_construction_names_the_argument(make, argument):
+    with pytest.raises(flashtq.FlashTQError) as e:
+        make()
+    assert e.value.argument == argument, str(e.value)
+
+
+def test_full_cache_is_rejected_and_left_unchanged():
+    cache = flashtq.TurboQuantCache(1, 1, 32, 4)
+    cache.append(0, torch.randn(1, 3, 1, 32), torch.randn(1, 3, 1, 32))
+    before = cache.key_words(0).copy()
+    with pytest.raises(flashtq.FlashTQError):
+        cache.append(0, torch.randn(1, 2, 1, 32), torch.randn(1, 2, 1, 32))
+    assert (cache.key_words(0) == before).all() and cache.length(0) == 3
+    with pytest.raises(flashtq.FlashTQError) as e:
+        cache.attend(0, torch.randn(1, 1, 1, 32), start_pos=5)
+    assert e.value.argument == "start_pos"
+
+
+@pytest.mark.parametrize("device", [d for d in __import__("conftest").DEVICES if d != "cpu"] or ["cuda"])
+def test_device_cache_matches_the_host_cache(device, seed):
+    if not __import__("conftest")._cuda_backend_ready():
+        pytest.skip(__import__("conftest").CUDA_REASON)
+    k, v, q = torch.randn(2, 40, 2, 128), torch.randn(2, 40, 2, 128), torch.randn(2, 3, 8, 128)
+    host = flashtq.TurboQuantCache(1, 2, 128, 64, config="seed", batch_size=2)
+    gpu = flashtq.TurboQuantCache(1, 2, 128, 64, config="seed", device=device, batch_size=2)
+    host.append(0, k, v)
+    gpu.append(0, k.to(device), v.to(device))
+    assert rel_err(gpu.attend(0, q.to(device)).cpu(), host.attend(0, q)) <= 1e-2  # SPEC §3 over one packed cache
