@@ -10,6 +10,9 @@ flashtq=./build/release/tools/flashtq/flashtq
 # Mesa's Vulkan loader looks for a runtime directory; a private one keeps its warnings out of the log.
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$(mktemp -d)}
 
+echo "== format (.clang-format)"
+./scripts/check_format.sh
+
 echo "== tests (release)"
 ctest --preset release -j "$jobs"
 
