@@ -35,7 +35,8 @@ class CacheConfig:
     key_bits: int
     value_bits: int
     seed: int
-    def __init__(self, key_bits: int = 2, value_bits: int = 2, seed: int = 0) -> None: ...
+    qjl: bool
+    def __init__(self, key_bits: int = 2, value_bits: int = 2, seed: int = 0, qjl: bool = True) -> None: ...
     @property
     def name(self) -> str: ...
 

@@ -22,26 +22,32 @@ from flashtq._tensors import view
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Bit widths of one cache: keys key_bits (Lloyd-Max codes) plus one QJL bit, values value_bits."""
+    """Bit widths of one cache: keys key_bits (Lloyd-Max codes) plus one QJL bit unless qjl is False
+    ("MSE-only" keys: codes of up to 4 bits, no sketch), values value_bits."""
     key_bits: int = 2
     value_bits: int = 2
     seed: int = 0  # the rotations' signs come from (seed, layer)
+    qjl: bool = True
 
     @property
     def name(self) -> str:
         for name, c in cache_configs().items():
-            if (c.key_bits, c.value_bits) == (self.key_bits, self.value_bits):
+            if (c.key_bits, c.value_bits, c.qjl) == (self.key_bits, self.value_bits, self.qjl):
                 return name
-        return f"k{self.key_bits}v{self.value_bits}"
+        return f"{'k' if self.qjl else 'm'}{self.key_bits}v{self.value_bits}"
 
 
 def cache_configs() -> dict[str, CacheConfig]:
-    """Every configuration the library offers, by name: keys 1-3 bits (+ QJL), values 2-4 bits.
-    The seed kernel's configuration (keys 2+1 bits, values 2 bits) is called "seed"."""
+    """Every configuration the library offers, by name: k<b>v<c> for keys of b = 1-3 bits plus the QJL bit and
+    values of c = 2-4 bits; m<b>v<c> for keys of b = 1-4 bits without QJL ("MSE-only": m3v2 costs what the seed
+    costs). The seed kernel's configuration (keys 2+1 bits, values 2 bits) is called "seed"."""
     configs = {}
     for kb in (1, 2, 3):
         for vb in (2, 3, 4):
             configs["seed" if (kb, vb) == (2, 2) else f"k{kb}v{vb}"] = CacheConfig(kb, vb)
+    for kb in (1, 2, 3, 4):
+        for vb in (2, 3, 4):
+            configs[f"m{kb}v{vb}"] = CacheConfig(kb, vb, qjl=False)
     return configs
 
 
@@ -88,14 +94,14 @@ class TurboQuantCache:
         self.num_layers, self.num_kv_heads, self.head_dim, self.capacity = num_layers, num_kv_heads, head_dim, capacity
         with self._scope():
             self._seqs = [_ext.TqKvCache(num_layers, num_kv_heads, head_dim, capacity, self.config.key_bits,
-                                         self.config.value_bits, self.config.seed, self.backend)
+                                         self.config.value_bits, self.config.seed, self.backend, self.config.qjl)
                           for _ in range(batch_size)]
 
     @classmethod
     def _wrap(cls, seqs: list, backend: str, device: torch.device) -> "TurboQuantCache":
         c = seqs[0].config()
         self = cls.__new__(cls)
-        self.config = CacheConfig(c["key_bits"], c["value_bits"], c["seed"])
+        self.config = CacheConfig(c["key_bits"], c["value_bits"], c["seed"], c["qjl"])
         self.backend, self.device = backend, device
         self.num_layers, self.num_kv_heads, self.head_dim, self.capacity = (c["layers"], c["n_kv_heads"], c["head_dim"],
                                                                              c["capacity"])

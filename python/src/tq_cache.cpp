@@ -17,95 +17,52 @@ namespace nb = nanobind;
 namespace flashtq::python {
 namespace {
 
-// The cache's configuration as Python sees it. Every use of TqCacheConfig's fields is in the two
-// functions below, so a change of that struct is a change here only. Both shapes of the struct are
-// handled: the flat one ({layers, n_kv_heads, head_dim, capacity, key_bits, value_bits, seed}) and
-// the one with a nested TqLayout ({layers, layout, seed}); once the nested one has landed the flat
-// branches can go.
+// The cache's configuration as Python sees it: every use of TqCacheConfig's fields is in the two
+// functions below, so a change of that struct is a change here only.
 struct Config {
   std::int64_t layers, n_kv_heads, head_dim, capacity;
   int key_bits, value_bits;
+  bool qjl;
   std::uint64_t seed;
 };
 
-template <class C = TqCacheConfig>
-C to_library(const Config& c) {
-  C out{};
+TqCacheConfig to_library(const Config& c) {
+  TqCacheConfig out;
   out.layers = c.layers;
-  if constexpr (requires { out.layout; }) {
-    out.layout.head_dim = c.head_dim;
-    out.layout.n_kv_heads = c.n_kv_heads;
-    out.layout.capacity = c.capacity;
-    out.layout.key_bits = c.key_bits;
-    out.layout.value_bits = c.value_bits;
-  } else {
-    out.n_kv_heads = c.n_kv_heads;
-    out.head_dim = c.head_dim;
-    out.capacity = c.capacity;
-    out.key_bits = c.key_bits;
-    out.value_bits = c.value_bits;
-  }
+  out.layout.head_dim = c.head_dim;
+  out.layout.n_kv_heads = c.n_kv_heads;
+  out.layout.capacity = c.capacity;
+  out.layout.key_bits = c.key_bits;
+  out.layout.value_bits = c.value_bits;
+  out.layout.qjl = c.qjl;
   out.seed = c.seed;
   return out;
 }
 
-template <class C = TqCacheConfig>
-Config from_library(const C& c) {
-  if constexpr (requires { c.layout; }) {
-    return {c.layers, c.layout.n_kv_heads, c.layout.head_dim, c.layout.capacity, c.layout.key_bits, c.layout.value_bits,
-            c.seed};
-  } else {
-    return {c.layers, c.n_kv_heads, c.head_dim, c.capacity, c.key_bits, c.value_bits, c.seed};
-  }
+Config from_library(const TqCacheConfig& c) {
+  const TqLayout& l = c.layout;
+  return {c.layers, l.n_kv_heads, l.head_dim, l.capacity, l.key_bits, l.value_bits, l.qjl, c.seed};
 }
-
-// Sliding-window attend (a trailing `window` argument of TqKvCache::attend) where the library has it.
-template <class Cache = TqKvCache>
-void attend(Cache& cache, std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out,
-            std::int64_t window) {
-  if constexpr (requires { cache.attend(layer, q, start_pos, out, window); }) {
-    cache.attend(layer, q, start_pos, out, window);
-  } else {
-    if (window != 0) throw Error("window", "this build's TqKvCache::attend has no sliding window; pass 0");
-    cache.attend(layer, q, start_pos, out);
-  }
-}
-
-// A template so that the check is a substitution (a plain requires-expression with an invalid call is ill-formed).
-template <class Cache>
-constexpr bool kHasWindow = requires(Cache& c, const TensorView& t) {
-  c.attend(0, t, 0, t, std::int64_t{0});
-};
 
 nb::bytes words(const std::vector<std::uint32_t>& w) {
   return nb::bytes(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(std::uint32_t));
 }
 
-// Any backend: the library keeps the words in that backend's memory (device memory on cuda), where the
-// Python layer checks that the tensors live too.
-template <class Cache = TqKvCache>
-void set_stream(Cache& cache, std::uintptr_t stream) {
-  if constexpr (requires { cache.set_stream(nullptr); }) {
-    cache.set_stream(reinterpret_cast<void*>(stream));
-  } else if (stream != 0) {
-    throw Error("device", "this build's TqKvCache keeps its words in host memory only");
-  }
-}
-
 }  // namespace
 
 void bind_tq_cache(nb::module_& m) {
-  m.attr("tq_attend_has_window") = kHasWindow<TqKvCache>;
+  m.attr("tq_attend_has_window") = true;  // TqKvCache::attend takes a sliding window (kept for older callers)
   nb::class_<TqKvCache>(m, "TqKvCache")
       .def(
           "__init__",
           [](TqKvCache* self, std::int64_t layers, std::int64_t n_kv_heads, std::int64_t head_dim,
-             std::int64_t capacity, int key_bits, int value_bits, std::uint64_t seed, const std::string& backend) {
-            new (self) TqKvCache(to_library({layers, n_kv_heads, head_dim, capacity, key_bits, value_bits, seed}),
+             std::int64_t capacity, int key_bits, int value_bits, std::uint64_t seed, const std::string& backend,
+             bool qjl) {
+            new (self) TqKvCache(to_library({layers, n_kv_heads, head_dim, capacity, key_bits, value_bits, qjl, seed}),
                                  &flashtq::backend(backend));
           },
           nb::arg("layers"), nb::arg("n_kv_heads"), nb::arg("head_dim"), nb::arg("capacity"), nb::arg("key_bits"),
-          nb::arg("value_bits"), nb::arg("seed"), nb::arg("backend"))
+          nb::arg("value_bits"), nb::arg("seed"), nb::arg("backend"), nb::arg("qjl") = true)
       .def(
           "append",
           [](TqKvCache& c, std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {
@@ -118,11 +75,12 @@ void bind_tq_cache(nb::module_& m) {
           [](TqKvCache& c, std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out,
              std::int64_t window) {
             nb::gil_scoped_release release;
-            attend(c, layer, q, start_pos, out, window);
+            c.attend(layer, q, start_pos, out, window);
           },
           nb::arg("layer"), nb::arg("q"), nb::arg("start_pos"), nb::arg("out"), nb::arg("window") = 0)
       .def(
-          "set_stream", [](TqKvCache& c, std::uintptr_t stream) { set_stream(c, stream); }, nb::arg("stream"))
+          "set_stream", [](TqKvCache& c, std::uintptr_t stream) { c.set_stream(reinterpret_cast<void*>(stream)); },
+          nb::arg("stream"))
       .def("length", &TqKvCache::length, nb::arg("layer"))
       .def("bytes_per_token", &TqKvCache::bytes_per_token)
       .def("memory_bytes", &TqKvCache::memory_bytes)
@@ -143,6 +101,7 @@ void bind_tq_cache(nb::module_& m) {
              d["capacity"] = k.capacity;
              d["key_bits"] = k.key_bits;
              d["value_bits"] = k.value_bits;
+             d["qjl"] = k.qjl;
              d["seed"] = k.seed;
              return d;
            })

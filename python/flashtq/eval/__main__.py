@@ -24,6 +24,10 @@ DEFAULT_WINDOWS = {"cpu": 3, "cuda": 32}
 DEFAULT_RETRIEVAL_CTX = {"cpu": 1024, "cuda": None}  # None: the model's longest context
 # On cpu only the configurations with a fast attention path (k3v4's scalar path took ~5 of the 18 minutes measured).
 DEFAULT_RETRIEVAL_CONFIGS = {"cpu": "exact,seed", "cuda": "exact,seed,k3v4"}
+# On cpu the configurations with keys plus QJL (as measured for the 15-minute bound); on cuda every configuration
+# the library offers, keys without QJL included, and the outside baselines (evaluation only, flashtq.eval.baselines).
+DEFAULT_CONFIGS = {"cpu": "seed,k1v2,k1v3,k1v4,k2v3,k2v4,k3v2,k3v3,k3v4", "cuda": None}
+BASELINES = "rtn2,rtn4,kivi2,kivi4"
 
 
 def parse(argv):
@@ -40,7 +44,9 @@ def parse(argv):
                    help=f"tokens per window (default {DEFAULT_CTX['cpu']} on cpu, {DEFAULT_CTX['cuda']} on cuda)")
     p.add_argument("--windows", type=int, default=None,
                    help=f"windows per configuration (default {DEFAULT_WINDOWS['cpu']} on cpu, {DEFAULT_WINDOWS['cuda']} on cuda)")
-    p.add_argument("--configs", default=",".join(cache_configs()), help="cache configurations, comma-separated")
+    p.add_argument("--configs", default=None,
+                   help="cache configurations and baselines (rtn<b>, kivi<b>), comma-separated (default: "
+                        f"{DEFAULT_CONFIGS['cpu']} on cpu; every configuration and {BASELINES} on cuda)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--retrieval-ctx", type=int, default=None,
                    help="tokens of the retrieval prompts (default 1024 on cpu, the model's longest context on cuda)")
@@ -55,7 +61,11 @@ def parse(argv):
     p.add_argument("--from-json", nargs="+", default=None, metavar="FILE",
                    help="no run: merge saved reports (--output files) into one table, JSON and plot")
     args = p.parse_args(argv)
-    unknown = [c for c in args.configs.split(",") if c not in cache_configs()]
+    from flashtq.eval.baselines import is_baseline
+
+    if args.configs is None:
+        args.configs = DEFAULT_CONFIGS[args.device] or ",".join(list(cache_configs()) + BASELINES.split(","))
+    unknown = [c for c in args.configs.split(",") if c not in cache_configs() and not is_baseline(c)]
     if args.ctx is None:
         args.ctx = DEFAULT_CTX[args.device]
     if unknown or args.ctx < 2:
@@ -68,10 +78,14 @@ def parse(argv):
 
 
 def bits_per_coordinate(model, config: str) -> tuple[int, float]:
+    from flashtq.eval import baselines
     from flashtq.hf import TurboQuantCache
 
-    c = TurboQuantCache(model.config, config, max_length=1)
-    per_token = c.bytes_per_token()
+    c = TurboQuantCache(model.config, "seed", max_length=1)
+    if baselines.is_baseline(config):
+        per_token = round(baselines.bytes_per_token_per_head(config, c.head_dim) * c.num_layers * c.num_kv_heads)
+    else:
+        per_token = TurboQuantCache(model.config, config, max_length=1).bytes_per_token()
     return per_token, 8 * per_token / (2 * c.num_layers * c.num_kv_heads * c.head_dim)
 
 

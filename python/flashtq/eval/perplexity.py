@@ -6,7 +6,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from flashtq.eval import baselines
 from flashtq.hf import TurboQuantCache
+
+
+def make_cache(model, config: str, length: int):
+    """The cache a configuration names: a packed TurboQuant cache, or an outside baseline's (flashtq.eval.baselines)."""
+    if baselines.is_baseline(config):
+        return baselines.BaselineCache(model.config, config)
+    return TurboQuantCache(model.config, config, max_length=length, device=model.device.type)
 
 
 def windows(token_ids: list[int], ctx: int, count: int, prefix: list[int] = ()) -> list[torch.Tensor]:
@@ -25,7 +33,6 @@ def window_nll(model, ids: torch.Tensor, config: Optional[str]) -> tuple[float, 
     if config is None:
         logits = model(ids, use_cache=False).logits
     else:
-        cache = TurboQuantCache(model.config, config, max_length=ids.shape[1], device=model.device.type)
-        logits = model(ids, past_key_values=cache, use_cache=True).logits
+        logits = model(ids, past_key_values=make_cache(model, config, ids.shape[1]), use_cache=True).logits
     nll = F.cross_entropy(logits[0, :-1].float(), ids[0, 1:], reduction="sum")
     return float(nll), ids.shape[1] - 1

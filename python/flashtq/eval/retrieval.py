@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from transformers import DynamicCache
 
-from flashtq.hf import TurboQuantCache
+from flashtq.eval.perplexity import make_cache
 
 QUESTION = "\n\nWhat is the pass key? The pass key is"
 
@@ -30,8 +30,7 @@ def prompt_ids(tokenizer, filler_ids: list[int], ctx: int, depth: float, key: st
 def answer(model, tokenizer, ids: torch.Tensor, config: Optional[str], new_tokens: int = 8) -> str:
     ids = ids.to(model.device)
     length = ids.shape[1] + new_tokens
-    cache = DynamicCache() if config is None else TurboQuantCache(model.config, config, max_length=length,
-                                                                 device=model.device.type)
+    cache = DynamicCache() if config is None else make_cache(model, config, length)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
                          past_key_values=cache, pad_token_id=tokenizer.eos_token_id)
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
