@@ -77,7 +77,9 @@ def backend_for_device(device: Union[str, torch.device]) -> tuple[str, torch.dev
             raise error("device", f"{name!r} needs a CUDA device; torch.cuda.is_available() is False")
         if not any(b[0] == "cuda" and b[2] for b in _ext.backends()):
             raise error("device", "this build of flashtq has no usable cuda backend (built without nvcc?)")
-        return "cuda", torch.device(name)
+        d = torch.device(name)
+        # An index always: tensors report cuda:0, and torch.device("cuda") != torch.device("cuda:0").
+        return "cuda", d if d.index is not None else torch.device("cuda", torch.cuda.current_device())
     raise error("device", f"must be 'cpu', 'reference' or 'cuda[:i]', got {name!r}")
 
 
