@@ -245,29 +245,17 @@ class WebGpuBackend final : public Backend {
     add_mask(P, p, mask);
     const std::size_t y0 = P.size();
     P.u(0).u(0).u(0);
-    dispatch_chunked("dense_backward#dq", P, y0,
-                     {{q.buffer},
-                      {k.buffer},
-                      {v.buffer},
-                      {out.buffer},
-                      {dout.buffer},
-                      {lse.buffer},
-                      {mask.buffer},
-                      {delta},
-                      {dq.buffer}},
-                     {groups(p.Sq, 64), p.B * p.H, 1}, 1);
-    dispatch_chunked("dense_backward#dkdv", P, y0,
-                     {{q.buffer},
-                      {k.buffer},
-                      {v.buffer},
-                      {out.buffer},
-                      {dout.buffer},
-                      {lse.buffer},
-                      {mask.buffer},
-                      {delta},
-                      {dk.buffer},
-                      {dv.buffer}},
-                     {groups(p.Sk, 64), p.B * p.Hkv, 1}, 1);
+    // Both entry points bind the same inputs (bindings 0-7), then their own outputs.
+    const std::vector<Binding> inputs = {{q.buffer},    {k.buffer},   {v.buffer},    {out.buffer},
+                                         {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}};
+    auto with = [&](std::initializer_list<Binding> outs) {
+      std::vector<Binding> all = inputs;
+      all.insert(all.end(), outs);
+      return all;
+    };
+    dispatch_chunked("dense_backward#dq", P, y0, with({{dq.buffer}}), {groups(p.Sq, 64), p.B * p.H, 1}, 1);
+    dispatch_chunked("dense_backward#dkdv", P, y0, with({{dk.buffer}, {dv.buffer}}), {groups(p.Sk, 64), p.B * p.Hkv, 1},
+                     1);
     outputs.finish();
   }
 
