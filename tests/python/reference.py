@@ -36,3 +36,12 @@ def rel_err(a, b) -> float:
     a, b = a.double(), b.double()
     a, b = a.detach(), b.detach()
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def grad_rel_err(a, b, scale: float, head_dim: int) -> float:
+    """rel_err for a gradient, its denominator at least 0.1 * scale * D * sqrt(n) (docs/spec.md §3's choice, as the
+    C++ suite: inputs are N(0, 1), so a gradient's natural size is about scale * D; one that cancels to nearly zero,
+    as dq of a row whose softmax has a single key, is compared at that scale, not to its own vanishing norm)."""
+    a, b = a.detach().double(), b.detach().double()
+    floor = 0.1 * scale * head_dim * b.numel() ** 0.5
+    return float((a - b).norm() / max(float(b.norm()), floor))
