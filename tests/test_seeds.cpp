@@ -9,20 +9,16 @@
 
 #include "conformance/conformance.hpp"
 #include "flashtq/flashtq.hpp"
+#include "reference_wrapper.hpp"
 #include "seeded.hpp"
 
 namespace flashtq {
 namespace {
 
 // The reference backend with a deliberate bug: every forward output is 1 % too large.
-class OffByOnePercent final : public Backend {
+class OffByOnePercent final : public ReferenceWrapper {
  public:
   std::string name() const override { return "reference-off-by-one-percent"; }
-  Memory memory() const override { return inner_.memory(); }
-  void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
-  void release(void* ptr) override { inner_.release(ptr); }
-  void upload(void* dst, const void* src, std::size_t bytes) override { inner_.upload(dst, src, bytes); }
-  void download(void* dst, const void* src, std::size_t bytes) override { inner_.download(dst, src, bytes); }
   void forward(const ForwardCall& call) override {
     inner_.forward(call);
     const TensorView& o = call.out;
@@ -37,13 +33,6 @@ class OffByOnePercent final : public Backend {
               static_cast<std::uint16_t*>(o.data)[at] ^= 0x0100u;  // a wrong mantissa bit
           }
   }
-  void backward(const BackwardCall& call) override { inner_.backward(call); }
-  void tq_encode(const TqEncodeCall& call) override { inner_.tq_encode(call); }
-  void tq_rotate_queries(const TqRotateCall& call) override { inner_.tq_rotate_queries(call); }
-  void tq_attend(const TqAttendCall& call) override { inner_.tq_attend(call); }
-
- private:
-  Backend& inner_ = backend("reference");
 };
 
 // Sets FLASHTQ_TEST_SEED for a scope and restores what was there.

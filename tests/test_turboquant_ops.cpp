@@ -9,6 +9,7 @@
 #include "flashtq/flashtq.hpp"
 #include "core/half.hpp"
 #include "core/tq_rows.hpp"
+#include "reference_wrapper.hpp"
 #include "seeded.hpp"
 
 namespace flashtq {
@@ -367,24 +368,11 @@ TEST(TqBadInput, AttendArgumentsAreChecked) {
 
 // The reference backend, but asking tq_attend for a workspace as the GPU backends do: the workspace
 // rules are checked on every machine, not only where a GPU is.
-class WorkspaceBackend final : public Backend {
+class WorkspaceBackend final : public ReferenceWrapper {
  public:
   static constexpr std::size_t kBytes = 256;
   std::string name() const override { return "reference-with-workspace"; }
-  Memory memory() const override { return inner_.memory(); }
-  void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
-  void release(void* ptr) override { inner_.release(ptr); }
-  void upload(void* dst, const void* src, std::size_t bytes) override { inner_.upload(dst, src, bytes); }
-  void download(void* dst, const void* src, std::size_t bytes) override { inner_.download(dst, src, bytes); }
-  void forward(const ForwardCall& call) override { inner_.forward(call); }
-  void backward(const BackwardCall& call) override { inner_.backward(call); }
-  void tq_encode(const TqEncodeCall& call) override { inner_.tq_encode(call); }
-  void tq_rotate_queries(const TqRotateCall& call) override { inner_.tq_rotate_queries(call); }
-  void tq_attend(const TqAttendCall& call) override { inner_.tq_attend(call); }
   std::size_t tq_attend_workspace(const TqAttendCall&) const override { return kBytes; }
-
- private:
-  Backend& inner_ = backend("reference");
 };
 
 TEST(TqBadInput, WorkspaceMustBeLargeEnoughAndAligned) {
