@@ -53,7 +53,6 @@ def forward(backend: str, q: TensorView, k: TensorView, v: TensorView, out: Tens
 
 def backward(backend: str, q: TensorView, k: TensorView, v: TensorView, out: TensorView, dout: TensorView, lse: int, dq: TensorView, dk: TensorView, dv: TensorView, scale: float | None, causal: bool, causal_offset: int | None, window: int, mask: int, mask_strides: Sequence[int], mask_elements: int, dropout_p: float, seed: int, stream: int) -> None: ...
 
-tq_attend_has_window: bool  # whether TqKvCache::attend takes a sliding window
 
 class TqKvCache:
     def __init__(self, layers: int, n_kv_heads: int, head_dim: int, capacity: int, key_bits: int, value_bits: int, seed: int, backend: str, qjl: bool = True) -> None: ...

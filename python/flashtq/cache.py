@@ -153,6 +153,8 @@ class TurboQuantCache:
         """Attention of q [B, n, H, D] at positions start_pos.. (default: the last n appended) over the packed
         words; row j sees timesteps [max(0, p - window + 1), p] with p = start_pos + j (window 0 = all).
         Returns f32 in q's layout (or writes `out`, f32, shaped like q)."""
+        if not isinstance(window, int) or window < 0:  # the library checks the sign, not that it is an integer
+            raise error("window", f"must be an integer >= 0, got {window!r}")
         q = self._rows(q, "q", layout)
         n = q.shape[1]
         if scale is not None:
@@ -168,16 +170,8 @@ class TurboQuantCache:
             self._on_stream()
             for b, seq in enumerate(self._seqs):
                 pos = seq.length(layer) - n if start_pos is None else start_pos
-                seq.attend(layer, view(q[b:b + 1], "q"), pos, view(o[b:b + 1], "out"), self._window(window, pos + n))
+                seq.attend(layer, view(q[b:b + 1], "q"), pos, view(o[b:b + 1], "out"), window)
         return out
-
-    @staticmethod
-    def _window(window: int, end: int) -> int:
-        """The window to hand the library: 0 where it cannot matter (every row sees fewer than `window` keys),
-        so that builds whose TqKvCache::attend has no window still serve such calls."""
-        if not isinstance(window, int) or window < 0:
-            raise error("window", f"must be an integer >= 0, got {window!r}")
-        return 0 if window == 0 or end <= window else window
 
     def length(self, layer: int, seq: int = 0) -> int:
         return self._seqs[seq].length(layer)

@@ -51,7 +51,6 @@ nb::bytes words(const std::vector<std::uint32_t>& w) {
 }  // namespace
 
 void bind_tq_cache(nb::module_& m) {
-  m.attr("tq_attend_has_window") = true;  // TqKvCache::attend takes a sliding window (kept for older callers)
   nb::class_<TqKvCache>(m, "TqKvCache")
       .def(
           "__init__",
