@@ -23,10 +23,11 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the cache file format is little-endian");
 
 constexpr char kMagic[8] = {'F', 'T', 'Q', 'C', 'A', 'C', 'H', 'E'};
-// Version 3: the header holds the configuration as TqCacheConfig lays it out, the layout's qjl flag
-// included, and a CRC-32C of everything before it ends the file (version 2 had neither, version 1
-// spelt the fields out in another order).
-constexpr std::uint32_t kFileVersion = 3;
+// Version 4: the layout gained its exact tokens (sink_tokens, recent_tokens) and each layer's words
+// their exact region. Version 3: the header holds the configuration as TqCacheConfig lays it out, the
+// layout's qjl flag included, and a CRC-32C of everything before it ends the file (version 2 had
+// neither, version 1 spelt the fields out in another order). Older versions are refused by name.
+constexpr std::uint32_t kFileVersion = 4;
 
 struct FileHeader {
   char magic[8];
@@ -34,7 +35,7 @@ struct FileHeader {
   std::uint32_t header_bytes;
   TqCacheConfig config;
 };
-static_assert(std::is_trivially_copyable_v<TqCacheConfig> && sizeof(TqCacheConfig) == 56,
+static_assert(std::is_trivially_copyable_v<TqCacheConfig> && sizeof(TqCacheConfig) == 64,
               "the file header stores TqCacheConfig's bytes: a change to it changes the file format");
 
 // A buffer in the backend's memory that grows to the largest request and is kept.
@@ -100,6 +101,11 @@ void TqKvCache::append(std::int64_t layer, const TensorView& k, const TensorView
   std::lock_guard<std::mutex> lock(storage_->mutex);
   if (k.shape != v.shape) throw Error("v", "must have the same shape as k");
   const TqTables& tables = tables_[std::size_t(layer)];
+  if (tables.layout.recent_tokens > 0 && start_pos != length_[std::size_t(layer)]) {
+    // The recent window is a ring of the last timesteps: it stays right only if timesteps come in order.
+    throw Error("start_pos", "must equal the layer's length " + std::to_string(length_[std::size_t(layer)]) +
+                                 " (a cache with recent_tokens takes timesteps in order)");
+  }
   auto* keys = static_cast<std::uint32_t*>(storage_->keys[std::size_t(layer)].get());
   auto* values = static_cast<std::uint32_t*>(storage_->values[std::size_t(layer)].get());
   // Both validated before either is written, so a rejected call leaves the cache unchanged.
@@ -121,6 +127,10 @@ void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t sta
     throw Error("start_pos", "query rows from " + std::to_string(start_pos) + " (" + std::to_string(n) +
                                  " of them) must lie within the " + std::to_string(length) +
                                  " timesteps appended to this layer");
+  }
+  if (config_.layout.recent_tokens > 0 && start_pos + n != length) {
+    throw Error("start_pos", "query rows must end at the layer's length " + std::to_string(length) +
+                                 " (the recent window holds that sequence's last timesteps)");
   }
   const std::int64_t floats = core::checked_mul(core::checked_mul(n, heads, "q"), 2 * config_.layout.head_dim + 1, "q");
   float* scratch = static_cast<float*>(storage_->scratch.at_least(*backend_, std::size_t(floats) * sizeof(float)));
@@ -157,6 +167,10 @@ std::int64_t TqKvCache::length(std::int64_t layer) const {
 
 std::int64_t TqKvCache::bytes_per_token() const {
   return config_.layout.bytes_per_token_per_head() * config_.layout.n_kv_heads * config_.layers;
+}
+
+std::int64_t TqKvCache::exact_bytes() const {
+  return config_.layout.exact_bytes_per_head() * config_.layout.n_kv_heads * config_.layers;
 }
 
 std::int64_t TqKvCache::memory_bytes() const {
@@ -207,19 +221,26 @@ TqKvCache TqKvCache::load(const std::string& path, Backend* backend) {
   f.seekg(0);
   FileHeader h{};
   unsigned char raw[sizeof h];
-  if (file_bytes < std::int64_t(sizeof h) || !f.read(reinterpret_cast<char*>(raw), sizeof raw) ||
+  constexpr std::size_t version_end = offsetof(FileHeader, version) + sizeof h.version;
+  if (file_bytes < std::int64_t(version_end) || !f.read(reinterpret_cast<char*>(raw), version_end) ||
       std::memcmp(raw, kMagic, sizeof kMagic) != 0) {
     throw Error("path", "'" + path + "' is not a flashtq cache file");
+  }
+  std::memcpy(&h.version, raw + offsetof(FileHeader, version), sizeof h.version);
+  if (h.version != kFileVersion) {  // before the rest of the header, whose size depends on the version
+    throw Error("path", "'" + path + "' has file version " + std::to_string(h.version) + "; this build reads version " +
+                            std::to_string(kFileVersion) + " only");
+  }
+  if (file_bytes < std::int64_t(sizeof h) ||
+      !f.read(reinterpret_cast<char*>(raw + version_end), std::streamsize(sizeof h - version_end))) {
+    throw Error("path", "'" + path + "' is truncated: shorter than its header");
   }
   // The bytes become a FileHeader only once every field is a valid value of its type (a bool is 0 or 1).
   constexpr std::size_t qjl_at =
       offsetof(FileHeader, config) + offsetof(TqCacheConfig, layout) + offsetof(TqLayout, qjl);
   if (raw[qjl_at] > 1) throw Error("path", "'" + path + "' is damaged: its header is not a valid configuration");
   std::memcpy(&h, raw, sizeof h);
-  if (h.version != kFileVersion || h.header_bytes != sizeof h) {
-    throw Error("path", "'" + path + "' has file version " + std::to_string(h.version) + "; this build reads version " +
-                            std::to_string(kFileVersion));
-  }
+  if (h.header_bytes != sizeof h) throw Error("path", "'" + path + "' is damaged: its header size is wrong");
   // Everything the header implies is checked against the file before anything is allocated.
   const TqCacheConfig& c = h.config;
   if (c.layers < 1) throw Error("path", "'" + path + "' names a cache of no layers");

@@ -106,6 +106,11 @@ struct TqAttendCall {
   std::int64_t rows() const { return batch * n_queries; }  // scratch rows in use
   std::int64_t group() const { return n_heads / tables.layout.n_kv_heads; }
   // The first timestep a row at absolute position p sees.
+  // The end of a sequence whose query rows start at `start`: where its exact recent window ends.
+  FLASHTQ_HOST_DEVICE std::int64_t sequence_end(std::int64_t start) const {
+    const std::int64_t e = start + n_queries < max_seq ? start + n_queries : max_seq;
+    return e < tables.layout.capacity ? e : tables.layout.capacity;
+  }
   FLASHTQ_HOST_DEVICE std::int64_t first_visible(std::int64_t p) const {
     return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
   }

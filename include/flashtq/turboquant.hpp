@@ -28,6 +28,12 @@ struct TqLayout {
   std::int64_t capacity = 0;  // timesteps per kv head: the per-head stride of every region
   int key_bits = 2;           // b_mse of keys; the QJL bit comes on top unless qjl is false
   int value_bits = 2;
+  // Exact tokens (docs/spec.md §2.6): the first sink_tokens timesteps and the last recent_tokens
+  // timesteps of a sequence are also kept as bf16 copies of their rotated rows, which attention reads
+  // instead of their codes (one softmax over both). Every timestep is encoded as well, so a timestep
+  // that leaves the recent window is already in the packed part.
+  std::int32_t sink_tokens = 0;
+  std::int32_t recent_tokens = 0;
   // Keys carry a 1-bit QJL sketch of their residual (the paper's unbiased estimator); false spends
   // those bits elsewhere ("MSE-only" keys: codes only, up to 4 bits, no jl region, gamma 0).
   bool qjl = true;
@@ -38,13 +44,37 @@ struct TqLayout {
   FLASHTQ_HOST_DEVICE std::int64_t value_code_words() const { return head_dim * value_bits / 32; }
   FLASHTQ_HOST_DEVICE std::int64_t key_jl_offset() const { return slots() * key_code_words(); }
   FLASHTQ_HOST_DEVICE std::int64_t key_norm_offset() const { return key_jl_offset() + slots() * jl_words(); }
-  FLASHTQ_HOST_DEVICE std::int64_t key_words() const { return key_norm_offset() + slots(); }
+  FLASHTQ_HOST_DEVICE std::int64_t key_exact_offset() const { return key_norm_offset() + slots(); }
+  FLASHTQ_HOST_DEVICE std::int64_t key_words() const { return key_exact_offset() + exact_region_words(); }
   FLASHTQ_HOST_DEVICE std::int64_t value_norm_offset() const { return slots() * value_code_words(); }
-  FLASHTQ_HOST_DEVICE std::int64_t value_words() const { return value_norm_offset() + slots(); }
-  // Bytes one timestep of one kv head costs, keys and values together.
+  FLASHTQ_HOST_DEVICE std::int64_t value_exact_offset() const { return value_norm_offset() + slots(); }
+  FLASHTQ_HOST_DEVICE std::int64_t value_words() const { return value_exact_offset() + exact_region_words(); }
+
+  // The exact region of keys or values: exact_rows() rows per kv head, each head_dim bf16 (two per
+  // word, element 2i in the low half); row r of head h at exact_offset + (h * exact_rows() + r) * exact_row_words().
+  FLASHTQ_HOST_DEVICE std::int64_t exact_rows() const { return std::int64_t(sink_tokens) + recent_tokens; }
+  FLASHTQ_HOST_DEVICE std::int64_t exact_row_words() const { return head_dim / 2; }
+  FLASHTQ_HOST_DEVICE std::int64_t exact_region_words() const { return n_kv_heads * exact_rows() * exact_row_words(); }
+  // The exact row that holds timestep t of a sequence of `end` timesteps, or -1 when attention reads
+  // t's codes: sinks at rows [0, sink_tokens), the recent window as a ring after them.
+  FLASHTQ_HOST_DEVICE std::int64_t exact_row(std::int64_t t, std::int64_t end) const {
+    if (t < sink_tokens) return t;
+    if (recent_tokens > 0 && t >= end - recent_tokens) return sink_tokens + (t - sink_tokens) % recent_tokens;
+    return -1;
+  }
+
+  // Bytes one timestep of one kv head costs in the packed part, keys and values together.
   FLASHTQ_HOST_DEVICE std::int64_t bytes_per_token_per_head() const {
     return 4 * (key_code_words() + jl_words() + 1 + value_code_words() + 1);
   }
+  // Bytes of the exact region of one kv head, keys and values together (a fixed cost per sequence).
+  FLASHTQ_HOST_DEVICE std::int64_t exact_bytes_per_head() const { return 2 * 4 * exact_rows() * exact_row_words(); }
+  // Compression against a bf16 cache for a sequence of `length` timesteps, the exact region included.
+  double compression_vs_bf16(std::int64_t length) const {
+    return double(2 * 2 * head_dim) * double(length) /
+           (double(bytes_per_token_per_head()) * double(length) + double(exact_bytes_per_head()));
+  }
+  // The same per timestep of the packed part alone (the limit for long sequences).
   double compression_vs_bf16() const { return double(2 * 2 * head_dim) / double(bytes_per_token_per_head()); }
 };
 
@@ -151,6 +181,21 @@ void tq_attend(Backend& backend, const TqAttendArgs& args);
 // Scratch tq_attend needs on this backend for these arguments (0 on host backends).
 std::size_t tq_attend_workspace_bytes(Backend& backend, const TqAttendArgs& args);
 
+// Named configurations, chosen by measured perplexity on real models (docs/quality.md); the first is
+// the library's default. "seed" is the seed kernel's configuration (keys 2+1 bits, values 2 bits).
+struct TqPreset {
+  const char* name;
+  int key_bits, value_bits;
+  bool qjl;
+  std::int32_t sink_tokens, recent_tokens;
+  const char* summary;
+};
+const std::vector<TqPreset>& tq_presets();
+// The layout of preset `name` for a model's head_dim and kv heads and a capacity in timesteps; an
+// Error names the presets for an unknown name.
+TqLayout tq_preset_layout(const std::string& name, std::int64_t head_dim, std::int64_t n_kv_heads,
+                          std::int64_t capacity);
+
 struct TqCacheConfig {
   std::int64_t layers = 1;
   TqLayout layout;  // of every layer
@@ -182,8 +227,11 @@ class TqKvCache {
   const TqLayout& layout() const { return config_.layout; }
   Backend& backend() const { return *backend_; }
   std::int64_t length(std::int64_t layer) const;  // timesteps written so far (highest end)
-  std::int64_t bytes_per_token() const;           // all layers and kv heads
+  std::int64_t bytes_per_token() const;           // all layers and kv heads, packed part
+  std::int64_t exact_bytes() const;               // the exact tokens' fixed cost, all layers and kv heads
   double compression_vs_bf16() const { return config_.layout.compression_vs_bf16(); }
+  // For a sequence of `length` timesteps, the exact tokens counted.
+  double compression_vs_bf16(std::int64_t length) const { return config_.layout.compression_vs_bf16(length); }
   std::int64_t memory_bytes() const;  // packed words held, all layers
   // A host copy of a layer's words (waits for the device).
   std::vector<std::uint32_t> key_words(std::int64_t layer) const;

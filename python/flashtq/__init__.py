@@ -9,7 +9,7 @@ import torch  # noqa: F401
 from flashtq._flashtq import FlashTQError, __version__
 from flashtq.backends import backends, set_threads
 from flashtq.ops import attention
-from flashtq.cache import CacheConfig, TurboQuantCache, cache_configs
+from flashtq.cache import CacheConfig, TurboQuantCache, TurboQuantConfig, cache_configs, presets
 
 __all__ = ["FlashTQError", "__version__", "attention", "backends", "set_threads", "CacheConfig", "TurboQuantCache",
-           "cache_configs"]
+           "TurboQuantConfig", "cache_configs", "presets"]

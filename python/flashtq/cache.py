@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -20,50 +21,98 @@ from flashtq._errors import error
 from flashtq._tensors import view
 
 
+_NAME = re.compile(r"^(k|m)([1-4])v([2-4])(?:s(\d+))?(?:w(\d+))?$")
+
+
 @dataclass(frozen=True)
-class CacheConfig:
-    """Bit widths of one cache: keys key_bits (Lloyd-Max codes) plus one QJL bit unless qjl is False
-    ("MSE-only" keys: codes of up to 4 bits, no sketch), values value_bits."""
+class TurboQuantConfig:
+    """One cache's configuration: keys key_bits (Lloyd-Max codes) plus one QJL bit unless qjl is False
+    ("MSE-only" keys: codes of up to 4 bits, no sketch), values value_bits; the first sink_tokens and the last
+    recent_tokens timesteps of a sequence also kept exact (bf16) and attended exactly (docs/spec.md §2.6).
+
+    Names: "seed" (keys 2+1 bits, values 2 bits), k<b>v<c> / m<b>v<c> (with / without QJL), optionally followed
+    by s<S> (sink tokens) and w<W> (recent tokens), e.g. "m4v3s4w32"; and the presets of presets()."""
     key_bits: int = 2
     value_bits: int = 2
     seed: int = 0  # the rotations' signs come from (seed, layer)
     qjl: bool = True
+    sink_tokens: int = 0
+    recent_tokens: int = 0
 
     @property
     def name(self) -> str:
-        for name, c in cache_configs().items():
-            if (c.key_bits, c.value_bits, c.qjl) == (self.key_bits, self.value_bits, self.qjl):
+        for name, c in presets().items():
+            if c == self:
                 return name
-        return f"{'k' if self.qjl else 'm'}{self.key_bits}v{self.value_bits}"
+        base = "seed" if (self.key_bits, self.value_bits, self.qjl) == (2, 2, True) else \
+            f"{'k' if self.qjl else 'm'}{self.key_bits}v{self.value_bits}"
+        if self.sink_tokens or self.recent_tokens:
+            base = f"{'k2v2' if base == 'seed' else base}" + (f"s{self.sink_tokens}" if self.sink_tokens else "") + \
+                (f"w{self.recent_tokens}" if self.recent_tokens else "")
+        return base if self.seed == 0 else f"{base} (seed {self.seed})"
+
+    @classmethod
+    def preset(cls, name: str) -> "TurboQuantConfig":
+        """A named configuration: a preset (presets()) or a name as the class's docstring spells it."""
+        return resolve_config(name)
 
 
-def cache_configs() -> dict[str, CacheConfig]:
-    """Every configuration the library offers, by name: k<b>v<c> for keys of b = 1-3 bits plus the QJL bit and
-    values of c = 2-4 bits; m<b>v<c> for keys of b = 1-4 bits without QJL ("MSE-only": m3v2 costs what the seed
-    costs). The seed kernel's configuration (keys 2+1 bits, values 2 bits) is called "seed"."""
+CacheConfig = TurboQuantConfig  # the name of earlier releases
+
+
+# Presets, chosen by measured perplexity on real models (docs/quality.md): the library's list (flashtq::tq_presets),
+# the default first.
+PRESETS = {p["name"]: TurboQuantConfig(p["key_bits"], p["value_bits"], qjl=p["qjl"], sink_tokens=p["sink_tokens"],
+                                       recent_tokens=p["recent_tokens"]) for p in _ext.tq_presets()}
+DEFAULT_PRESET = _ext.tq_presets()[0]["name"]
+
+
+def presets() -> dict[str, TurboQuantConfig]:
+    """The named presets (docs/quality.md measures each)."""
+    return dict(PRESETS)
+
+
+def cache_configs() -> dict[str, TurboQuantConfig]:
+    """Every bit-width combination the library offers, by name, without exact tokens: k<b>v<c> for keys of b = 1-3
+    bits plus the QJL bit and values of c = 2-4 bits; m<b>v<c> for keys of b = 1-4 bits without QJL ("MSE-only":
+    m3v2 costs what the seed costs). The seed kernel's configuration (keys 2+1 bits, values 2 bits) is "seed"."""
     configs = {}
     for kb in (1, 2, 3):
         for vb in (2, 3, 4):
-            configs["seed" if (kb, vb) == (2, 2) else f"k{kb}v{vb}"] = CacheConfig(kb, vb)
+            configs["seed" if (kb, vb) == (2, 2) else f"k{kb}v{vb}"] = TurboQuantConfig(kb, vb)
     for kb in (1, 2, 3, 4):
         for vb in (2, 3, 4):
-            configs[f"m{kb}v{vb}"] = CacheConfig(kb, vb, qjl=False)
+            configs[f"m{kb}v{vb}"] = TurboQuantConfig(kb, vb, qjl=False)
     return configs
 
 
-def resolve_config(config: Union[str, CacheConfig, dict, None]) -> CacheConfig:
+def parse_config(name: str) -> Optional[TurboQuantConfig]:
+    """The configuration a name spells (a preset, a cache_configs() name, or k|m<b>v<c>[s<S>][w<W>]); None if none."""
+    if name in PRESETS:
+        return PRESETS[name]
+    if name in cache_configs():
+        return cache_configs()[name]
+    m = _NAME.match(name)
+    if not m or (m.group(1) == "k" and int(m.group(2)) > 3):
+        return None
+    return TurboQuantConfig(int(m.group(2)), int(m.group(3)), qjl=m.group(1) == "k",
+                            sink_tokens=int(m.group(4) or 0), recent_tokens=int(m.group(5) or 0))
+
+
+def resolve_config(config: Union[str, TurboQuantConfig, dict, None]) -> TurboQuantConfig:
     if config is None:
-        return CacheConfig()
-    if isinstance(config, CacheConfig):
+        return PRESETS[DEFAULT_PRESET]
+    if isinstance(config, TurboQuantConfig):
         return config
     if isinstance(config, dict):
-        return CacheConfig(**config)
+        return TurboQuantConfig(**config)
     if isinstance(config, str):
-        try:
-            return cache_configs()[config]
-        except KeyError:
-            raise error("config", f"unknown name {config!r} (choices: {', '.join(cache_configs())})") from None
-    raise error("config", f"must be a name, a CacheConfig or a dict, got {type(config).__name__}")
+        got = parse_config(config)
+        if got is None:
+            raise error("config", f"unknown name {config!r} (presets: {', '.join(PRESETS)}; or k|m<b>v<c>[s<S>][w<W>], "
+                                  "e.g. m4v3s4w32)")
+        return got
+    raise error("config", f"must be a name, a TurboQuantConfig or a dict, got {type(config).__name__}")
 
 
 def backend_for_device(device: Union[str, torch.device]) -> tuple[str, torch.device]:
@@ -87,7 +136,7 @@ class TurboQuantCache:
     """Packed keys and values of `num_layers` layers for `batch_size` sequences of up to `capacity` tokens."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
-                 config: Union[str, CacheConfig, dict, None] = "seed", device: Union[str, torch.device] = "cpu",
+                 config: Union[str, TurboQuantConfig, dict, None] = None, device: Union[str, torch.device] = "cpu",
                  batch_size: int = 1):
         self.config = resolve_config(config)
         self.backend, self.device = backend_for_device(device)
@@ -96,14 +145,16 @@ class TurboQuantCache:
         self.num_layers, self.num_kv_heads, self.head_dim, self.capacity = num_layers, num_kv_heads, head_dim, capacity
         with self._scope():
             self._seqs = [_ext.TqKvCache(num_layers, num_kv_heads, head_dim, capacity, self.config.key_bits,
-                                         self.config.value_bits, self.config.seed, self.backend, self.config.qjl)
+                                         self.config.value_bits, self.config.seed, self.backend, self.config.qjl,
+                                         self.config.sink_tokens, self.config.recent_tokens)
                           for _ in range(batch_size)]
 
     @classmethod
     def _wrap(cls, seqs: list, backend: str, device: torch.device) -> "TurboQuantCache":
         c = seqs[0].config()
         self = cls.__new__(cls)
-        self.config = CacheConfig(c["key_bits"], c["value_bits"], c["seed"], c["qjl"])
+        self.config = TurboQuantConfig(c["key_bits"], c["value_bits"], c["seed"], c["qjl"], c["sink_tokens"],
+                                       c["recent_tokens"])
         self.backend, self.device = backend, device
         self.num_layers, self.num_kv_heads, self.head_dim, self.capacity = (c["layers"], c["n_kv_heads"], c["head_dim"],
                                                                              c["capacity"])
@@ -183,8 +234,13 @@ class TurboQuantCache:
     def memory_bytes(self) -> int:
         return sum(s.memory_bytes() for s in self._seqs)
 
-    def compression_vs_bf16(self) -> float:
-        return self._seqs[0].compression_vs_bf16()
+    def exact_bytes(self) -> int:
+        """The exact tokens' fixed bytes in one sequence, all layers and kv heads (0 without exact tokens)."""
+        return self._seqs[0].exact_bytes()
+
+    def compression_vs_bf16(self, length: Optional[int] = None) -> float:
+        """Against a bf16 cache: per token of the packed part, or for a sequence of `length` tokens (exact ones counted)."""
+        return self._seqs[0].compression_vs_bf16() if length is None else self._seqs[0].compression_vs_bf16_at(length)
 
     def key_words(self, layer: int, seq: int = 0) -> np.ndarray:
         return np.frombuffer(self._seqs[seq].key_words(layer), dtype=np.uint32)

@@ -24,6 +24,7 @@ struct Config {
   int key_bits, value_bits;
   bool qjl;
   std::uint64_t seed;
+  std::int64_t sink_tokens, recent_tokens;
 };
 
 TqCacheConfig to_library(const Config& c) {
@@ -35,13 +36,19 @@ TqCacheConfig to_library(const Config& c) {
   out.layout.key_bits = c.key_bits;
   out.layout.value_bits = c.value_bits;
   out.layout.qjl = c.qjl;
+  // Checked here because the layout holds them as int32: a larger value must not wrap into a valid one.
+  if (c.sink_tokens < 0 || c.sink_tokens > INT32_MAX) throw Error("sink_tokens", "must be in [0, 2^31)");
+  if (c.recent_tokens < 0 || c.recent_tokens > INT32_MAX) throw Error("recent_tokens", "must be in [0, 2^31)");
+  out.layout.sink_tokens = std::int32_t(c.sink_tokens);
+  out.layout.recent_tokens = std::int32_t(c.recent_tokens);
   out.seed = c.seed;
   return out;
 }
 
 Config from_library(const TqCacheConfig& c) {
   const TqLayout& l = c.layout;
-  return {c.layers, l.n_kv_heads, l.head_dim, l.capacity, l.key_bits, l.value_bits, l.qjl, c.seed};
+  return {c.layers,     l.n_kv_heads, l.head_dim, l.capacity,    l.key_bits,
+          l.value_bits, l.qjl,        c.seed,     l.sink_tokens, l.recent_tokens};
 }
 
 nb::bytes words(const std::vector<std::uint32_t>& w) {
@@ -51,17 +58,34 @@ nb::bytes words(const std::vector<std::uint32_t>& w) {
 }  // namespace
 
 void bind_tq_cache(nb::module_& m) {
+  m.def("tq_presets", [] {
+    nb::list out;
+    for (const TqPreset& p : tq_presets()) {
+      nb::dict d;
+      d["name"] = p.name;
+      d["key_bits"] = p.key_bits;
+      d["value_bits"] = p.value_bits;
+      d["qjl"] = p.qjl;
+      d["sink_tokens"] = p.sink_tokens;
+      d["recent_tokens"] = p.recent_tokens;
+      d["summary"] = p.summary;
+      out.append(d);
+    }
+    return out;
+  });
   nb::class_<TqKvCache>(m, "TqKvCache")
       .def(
           "__init__",
           [](TqKvCache* self, std::int64_t layers, std::int64_t n_kv_heads, std::int64_t head_dim,
              std::int64_t capacity, int key_bits, int value_bits, std::uint64_t seed, const std::string& backend,
-             bool qjl) {
-            new (self) TqKvCache(to_library({layers, n_kv_heads, head_dim, capacity, key_bits, value_bits, qjl, seed}),
+             bool qjl, std::int64_t sink_tokens, std::int64_t recent_tokens) {
+            new (self) TqKvCache(to_library({layers, n_kv_heads, head_dim, capacity, key_bits, value_bits, qjl, seed,
+                                             sink_tokens, recent_tokens}),
                                  &flashtq::backend(backend));
           },
           nb::arg("layers"), nb::arg("n_kv_heads"), nb::arg("head_dim"), nb::arg("capacity"), nb::arg("key_bits"),
-          nb::arg("value_bits"), nb::arg("seed"), nb::arg("backend"), nb::arg("qjl") = true)
+          nb::arg("value_bits"), nb::arg("seed"), nb::arg("backend"), nb::arg("qjl") = true, nb::arg("sink_tokens") = 0,
+          nb::arg("recent_tokens") = 0)
       .def(
           "append",
           [](TqKvCache& c, std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {
@@ -83,7 +107,11 @@ void bind_tq_cache(nb::module_& m) {
       .def("length", &TqKvCache::length, nb::arg("layer"))
       .def("bytes_per_token", &TqKvCache::bytes_per_token)
       .def("memory_bytes", &TqKvCache::memory_bytes)
-      .def("compression_vs_bf16", &TqKvCache::compression_vs_bf16)
+      .def("exact_bytes", &TqKvCache::exact_bytes)
+      .def("compression_vs_bf16", [](const TqKvCache& c) { return c.compression_vs_bf16(); })
+      .def(
+          "compression_vs_bf16_at",
+          [](const TqKvCache& c, std::int64_t length) { return c.compression_vs_bf16(length); }, nb::arg("length"))
       .def(
           "key_words", [](const TqKvCache& c, std::int64_t layer) { return words(c.key_words(layer)); },
           nb::arg("layer"))
@@ -102,6 +130,8 @@ void bind_tq_cache(nb::module_& m) {
              d["value_bits"] = k.value_bits;
              d["qjl"] = k.qjl;
              d["seed"] = k.seed;
+             d["sink_tokens"] = k.sink_tokens;
+             d["recent_tokens"] = k.recent_tokens;
              return d;
            })
       .def("save", &TqKvCache::save, nb::arg("path"))

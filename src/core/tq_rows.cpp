@@ -32,7 +32,26 @@ double norm(const std::vector<double>& x) {
 std::uint32_t f16_bits(double x) { return f32_to_f16(float(x)); }
 double f16_value(std::uint32_t bits) { return double(f16_to_f32(std::uint16_t(bits & 0xFFFFu))); }
 
+// The exact copy of a row: its rotated vector n * RHT(x / n) in bf16 (a zero vector is zeros).
+void write_exact_row(const TqEncodeCall& c, std::int64_t h, std::int64_t row, const EncodedRow& e) {
+  const TqLayout& l = c.layout();
+  std::uint32_t* words = c.cache + (c.keys ? l.key_exact_offset() : l.value_exact_offset()) +
+                         (h * l.exact_rows() + row) * l.exact_row_words();
+  for (std::int64_t i = 0; i < l.exact_row_words(); ++i) {
+    std::uint32_t word = 0;
+    if (!e.rotated.empty()) {
+      word = f32_to_bf16(float(e.norm * e.rotated[std::size_t(2 * i)])) |
+             std::uint32_t(f32_to_bf16(float(e.norm * e.rotated[std::size_t(2 * i + 1)]))) << 16;
+    }
+    words[i] = word;
+  }
+}
+
 }  // namespace
+
+double exact_element(const std::uint32_t* row_words, std::int64_t d) {
+  return double(bf16_to_f32(std::uint16_t(row_words[d / 2] >> (16 * (d % 2)))));
+}
 
 EncodedRow encode_row(std::vector<double> x, const TqTables& t, bool keys) {
   const std::int64_t D = std::int64_t(x.size());
@@ -76,6 +95,8 @@ void tq_encode_rows(const TqEncodeCall& c, std::int64_t first, std::int64_t end)
       c.cache[norm_off + slot] = 0;
       read_row(c.x, t, h, r);
       const EncodedRow e = encode_row(r, c.tables, c.keys);
+      const std::int64_t exact = l.exact_row(c.start_pos + t, c.start_pos + c.tokens());
+      if (exact >= 0) write_exact_row(c, h, exact, e);
       if (e.codes.empty()) continue;  // a zero vector
       for (std::int64_t d = 0; d < D; ++d) put_code(codes, d, bits, std::uint32_t(e.codes[std::size_t(d)]));
       std::uint32_t word = f16_bits(e.norm);
@@ -146,11 +167,23 @@ void tq_attend_row_head(const TqAttendCall& a, std::int64_t row, std::int64_t h)
   const float* q_rot = a.scratch + s.q_rot(row, h);
   const float* q_jl = a.scratch + s.q_jl(row, h);
   const double q_jl_sum = a.scratch[s.sum(row, h)];
-  const std::int64_t slot0 = (h / a.group()) * l.capacity;
+  const std::int64_t kv_head = h / a.group(), slot0 = kv_head * l.capacity;
+  const std::int64_t end = a.sequence_end(start);
+  // The exact copy of timestep t (keys or values), or null when attention reads its codes.
+  auto exact = [&](const std::uint32_t* cache, std::int64_t offset, std::int64_t t) -> const std::uint32_t* {
+    const std::int64_t row = l.exact_row(t, end);
+    return row < 0 ? nullptr : cache + offset + (kv_head * l.exact_rows() + row) * l.exact_row_words();
+  };
   std::vector<double> scores(static_cast<std::size_t>(seq_len)), acc(static_cast<std::size_t>(D), 0.0);
   double m = -std::numeric_limits<double>::infinity();
   for (std::int64_t t = first; t < seq_len; ++t) {
-    scores[std::size_t(t)] = scale * tq_key_dot(a.tables, q_rot, q_jl, q_jl_sum, k_cache, slot0 + t, qjl_scale);
+    double dot = 0;
+    if (const std::uint32_t* k = exact(k_cache, l.key_exact_offset(), t)) {
+      for (std::int64_t d = 0; d < D; ++d) dot += double(q_rot[d]) * exact_element(k, d);
+    } else {
+      dot = tq_key_dot(a.tables, q_rot, q_jl, q_jl_sum, k_cache, slot0 + t, qjl_scale);
+    }
+    scores[std::size_t(t)] = scale * dot;
     m = std::max(m, scores[std::size_t(t)]);
   }
   float* out = static_cast<float*>(a.out.data) + offset(a.out, b, j, h);
@@ -163,6 +196,10 @@ void tq_attend_row_head(const TqAttendCall& a, std::int64_t row, std::int64_t h)
     const std::int64_t slot = slot0 + t;
     const double p = std::exp(scores[std::size_t(t)] - m);
     sum += p;
+    if (const std::uint32_t* v = exact(v_cache, l.value_exact_offset(), t)) {
+      for (std::int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += p * exact_element(v, d);
+      continue;
+    }
     const double vn = f16_value(v_cache[l.value_norm_offset() + slot]);
     const std::uint32_t* codes = v_cache + slot * l.value_code_words();
     for (std::int64_t d = 0; d < D; ++d)

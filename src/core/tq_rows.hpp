@@ -27,6 +27,9 @@ void tq_rotate_rows(const TqRotateCall& call, std::int64_t first, std::int64_t e
 // One (scratch row, query head) of an attention.
 void tq_attend_row_head(const TqAttendCall& call, std::int64_t row, std::int64_t head);
 
+// Element d of an exact row (bf16 pairs, element 2i in the low half of word i).
+double exact_element(const std::uint32_t* row_words, std::int64_t d);
+
 // The estimate of <q, k_t> (no softmax scale) for one rotated query row against key slot `slot`:
 // n_t * (sum_d q_rot[d] c[idx_d] + gamma_t * qjl_scale * (2 sum_{bit=1} q_jl[d] - q_jl_sum)).
 double tq_key_dot(const TqTables& tables, const float* q_rot, const float* q_jl, double q_jl_sum,

@@ -24,6 +24,7 @@ namespace {
 
 constexpr std::int64_t kInt32Max = std::numeric_limits<std::int32_t>::max();
 constexpr std::int64_t kMaxHeadDim = 256;
+constexpr std::int64_t kMaxExactTokens = 65536;  // sink or recent timesteps kept exact
 
 const char* memory_name(Memory m) {
   switch (m) {
@@ -201,8 +202,19 @@ void validate_tq_layout(const TqLayout& l) {
   if (l.value_bits < 2 || l.value_bits > 4) throw Error("value_bits", "must be 2, 3 or 4");
   if (l.n_kv_heads < 1) throw Error("n_kv_heads", "must be >= 1");
   if (l.capacity < 1) throw Error("capacity", "must be >= 1");
+  if (l.sink_tokens < 0 || l.sink_tokens > kMaxExactTokens) {
+    throw Error("sink_tokens", "must be in [0, " + std::to_string(kMaxExactTokens) + "]");
+  }
+  if (l.recent_tokens < 0 || l.recent_tokens > kMaxExactTokens) {
+    throw Error("recent_tokens", "must be in [0, " + std::to_string(kMaxExactTokens) + "]");
+  }
+  if (l.exact_rows() > l.capacity) {
+    throw Error("recent_tokens", "sink_tokens + recent_tokens (" + std::to_string(l.exact_rows()) +
+                                     ") must not exceed capacity " + std::to_string(l.capacity));
+  }
   const std::int64_t slots = checked_mul(l.n_kv_heads, l.capacity, "capacity");
-  const std::int64_t words_per_slot = d * 4 / 32 + d / 32 + 1;  // the widest slot
+  const std::int64_t words_per_slot =
+      d * 4 / 32 + d / 32 + 1 + d / 2;  // the widest slot, an exact row's share included
   if (checked_mul(slots, words_per_slot, "capacity") > std::int64_t(std::numeric_limits<std::uint32_t>::max())) {
     throw Error("capacity", "the packed cache must hold fewer than 2^32 words (32-bit word indices)");
   }

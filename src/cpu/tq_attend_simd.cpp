@@ -209,7 +209,8 @@ HWY_EXPORT(Supported);
 
 bool tq_attend_simd(const TqAttendCall& a, int threads) {
   const TqLayout& l = a.layout();
-  if (l.key_bits != 2 || l.value_bits != 2 || !l.qjl || !HWY_DYNAMIC_DISPATCH(Supported)()) return false;
+  if (l.key_bits != 2 || l.value_bits != 2 || !l.qjl || l.exact_rows() > 0 || !HWY_DYNAMIC_DISPATCH(Supported)())
+    return false;
   const std::int64_t D = l.head_dim, H = a.n_heads, G = H / l.n_kv_heads, rows = a.batch * a.n_queries;
   // Units of (row, kv head, split); splits keep every thread busy in decode.
   const std::int64_t base_units = rows * l.n_kv_heads;

@@ -23,6 +23,7 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   __shared__ float q_rot[HT][D], q_jl[HT][D], q_sum[HT];
   __shared__ float p[HT][kSplitTokens], v_norm[kSplitTokens];
   __shared__ float kc[16], vc[16], row_max[HT], row_sum[HT];
+  __shared__ int exact_row[kSplitTokens];  // the exact copy each timestep is read from, or -1 for its codes
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int split = blockIdx.x;
   const std::int64_t kvh = blockIdx.y / a.n_tiles, j = a.first_row + blockIdx.z;  // row b * n_queries + j of the batch
@@ -56,8 +57,25 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
 
   const TqLayout& l = a.l;
   const int kb = l.key_bits, vb = l.value_bits;
+  const std::int64_t end = sequence_end_of(a, j);
   for (int tt = tid; tt < n; tt += kThreads) {
     const std::int64_t slot = kvh * l.capacity + t0 + tt;
+    const int er = int(l.exact_row(t0 + tt, end));
+    exact_row[tt] = er;
+    if (er >= 0) {  // a sink or recent timestep: its exact rotated row, bf16 pairs
+      const std::uint32_t* k = keys + l.key_exact_offset() + (kvh * l.exact_rows() + er) * (D / 2);
+      float dot[HT] = {};
+      for (int w = 0; w < D / 2; ++w) {
+        const std::uint32_t word = k[w];
+        const float lo = __uint_as_float(word << 16), hi = __uint_as_float(word & 0xFFFF0000u);
+#pragma unroll
+        for (int g = 0; g < HT; ++g) dot[g] = fmaf(q_rot[g][2 * w + 1], hi, fmaf(q_rot[g][2 * w], lo, dot[g]));
+      }
+#pragma unroll
+      for (int g = 0; g < HT; ++g) p[g][tt] = t0 + tt < first ? -INFINITY : a.scale * dot[g];
+      v_norm[tt] = 1.0f;
+      continue;
+    }
     const std::uint32_t nw = keys[l.key_norm_offset() + slot];
     const float norm = f16_low(nw), gamma = f16_low(nw >> 16);
     const std::uint32_t* codes = keys + slot * (D * kb / 32);
@@ -104,11 +122,14 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   const int value_words = D * vb / 32;
   for (int tt = 0; tt < n; ++tt) {
     const std::uint32_t* codes = values + (kvh * l.capacity + t0 + tt) * value_words;
+    const int er = exact_row[tt];
+    const unsigned short* exact = reinterpret_cast<const unsigned short*>(
+        values + l.value_exact_offset() + (kvh * l.exact_rows() + (er < 0 ? 0 : er)) * (D / 2));
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int d = tid + r * kThreads;
       if (d < D) {
-        const float c = vc[core::get_code(codes, d, vb)];
+        const float c = er >= 0 ? __uint_as_float(std::uint32_t(exact[d]) << 16) : vc[core::get_code(codes, d, vb)];
 #pragma unroll
         for (int g = 0; g < HT; ++g) acc[g][r] = fmaf(p[g][tt], c, acc[g][r]);
       }

@@ -47,6 +47,13 @@ __device__ __forceinline__ std::int64_t seq_len_of(const AttendParams& a, std::i
   return max(std::int64_t(0), min(min(start + j + 1, a.max_seq), a.l.capacity));
 }
 
+// Where row z's sequence ends: its exact recent window's end (TqAttendCall::sequence_end).
+__device__ __forceinline__ std::int64_t sequence_end_of(const AttendParams& a, std::int64_t z) {
+  const std::int64_t b = z / a.n_queries;
+  const std::int64_t start = a.starts != nullptr ? std::int64_t(a.starts[b]) : a.start_pos;
+  return max(std::int64_t(0), min(min(start + a.n_queries, a.max_seq), a.l.capacity));
+}
+
 // The first timestep row z sees (the sliding window's start; 0 without one).
 __device__ __forceinline__ std::int64_t first_visible_of(const AttendParams& a, std::int64_t z) {
   if (a.window <= 0) return 0;

@@ -359,10 +359,10 @@ bool mma_decode_supported(const TqLayout& l, std::int64_t group) {
 }  // namespace
 
 bool mma_decode_supported(const TqAttendCall& c) {
-  return c.window == 0 && mma_decode_supported(c.layout(), c.group());
+  return c.window == 0 && c.layout().exact_rows() == 0 && mma_decode_supported(c.layout(), c.group());
 }
 bool mma_decode_supported(const AttendParams& a) {
-  return a.window == 0 && mma_decode_supported(a.l, a.H / a.l.n_kv_heads);
+  return a.window == 0 && a.l.exact_rows() == 0 && mma_decode_supported(a.l, a.H / a.l.n_kv_heads);
 }
 
 void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream) {

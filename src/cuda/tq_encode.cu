@@ -52,7 +52,17 @@ __global__ void __launch_bounds__(32 * kWarps)
     n2 += r[e] * r[e];
   }
   const double n = sqrt(warp_sum(n2));
+  // The exact copy of a sink or recent timestep (docs/spec.md §2.6): n * RHT(x / n) in bf16.
+  const std::int64_t exact_row = l.exact_row(start + t, start + T_rows);
+  unsigned short* exact =
+      exact_row < 0 ? nullptr
+                    : reinterpret_cast<unsigned short*>(cache + (keys ? l.key_exact_offset() : l.value_exact_offset()) +
+                                                        (h * l.exact_rows() + exact_row) * l.exact_row_words()) +
+                          lane * E;
   if (n < 1e-12) {  // a zero vector: every word of its slot is 0
+    if (exact)
+#pragma unroll
+      for (int e = 0; e < E; ++e) exact[e] = 0;
     if (lane < code_words) codes[lane] = 0u;
     if (keys && lane < int(l.jl_words())) jl[lane] = 0u;  // none without QJL
     if (lane == 0) *norm_word = 0u;
@@ -61,6 +71,9 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
   for (int e = 0; e < E; ++e) r[e] /= n;
   warp_rht<E>(r, tables.polar_sign_bits.data(), lane);
+  if (exact)
+#pragma unroll
+    for (int e = 0; e < E; ++e) exact[e] = __bfloat16_as_ushort(__float2bfloat16_rn(float(n * r[e])));
   std::uint32_t lane_codes = 0;
   double e2 = 0.0;
 #pragma unroll

@@ -183,8 +183,6 @@ class WebGpuBackend final : public Backend {
   }
   std::optional<std::string> unsupported(const TqLayout& l) const override {
     if (l.head_dim > 256) return "the webgpu TurboQuant kernels take head_dim up to 256";
-    if (!l.qjl)
-      return "the webgpu TurboQuant kernels need keys with the QJL bit (MSE-only keys are not written in WGSL yet)";
     return std::nullopt;
   }
 
@@ -292,12 +290,14 @@ void WebGpuBackend::tq_encode(const TqEncodeCall& c) {
   const Placed cache = outputs.add(place(c.cache, cache_words, 4, "cache"), cache_words, 4);
   const TqCodebook& cb = keys ? c.tables.key_codebook : c.tables.value_codebook;
   Params P;
-  P.u(D).u(l.n_kv_heads).u(l.capacity).u(bits).u(keys ? 1 : 0).u(dtype_code(c.x.dtype)).u(c.start_pos).u(T);
+  // The kernel's `keys` means a QJL sketch: MSE-only keys are coded as values are.
+  P.u(D).u(l.n_kv_heads).u(l.capacity).u(bits).u(keys && l.qjl ? 1 : 0).u(dtype_code(c.x.dtype)).u(c.start_pos).u(T);
   add_view(P, x, c.x, "x");
   P.u(cache.offset, "cache")
       .u(keys ? l.key_code_words() : l.value_code_words())
       .u(l.key_jl_offset(), "cache")
       .u(keys ? l.key_norm_offset() : l.value_norm_offset(), "cache");
+  P.u(keys ? l.key_exact_offset() : l.value_exact_offset(), "cache").u(l.sink_tokens).u(l.recent_tokens).u(0);
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
   add_double(P, 1.0 / std::sqrt(double(D)));
@@ -365,6 +365,8 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   P.u(c.out.strides[1], "out").u(c.out.strides[2], "out");
   const std::size_t row0 = P.size();
   P.u(0).u(c.window, "window");
+  P.u(l.qjl ? 1 : 0).u(l.sink_tokens).u(l.recent_tokens).u(l.exact_rows(), "exact rows");
+  P.u(l.key_exact_offset(), "k_cache").u(l.value_exact_offset(), "v_cache").u(0).u(0);
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.key_centroids[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.value_centroids[std::size_t(i)]);

@@ -53,7 +53,7 @@ def test_bytes_per_token_is_the_layouts():
 
 
 def test_custom_scale_scales_the_queries(seed):
-    cache = flashtq.TurboQuantCache(1, 1, 64, 8)
+    cache = flashtq.TurboQuantCache(1, 1, 64, 8, config="seed")
     cache.append(0, torch.randn(1, 8, 1, 64), torch.randn(1, 8, 1, 64))
     q = torch.randn(1, 1, 2, 64)
     assert rel_err(cache.attend(0, q, scale=0.25), cache.attend(0, q * (0.25 * 8))) < 1e-6
@@ -72,7 +72,7 @@ def test_bad_construction_names_the_argument(make, argument):
 
 
 def test_full_cache_is_rejected_and_left_unchanged():
-    cache = flashtq.TurboQuantCache(1, 1, 32, 4)
+    cache = flashtq.TurboQuantCache(1, 1, 32, 4, config="seed")
     cache.append(0, torch.randn(1, 3, 1, 32), torch.randn(1, 3, 1, 32))
     before = cache.key_words(0).copy()
     with pytest.raises(flashtq.FlashTQError):
@@ -93,3 +93,33 @@ def test_device_cache_matches_the_host_cache(device, seed):
     host.append(0, k, v)
     gpu.append(0, k.to(device), v.to(device))
     assert rel_err(gpu.attend(0, q.to(device)).cpu(), host.attend(0, q)) <= 1e-2  # SPEC §3 over one packed cache
+
+
+def test_presets_names_and_the_default():
+    assert flashtq.cache.DEFAULT_PRESET == "default" and list(flashtq.presets())[0] == "default"
+    d = flashtq.TurboQuantConfig.preset("default")
+    assert (d.key_bits, d.value_bits, d.qjl, d.sink_tokens, d.recent_tokens) == (3, 3, False, 4, 32)
+    assert d.name == "default" and flashtq.TurboQuantConfig.preset("seed") == flashtq.cache_configs()["seed"]
+    spelt = flashtq.TurboQuantConfig.preset("m3v2s2w8")
+    assert spelt == flashtq.TurboQuantConfig(3, 2, qjl=False, sink_tokens=2, recent_tokens=8) and spelt.name == "m3v2s2w8"
+    cache = flashtq.TurboQuantCache(2, 1, 64, 64)  # the default preset
+    assert cache.config == d
+    assert cache.bytes_per_token() == 2 * 56 and cache.exact_bytes() == 2 * 9216  # docs/turboquant_layout.md
+    assert abs(cache.compression_vs_bf16(2048) - 256 * 2048 / (56 * 2048 + 9216)) < 1e-12
+    for bad, argument in [(lambda: flashtq.TurboQuantConfig.preset("lossless"), "config"),
+                          (lambda: flashtq.TurboQuantCache(1, 1, 64, 16, config="default"), "recent_tokens"),
+                          (lambda: flashtq.TurboQuantCache(1, 1, 64, 16, config="m3v2w99"), "recent_tokens")]:
+        with pytest.raises(flashtq.FlashTQError) as e:
+            bad()
+        assert e.value.argument == argument
+
+
+def test_recent_window_cache_takes_timesteps_in_order(seed):
+    cache = flashtq.TurboQuantCache(1, 1, 64, 64, config="m4v3s2w8")
+    k = torch.randn(1, 5, 1, 64)
+    cache.append(0, k, k)
+    with pytest.raises(flashtq.FlashTQError) as e:
+        cache.append(0, k, k, start_pos=0)
+    assert e.value.argument == "start_pos"
+    out = cache.attend(0, torch.randn(1, 5, 2, 64))
+    assert torch.isfinite(out).all() and cache.length(0) == 5

@@ -28,10 +28,14 @@ DEFAULT_RETRIEVAL_CONFIGS = {"cpu": "exact,seed", "cuda": "exact,seed,k3v4"}
 # the library offers, keys without QJL included, and the outside baselines (evaluation only, flashtq.eval.baselines).
 DEFAULT_CONFIGS = {"cpu": "seed,k1v2,k1v3,k1v4,k2v3,k2v4,k3v2,k3v3,k3v4", "cuda": None}
 BASELINES = "rtn2,rtn4,kivi2,kivi4"
+# Each window goes through a cache in chunks of this many tokens, every chunk appended before its queries attend:
+# with exact recent tokens (w<W>) a query then sees at least W - 15 of its last tokens exact, near what a decode
+# step sees (W), and KIVI keeps its filling group exact, as it does when decoding.
+DEFAULT_CHUNK = 16
 
 
 def parse(argv):
-    from flashtq.cache import cache_configs
+    from flashtq.cache import cache_configs, parse_config
     from flashtq.corpora import CORPORA
     from flashtq.models import MODELS
 
@@ -47,6 +51,9 @@ def parse(argv):
     p.add_argument("--configs", default=None,
                    help="cache configurations and baselines (rtn<b>, kivi<b>), comma-separated (default: "
                         f"{DEFAULT_CONFIGS['cpu']} on cpu; every configuration and {BASELINES} on cuda)")
+    p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
+                   help=f"tokens per prefill chunk through a cache (default {DEFAULT_CHUNK}; 0: the window in one chunk): "
+                        "small chunks judge a cache as decoding uses it")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--retrieval-ctx", type=int, default=None,
                    help="tokens of the retrieval prompts (default 1024 on cpu, the model's longest context on cuda)")
@@ -65,11 +72,14 @@ def parse(argv):
 
     if args.configs is None:
         args.configs = DEFAULT_CONFIGS[args.device] or ",".join(list(cache_configs()) + BASELINES.split(","))
-    unknown = [c for c in args.configs.split(",") if c not in cache_configs() and not is_baseline(c)]
+    unknown = [c for c in args.configs.split(",") if parse_config(c) is None and not is_baseline(c)]
     if args.ctx is None:
         args.ctx = DEFAULT_CTX[args.device]
     if unknown or args.ctx < 2:
-        p.error(f"unknown configs {unknown} (choices: {', '.join(cache_configs())})" if unknown else "--ctx must be >= 2")
+        p.error(f"unknown configs {unknown} (presets, {', '.join(cache_configs())}, with s<S> and w<W>, or baselines)"
+                if unknown else "--ctx must be >= 2")
+    if args.chunk < 0:
+        p.error("--chunk must be >= 0")
     if args.windows is None:
         args.windows = DEFAULT_WINDOWS[args.device]
     if args.retrieval_configs is None:
@@ -77,15 +87,19 @@ def parse(argv):
     return args
 
 
-def bits_per_coordinate(model, config: str) -> tuple[int, float]:
+def bits_per_coordinate(model, config: str, ctx: int) -> tuple[float, float]:
+    """Bytes per token (all layers and kv heads) and bits per coordinate of a configuration at a context of `ctx`
+    tokens: the exact tokens' fixed bytes spread over the context."""
+    from flashtq.cache import TurboQuantCache as PackedCache
     from flashtq.eval import baselines
     from flashtq.hf import TurboQuantCache
 
     c = TurboQuantCache(model.config, "seed", max_length=1)
     if baselines.is_baseline(config):
-        per_token = round(baselines.bytes_per_token_per_head(config, c.head_dim) * c.num_layers * c.num_kv_heads)
+        per_token = baselines.bytes_per_token_per_head(config, c.head_dim) * c.num_layers * c.num_kv_heads
     else:
-        per_token = TurboQuantCache(model.config, config, max_length=1).bytes_per_token()
+        packed = PackedCache(c.num_layers, c.num_kv_heads, c.head_dim, ctx, config=config, device="cpu")
+        per_token = packed.bytes_per_token() + packed.exact_bytes() / ctx
     return per_token, 8 * per_token / (2 * c.num_layers * c.num_kv_heads * c.head_dim)
 
 
@@ -108,18 +122,19 @@ def run_model(name: str, args, progress) -> dict:
     text_config = model.config.get_text_config()
     bf16_bytes = 2 * 2 * text_config.num_hidden_layers * text_config.num_key_value_heads * (
         getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads)
-    run = {"model": name, "corpus": args.corpus, "ctx": args.ctx, "windows": len(wins), "device": args.device,
+    run = {"model": name, "corpus": args.corpus, "ctx": args.ctx, "chunk": args.chunk, "windows": len(wins),
+           "device": args.device,
            "tokens_scored": sum(w.shape[1] - 1 for w in wins), "bf16_bytes_per_token": bf16_bytes}
     exact = [perplexity.window_nll(model, w, None) for w in progress(wins, f"{name} exact")]
     exact_nll = [s / n for s, n in exact]
     run["exact"] = {"ppl": math.exp(sum(s for s, _ in exact) / sum(n for _, n in exact)), "window_nll": exact_nll}
     run["configs"] = []
     for config in configs:
-        per_token, bits = bits_per_coordinate(model, config)
+        per_token, bits = bits_per_coordinate(model, config, args.ctx)
         row = {"name": config, "bytes_per_token": per_token, "bits_per_coordinate": bits,
                "compression_vs_bf16": bf16_bytes / per_token}
         try:
-            got = [perplexity.window_nll(model, w, config) for w in progress(wins, f"{name} {config}")]
+            got = [perplexity.window_nll(model, w, config, args.chunk) for w in progress(wins, f"{name} {config}")]
         except ValueError as e:  # FlashTQError: e.g. no TurboQuant cache on this device in this build
             row["error"] = str(e)
             run["configs"].append(row)
@@ -158,9 +173,9 @@ def table(report: dict) -> str:
         lines.append(f"{'config':8} {'bits/coord':>10} {'B/token':>8} {'vs bf16':>8} {'perplexity':>11} {'change':>9}  95% CI")
         for c in run["configs"]:
             if "error" in c:
-                lines.append(f"{c['name']:8} {c['bits_per_coordinate']:10.2f} {c['bytes_per_token']:8d}  {c['error']}")
+                lines.append(f"{c['name']:8} {c['bits_per_coordinate']:10.2f} {c['bytes_per_token']:8.0f}  {c['error']}")
                 continue
-            lines.append(f"{c['name']:8} {c['bits_per_coordinate']:10.2f} {c['bytes_per_token']:8d} "
+            lines.append(f"{c['name']:8} {c['bits_per_coordinate']:10.2f} {c['bytes_per_token']:8.0f} "
                          f"{c['compression_vs_bf16']:7.2f}x {c['ppl']:11.3f} {100 * c['rel_change']:+8.2f}%  "
                          f"[{100 * c['ci_low']:+.2f}%, {100 * c['ci_high']:+.2f}%]")
         if "retrieval" in run:
@@ -185,9 +200,9 @@ def markdown(report: dict) -> str:
                   "|---|---:|---:|---:|---:|---:|---|"]
         for c in run["configs"]:
             if "error" in c:
-                lines.append(f"| `{c['name']}` | {c['bytes_per_token']} | {c['bits_per_coordinate']:.2f} | | | | {c['error']} |")
+                lines.append(f"| `{c['name']}` | {c['bytes_per_token']:.0f} | {c['bits_per_coordinate']:.2f} | | | | {c['error']} |")
                 continue
-            lines.append(f"| `{c['name']}` | {c['bytes_per_token']} | {c['bits_per_coordinate']:.2f} | "
+            lines.append(f"| `{c['name']}` | {c['bytes_per_token']:.0f} | {c['bits_per_coordinate']:.2f} | "
                          f"{c['compression_vs_bf16']:.2f}x | {c['ppl']:.2f} | {100 * c['rel_change']:+.1f} % | "
                          f"[{100 * c['ci_low']:+.1f} %, {100 * c['ci_high']:+.1f} %] |")
         if "retrieval" in run:

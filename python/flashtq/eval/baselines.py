@@ -76,6 +76,9 @@ class BaselineCache(DynamicCache):
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         if self.kind == "rtn":
             k, v = quantize(key_states, self.bits, dim=-1), quantize(value_states, self.bits, dim=-1)
-        else:
-            k, v = keys_per_channel(key_states, self.bits), values_per_token(value_states, self.bits)
-        return super().update(k, v, layer_idx, *args, **kwargs)
+            return super().update(k, v, layer_idx, *args, **kwargs)
+        # KIVI streams: the cache holds exact keys, and the keys attention sees are re-derived from all of them,
+        # so groups are aligned from the first token whatever the chunks, each full group is quantized, and the
+        # group still filling stays exact (KIVI's residual); values are quantized per token as they come.
+        keys, values = super().update(key_states, values_per_token(value_states, self.bits), layer_idx, *args, **kwargs)
+        return keys_per_channel(keys, self.bits), values

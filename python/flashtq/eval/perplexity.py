@@ -26,13 +26,19 @@ def windows(token_ids: list[int], ctx: int, count: int, prefix: list[int] = ()) 
 
 
 @torch.no_grad()
-def window_nll(model, ids: torch.Tensor, config: Optional[str]) -> tuple[float, int]:
-    """(sum of next-token NLL, tokens predicted) of one window: exact attention when config is None, else
-    the whole window prefilled into a packed cache of that config (every query attends over packed words)."""
+def window_nll(model, ids: torch.Tensor, config: Optional[str], chunk: int = 0) -> tuple[float, int]:
+    """(sum of next-token NLL, tokens predicted) of one window: exact attention when config is None, else the
+    window fed through a packed cache of that config in chunks of `chunk` tokens (0: one chunk), each chunk's
+    keys and values appended before its queries attend. Small chunks judge a configuration as decoding does:
+    with exact recent tokens (w<W>), a query of a chunk of c tokens sees at least W - c + 1 of its last
+    tokens exact, as a decode step (c = 1) sees W."""
     ids = ids.to(model.device)
     if config is None:
         logits = model(ids, use_cache=False).logits
     else:
-        logits = model(ids, past_key_values=make_cache(model, config, ids.shape[1]), use_cache=True).logits
+        cache = make_cache(model, config, ids.shape[1])
+        step = chunk or ids.shape[1]
+        logits = torch.cat([model(ids[:, i:i + step], past_key_values=cache, use_cache=True).logits
+                            for i in range(0, ids.shape[1], step)], 1)
     nll = F.cross_entropy(logits[0, :-1].float(), ids[0, 1:], reduction="sum")
     return float(nll), ids.shape[1] - 1

@@ -14,7 +14,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from flashtq._errors import error
-from flashtq.cache import CacheConfig
+from flashtq.cache import TurboQuantConfig
 from flashtq.cache import TurboQuantCache as PackedCache
 from flashtq.hf.attention import NAME
 
@@ -76,13 +76,14 @@ class TurboQuantCache(Cache):
     """A transformers Cache over flashtq's packed TurboQuant words, for every attention layer of `config`.
 
     config: the model's config (its text config is used: layers, kv heads, head_dim, layer types).
-    cache_config: a name from flashtq.cache_configs() ("seed": keys 2+1 bits, values 2 bits), a CacheConfig or a dict.
+    cache_config: a preset or configuration name (flashtq.cache.presets(), e.g. "default" or "seed"), a
+        TurboQuantConfig or a dict; None is the default preset.
     max_length: tokens each sequence may hold (default: the model's max_position_embeddings).
     device: where the packed words live (default: where the first keys are: cpu, or cuda on torch's stream).
     The model must run with attn_implementation="flashtq" (import flashtq.hf registers it).
     """
 
-    def __init__(self, config, cache_config: Union[str, CacheConfig, dict, None] = "seed",
+    def __init__(self, config, cache_config: Union[str, TurboQuantConfig, dict, None] = None,
                  max_length: Optional[int] = None, device: Union[str, torch.device, None] = None):
         text = config.get_text_config(decoder=True)
         self.model_config = text

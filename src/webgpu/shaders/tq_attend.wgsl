@@ -17,6 +17,8 @@ struct Params {
   key_words: u32, value_words: u32, key_jl_off: u32, key_norm_off: u32,
   value_norm_off: u32, ws_off: u32, out_off: u32, out_sb: u32,
   out_ss: u32, out_sh: u32, row0: u32, window: u32,  // row0: first query row of this dispatch; window 0 = none
+  qjl: u32, sink: u32, recent: u32, exact_rows: u32,  // qjl 0: MSE-only keys; exact tokens (docs/spec.md §2.6)
+  key_exact_off: u32, value_exact_off: u32, pad0: u32, pad1: u32,
   polar: array<vec4<u32>, 2>,
   key_centroids: array<vec4<f32>, 4>,
   value_centroids: array<vec4<f32>, 4>,
@@ -70,6 +72,26 @@ fn seq_len(row: u32) -> u32 {
   return u32(clamp(s, 0, max(limit, 0)));
 }
 
+// Where the sequence of query row `row` ends (TqAttendCall::sequence_end): its recent window's end.
+fn sequence_end(row: u32) -> u32 {
+  var start = P.start_pos;
+  if (P.has_starts != 0u) { start = STARTS[P.starts_off + row / P.nq]; }
+  let limit = min(P.max_seq, i32(P.capacity));
+  if (start >= limit) { return u32(max(limit, 0)); }
+  return u32(clamp(start + i32(P.nq), 0, max(limit, 0)));
+}
+
+// The exact row (within a kv head's exact region) that holds timestep t, or -1 for its codes.
+fn exact_row(t: u32, end: u32) -> i32 {
+  if (t < P.sink) { return i32(t); }
+  if (P.recent > 0u && t + P.recent >= end) { return i32(P.sink + (t - P.sink) % P.recent); }
+  return -1;
+}
+
+// Element d of an exact row starting at word `base` (bf16 pairs, element 2i in the low half).
+fn exact_key(base: u32, d: u32) -> f32 { return bitcast<f32>((KEYS[base + d / 2u] << (16u * (1u - d % 2u))) & 0xFFFF0000u); }
+fn exact_value(base: u32, d: u32) -> f32 { return bitcast<f32>((VALUES[base + d / 2u] << (16u * (1u - d % 2u))) & 0xFFFF0000u); }
+
 // The first timestep query row `row` sees: the sliding window's start (0 without one).
 fn first_visible(row: u32) -> u32 {
   if (P.window == 0u) { return 0u; }
@@ -108,6 +130,8 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
   let values = P.v_off + b * P.value_words;
   let key_code_words = D * P.key_bits / 32u;
   let value_code_words = D * P.value_bits / 32u;
+  let seq_end = sequence_end(row);
+  let exact_base = kvh * P.exact_rows * (D / 2u);
   var acc0 = 0.0;
   var acc1 = 0.0;
   var t0 = t_first;
@@ -116,7 +140,13 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
     // scores: thread tid takes token t0 + tid
     let t = t0 + tid;
     var s = bitcast<f32>(NEG_INF_BITS);
-    if (t < t_end) {
+    let er = exact_row(t, seq_end);
+    if (t < t_end && er >= 0) {  // a sink or recent timestep: its exact rotated row
+      let base = keys + P.key_exact_off + exact_base + u32(er) * (D / 2u);
+      var dot = 0.0;
+      for (var d = 0u; d < D; d++) { dot = fma(q_rot[d], exact_key(base, d), dot); }
+      s = P.scale * dot;
+    } else if (t < t_end) {
       let slot = kvh * P.capacity + t;
       let codes = keys + slot * key_code_words;
       let jl = keys + P.key_jl_off + slot * (D / 32u);
@@ -126,10 +156,11 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
         let idx = key_code(codes, d, P.key_bits);
         let c = P.key_centroids[idx / 4u][idx % 4u];
         polar = fma(q_rot[d], c, polar);
-        if (((KEYS[jl + d / 32u] >> (d % 32u)) & 1u) != 0u) { positive += q_jl[d]; }
+        if (P.qjl != 0u && ((KEYS[jl + d / 32u] >> (d % 32u)) & 1u) != 0u) { positive += q_jl[d]; }
       }
       let nw = KEYS[keys + P.key_norm_off + slot];
-      s = P.scale * f16_lo(nw) * (polar + f16_hi(nw) * P.qjl_scale * (2.0 * positive - jl_sum));
+      s = P.scale * f16_lo(nw) * polar;
+      if (P.qjl != 0u) { s = P.scale * f16_lo(nw) * (polar + f16_hi(nw) * P.qjl_scale * (2.0 * positive - jl_sum)); }
     }
     weight[tid] = s;
     workgroupBarrier();
@@ -145,7 +176,8 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
     var w = 0.0;
     if (t < t_end) {
       p = exp(s - m);
-      w = p * f16_lo(VALUES[values + P.value_norm_off + kvh * P.capacity + t]);
+      w = p;
+      if (er < 0) { w = p * f16_lo(VALUES[values + P.value_norm_off + kvh * P.capacity + t]); }
     }
     prob[tid] = p;
     weight[tid] = w;
@@ -162,6 +194,13 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
     let n = min(TILE, t_end - t0);
     for (var i = 0u; i < n; i++) {
       let wi = weight[i];
+      let ei = exact_row(t0 + i, seq_end);
+      if (ei >= 0) {
+        let eb = values + P.value_exact_off + exact_base + u32(ei) * (D / 2u);
+        if (tid < D) { acc0 = fma(wi, exact_value(eb, tid), acc0); }
+        if (tid + TILE < D) { acc1 = fma(wi, exact_value(eb, tid + TILE), acc1); }
+        continue;
+      }
       let base = values + (kvh * P.capacity + t0 + i) * value_code_words;
       if (tid < D) {
         let idx = value_code(base, tid, P.value_bits);

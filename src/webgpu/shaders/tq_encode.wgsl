@@ -5,12 +5,15 @@
 // Every workgroupBarrier() sits in main, in uniform control flow (see the WebGPU issue's note on
 // barriers reached through function calls).
 // Values: norm and codes. Every word of the slot is written (zeros for a zero vector).
+// `keys` means keys with the QJL bit: MSE-only keys are encoded as values are, with their own codebook.
+// A sink or recent timestep also gets its exact row: n * RHT(x / n) in bf16 (round to nearest even).
 
 struct Params {
   D: u32, n_kv: u32, capacity: u32, bits: u32,
   keys: u32, dtype: u32, start_pos: u32, T: u32,
   x_off: u32, x_sb: u32, x_ss: u32, x_sh: u32,
   cache_off: u32, code_words: u32, jl_off: u32, norm_off: u32,
+  exact_off: u32, sink: u32, recent: u32, pad: u32,  // exact tokens (docs/spec.md §2.6)
   polar: array<vec4<u32>, 2>,
   jl: array<vec4<u32>, 2>,
   inv_sqrt_d: vec2<f32>, one: f32, t0: u32,  // one = 1.0, opaque to the compiler (_df64.wgsl); t0: first timestep of this dispatch
@@ -29,6 +32,14 @@ var<workgroup> lo: array<f32, 256>;
 var<workgroup> total: vec2<f32>;
 var<workgroup> code_words: array<atomic<u32>, 32>;
 var<workgroup> jl_words: array<atomic<u32>, 8>;
+var<workgroup> exact_bits: array<u32, 256>;
+
+// The exact row that holds timestep t of a sequence ending at `end`, or -1 (TqLayout::exact_row).
+fn exact_row(t: u32, end: u32) -> i32 {
+  if (t < P.sink) { return i32(t); }
+  if (P.recent > 0u && t + P.recent >= end) { return i32(P.sink + (t - P.sink) % P.recent); }
+  return -1;
+}
 
 fn flips(signs: array<vec4<u32>, 2>, d: u32) -> bool {
   let w = d / 32u;
@@ -113,8 +124,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     workgroupBarrier();
   }
   var e = vec2<f32>(0.0, 0.0);
+  exact_bits[tid] = 0u;
   if (in_range && !zero) {
     let r = df_mul(vec2<f32>(hi[tid], lo[tid]), P.inv_sqrt_d);
+    exact_bits[tid] = bf16_bits(df_mul(r, n).x);
     var idx = 0u;
     let n_bounds = (1u << P.bits) - 1u;
     for (var k = 0u; k < n_bounds; k++) {
@@ -159,6 +172,11 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   }
   let words = P.code_words;
   let base = P.cache_off;
+  let er = exact_row(P.start_pos + t, P.start_pos + P.T);
+  if (er >= 0 && tid < D / 2u) {
+    let exact_rows = P.sink + P.recent;
+    CACHE[base + P.exact_off + (h * exact_rows + u32(er)) * (D / 2u) + tid] = exact_bits[2u * tid] | (exact_bits[2u * tid + 1u] << 16u);
+  }
   if (tid < words) { CACHE[base + slot * words + tid] = atomicLoad(&code_words[tid]); }
   if (P.keys != 0u && tid < D / 32u) { CACHE[base + P.jl_off + slot * (D / 32u) + tid] = atomicLoad(&jl_words[tid]); }
   if (tid == 0u) {

@@ -1,0 +1,234 @@
+"""Which quality levers of SPEC §2.6 pay, measured on the real models before any is built into the library.
+
+A simulation, not the library: keys and values a model writes are encoded and decoded with TurboQuant's
+arithmetic (randomized Hadamard rotation, the Lloyd-Max codebook of SPEC §2, f16 norms; keys MSE-only) plus the
+levers named in a configuration, and attention is exact over the result. A lever that pays here is then built
+into the library and measured again by `python -m flashtq.eval` (docs/quality.md).
+
+Configuration names, '+'-separated: k<b>v<c> (bits of key and value codes), nc (norm correction), kg<G> / vg<G>
+(key / value block means over G timesteps, f16), s<S> (first S timesteps exact), w<W> (each query sees its last W
+timesteps exact, as a decode step would with a recent window of W), ko<N> (N outlier key channels, chosen per
+(layer, kv head) by RMS over the window, at one more bit, their own rotation), sm (channel smoothing: per-channel
+scales balancing queries and keys, equal within RoPE pairs).
+
+    python bench/quality_levers.py --model smollm2 --ctx 2048 --windows 3 --configs k4v3,k4v3+kg32
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from flashtq import corpora, models
+from flashtq.eval import perplexity
+from flashtq.eval.stats import relative_change_ci
+
+_CODEBOOKS: dict = {}
+
+
+def codebook(bits: int, dim: int) -> torch.Tensor:
+    """Lloyd-Max centroids for one coordinate of a random unit vector in R^dim (SPEC §2), on a fine grid."""
+    key = (bits, dim)
+    if key not in _CODEBOOKS:
+        x = np.linspace(-1, 1, 400001)[1:-1]
+        w = np.exp((dim - 3) / 2 * np.log1p(-x * x))
+        c = np.quantile(np.random.default_rng(0).standard_normal(4096) / math.sqrt(dim), np.linspace(0.05, 0.95, 2**bits))
+        for _ in range(400):
+            b = (c[1:] + c[:-1]) / 2
+            idx = np.searchsorted(b, x)
+            c = np.bincount(idx, weights=w * x, minlength=2**bits) / np.bincount(idx, weights=w, minlength=2**bits)
+        _CODEBOOKS[key] = torch.tensor(c, dtype=torch.float32)
+    return _CODEBOOKS[key]
+
+
+def hadamard(n: int) -> torch.Tensor:
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(n)
+
+
+def tq(x: torch.Tensor, bits: int, signs: torch.Tensor, norm_correct: bool) -> torch.Tensor:
+    """x [..., D] through TurboQuant MSE encode and decode (f16 norm)."""
+    d = x.shape[-1]
+    h = hadamard(d).to(x)
+    n = x.norm(dim=-1, keepdim=True)
+    u = x / n.clamp_min(1e-12)
+    r = (u * signs) @ h.T
+    cb = codebook(bits, d).to(x)
+    idx = torch.bucketize(r, (cb[1:] + cb[:-1]) / 2, right=True)
+    c = cb[idx]
+    if norm_correct:
+        n = n / c.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    n = n.half().float()
+    return torch.where(n > 1e-12, (c @ h) * signs * n, torch.zeros_like(x))
+
+
+def block_mean(x: torch.Tensor, g: int) -> torch.Tensor:
+    """Per-block mean over g consecutive timesteps of x [B, H, S, D] (a trailing partial block over its own rows), f16."""
+    B, H, S, D = x.shape
+    full = S // g * g
+    parts = []
+    if full:
+        parts.append(x[:, :, :full].reshape(B, H, S // g, g, D).mean(3, keepdim=True).expand(B, H, S // g, g, D)
+                     .reshape(B, H, full, D))
+    if full < S:
+        parts.append(x[:, :, full:].mean(2, keepdim=True).expand(B, H, S - full, D))
+    return torch.cat(parts, 2).half().float()
+
+
+class Lever:
+    def __init__(self, name: str):
+        self.name = name
+        self.kb = self.vb = 16
+        self.nc = self.sm = False
+        self.kg = self.vg = self.sinks = self.recent = self.ko = 0
+        for part in filter(None, name.split("+")):
+            if m := re.fullmatch(r"k(\d)v(\d)", part):
+                self.kb, self.vb = int(m[1]), int(m[2])
+            elif part == "nc":
+                self.nc = True
+            elif part == "sm":
+                self.sm = True
+            elif m := re.fullmatch(r"(kg|vg|s|w|ko)(\d+)", part):
+                setattr(self, {"kg": "kg", "vg": "vg", "s": "sinks", "w": "recent", "ko": "ko"}[m[1]], int(m[2]))
+            else:
+                raise SystemExit(f"unknown lever {part!r} in {name!r}")
+
+    def bytes_per_token(self, d: int, ctx: int) -> float:
+        keys = d * self.kb / 8 + 4 + (self.ko / 8 + 4 if self.ko else 0) + (2 * d / self.kg if self.kg else 0)
+        values = d * self.vb / 8 + 4 + (2 * d / self.vg if self.vg else 0)
+        exact = min(self.sinks + self.recent, ctx) / ctx
+        return (1 - exact) * (keys + values) + exact * 4 * d
+
+    def encode(self, x: torch.Tensor, bits: int, group: int, signs: torch.Tensor, outliers: int) -> torch.Tensor:
+        mean = block_mean(x, group) if group else torch.zeros_like(x)
+        r = x - mean
+        if not outliers:
+            return tq(r, bits, signs, self.nc) + mean
+        d = x.shape[-1]
+        rms = r.pow(2).mean(2)  # [B, H, D]: calibration over the window
+        top = rms.topk(outliers, dim=-1).indices.sort(-1).values
+        out = torch.empty_like(r)
+        for b in range(x.shape[0]):
+            for h in range(x.shape[1]):
+                sel = torch.zeros(d, dtype=torch.bool)
+                sel[top[b, h]] = True
+                o, rest = r[b, h][:, sel], r[b, h][:, ~sel]
+                out[b, h][:, sel] = tq(o, bits + 1, signs[: o.shape[-1]], self.nc)
+                restd = rest.shape[-1]
+                pad = 1 << (restd - 1).bit_length()
+                rp = F.pad(rest, (0, pad - restd))
+                out[b, h][:, ~sel] = tq(rp, bits, signs[:pad] if pad <= d else torch.ones(pad), self.nc)[:, :restd]
+        return out + mean
+
+
+def smoothing(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Per (kv head, channel) scales s [1, Hkv, 1, D]: q∘s and k/s get equal RMS; equal within each RoPE pair (i, i + D/2)."""
+    B, H, S, D = q.shape
+    hkv = k.shape[1]
+    qr = q.reshape(B, hkv, H // hkv, S, D).pow(2).mean((0, 2, 3)).sqrt()
+    kr = k.pow(2).mean((0, 2)).sqrt()
+    s = (kr / qr.clamp_min(1e-6)).clamp_min(1e-6).sqrt()
+    s = (s[:, : D // 2] * s[:, D // 2:]).sqrt().repeat(1, 2)
+    return s[None, :, None, :]
+
+
+def make_attention(lever: Lever):
+    gen = torch.Generator().manual_seed(1234)
+    signs_by_layer: dict = {}
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
+                  softcap=None, is_causal=None, **kwargs):
+        layer = getattr(module, "layer_idx", 0)
+        d = key.shape[-1]
+        if layer not in signs_by_layer:
+            signs_by_layer[layer] = torch.where(torch.rand(d, generator=gen) < 0.5, -1.0, 1.0)
+        signs = signs_by_layer[layer].to(key)
+        q, k, v = query.float(), key.float(), value.float()
+        if lever.sm:
+            s = smoothing(q, k)
+            kq = lever.encode(k / s, lever.kb, lever.kg, signs, lever.ko) * s
+        else:
+            kq = lever.encode(k, lever.kb, lever.kg, signs, lever.ko) if lever.kb < 16 else k
+        vq = lever.encode(v, lever.vb, lever.vg, signs, 0) if lever.vb < 16 else v
+        B, H, S, D = q.shape
+        hkv = k.shape[1]
+        rep = H // hkv
+        k, kq, v, vq = (t.repeat_interleave(rep, 1) for t in (k, kq, v, vq))
+        i = torch.arange(S)[:, None]
+        j = torch.arange(k.shape[2])[None, :]
+        visible = j <= i
+        if sliding_window:
+            visible &= j > i - sliding_window
+        exact = (j < lever.sinks) | (j > i - lever.recent)
+        se = q @ k.transpose(-1, -2) * scaling
+        sq = q @ kq.transpose(-1, -2) * scaling
+        s = torch.where(exact, se, sq).masked_fill(~visible, float("-inf"))
+        p = s.softmax(-1)
+        out = (p * exact) @ v + (p * ~exact) @ vq
+        return out.transpose(1, 2).to(query.dtype), None
+
+    return attention
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--corpus", default="devil")
+    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--windows", type=int, default=3)
+    p.add_argument("--configs", required=True)
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+    torch.set_grad_enabled(False)
+    model, tok = models.load(args.model, attn_implementation="eager")
+    text = corpora.held_out(corpora.load_text(args.corpus))
+    ids = tok(text, add_special_tokens=False).input_ids
+    wins = perplexity.windows(ids, args.ctx, args.windows, models.prefix_ids(args.model, tok))
+    text_config = model.config.get_text_config()
+    d = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+
+    def nll(name):
+        AttentionInterface.register("lever", make_attention(Lever(name)))
+        AttentionMaskInterface.register("lever", lambda *a, **k: None)
+        model.config._attn_implementation = "lever"
+        for m in model.modules():
+            if hasattr(m, "config") and hasattr(m.config, "_attn_implementation"):
+                m.config._attn_implementation = "lever"
+        out = []
+        for w in wins:
+            logits = model(w, use_cache=False).logits
+            out.append(float(F.cross_entropy(logits[0, :-1].float(), w[0, 1:], reduction="mean")))
+        return out
+
+    t0 = time.time()
+    exact = nll("")
+    rows = []
+    print(f"{args.model} {args.corpus} ctx {args.ctx} x {len(wins)}: exact ppl {math.exp(np.mean(exact)):.3f}", flush=True)
+    for name in args.configs.split(","):
+        got = nll(name)
+        rel, lo, hi = relative_change_ci([a - b for a, b in zip(got, exact)])
+        lv = Lever(name)
+        bpt = lv.bytes_per_token(d, args.ctx)
+        rows.append({"name": name, "rel": rel, "lo": lo, "hi": hi, "bytes_per_token_per_head": bpt,
+                     "vs_bf16": 4 * d / bpt})
+        print(f"{name:28} {4 * d / bpt:5.2f}x {100 * rel:+7.2f} % [{100 * lo:+.2f}, {100 * hi:+.2f}]  "
+              f"({time.time() - t0:.0f} s)", flush=True)
+    if args.output:
+        json.dump({"model": args.model, "corpus": args.corpus, "ctx": args.ctx, "windows": len(wins), "rows": rows,
+                   "command": " ".join(sys.argv)}, open(args.output, "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+// Exact sink and recent tokens (docs/spec.md §2.6) on the oracle: attention over a cache whose first and
+// last timesteps are kept exact, against a softmax written here over the original rows (exact ones) and
+// rows decoded from the packed words (the others); the presets' documented sizes; bad configurations.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "conformance/host_tensor.hpp"
+#include "core/codebook.hpp"
+#include "core/half.hpp"
+#include "core/packing.hpp"
+#include "core/rht.hpp"
+#include "flashtq/flashtq.hpp"
+#include "seeded.hpp"
+
+namespace flashtq {
+namespace {
+
+using conformance::HostTensor;
+
+// Row t of kv head h decoded from MSE-only words (keys or values): n * RHT^-1(c[idx]).
+std::vector<double> decode(const TqLayout& l, const TqTables& t, const std::vector<std::uint32_t>& words, bool keys,
+                           std::int64_t h, std::int64_t time) {
+  const std::int64_t D = l.head_dim, slot = h * l.capacity + time;
+  const int bits = keys ? l.key_bits : l.value_bits;
+  const core::Codebook& cb = core::codebook(D, bits);
+  const std::uint32_t* codes = words.data() + slot * (keys ? l.key_code_words() : l.value_code_words());
+  const double n = double(core::f16_to_f32(
+      std::uint16_t(words[std::size_t((keys ? l.key_norm_offset() : l.value_norm_offset()) + slot)] & 0xFFFFu)));
+  std::vector<double> x(static_cast<std::size_t>(D));
+  for (std::int64_t d = 0; d < D; ++d) x[std::size_t(d)] = n * cb.centroids[core::get_code(codes, d, bits)];
+  core::inverse_rht(x.data(), D, t.polar_sign_bits);
+  return x;
+}
+
+// Relative error of got against want (norms over all elements).
+double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+struct Errors {
+  double against_expected = 0;  // the cache's attention against the softmax written here
+  double exact_vs_packed = 0;   // how far the expected output is from attention over codes alone
+};
+
+// Appends L timesteps in chunks of `chunk`, attends each chunk's rows right after its append (as decode and
+// chunked prefill do), and compares with softmax(q . k~) v~, where k~, v~ are the original rows for the
+// timesteps the exact region holds at that moment (the first `sink` and the last `recent` of the sequence) and
+// the rows decoded from the codes otherwise.
+Errors run(std::int32_t sink, std::int32_t recent, std::int64_t L, std::int64_t chunk, std::mt19937_64& rng) {
+  const std::int64_t D = 64, Hkv = 2, H = 4;
+  TqLayout l{D, Hkv, L, 2, 2};
+  l.qjl = false;
+  l.sink_tokens = sink;
+  l.recent_tokens = recent;
+  const std::uint64_t seed = rng();
+  TqKvCache cache({1, l, seed}, &backend("reference"));
+  const TqTables tables = make_tq_tables(l, seed, 0);
+  HostTensor k({1, L, Hkv, D}, DType::f32, false), v(k), q({1, L, H, D}, DType::f32, false);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  q.fill_normal(rng);
+  const std::vector<double> kv = k.values(), vv = v.values(), qv = q.values();
+  std::vector<double> got, want, packed_only;
+  const double scale = 1.0 / std::sqrt(double(D));
+  for (std::int64_t start = 0; start < L; start += chunk) {
+    const std::int64_t n = std::min(chunk, L - start), end = start + n;
+    TensorView kc = k.view, vc = v.view;
+    kc.shape[1] = vc.shape[1] = n;
+    kc.data = static_cast<float*>(k.view.data) + start * Hkv * D;
+    vc.data = static_cast<float*>(v.view.data) + start * Hkv * D;
+    cache.append(0, kc, vc, start);
+    HostTensor out({1, n, H, D}, DType::f32, false);
+    out.poison();
+    TensorView qc = q.view;
+    qc.shape[1] = n;
+    qc.data = static_cast<float*>(q.view.data) + start * H * D;
+    cache.attend(0, qc, start, out.view);
+    const std::vector<double> o = out.values();
+    got.insert(got.end(), o.begin(), o.end());
+    const std::vector<std::uint32_t> kw = cache.key_words(0), vw = cache.value_words(0);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t p = start + j;
+      for (std::int64_t h = 0; h < H; ++h) {
+        const std::int64_t kvh = h / (H / Hkv);
+        for (int mode = 0; mode < 2; ++mode) {  // 0: exact where the region holds it; 1: codes everywhere
+          std::vector<double> s(static_cast<std::size_t>(p + 1)), acc(static_cast<std::size_t>(D), 0.0);
+          std::vector<std::vector<double>> vrows(static_cast<std::size_t>(p + 1));
+          double m = -std::numeric_limits<double>::infinity();
+          for (std::int64_t t = 0; t <= p; ++t) {
+            const bool exact = mode == 0 && (t < sink || t >= end - recent);
+            std::vector<double> kr(static_cast<std::size_t>(D)), vr(static_cast<std::size_t>(D));
+            for (std::int64_t d = 0; d < D; ++d) {
+              kr[std::size_t(d)] = kv[std::size_t((t * Hkv + kvh) * D + d)];
+              vr[std::size_t(d)] = vv[std::size_t((t * Hkv + kvh) * D + d)];
+            }
+            if (!exact) {
+              kr = decode(l, tables, kw, true, kvh, t);
+              vr = decode(l, tables, vw, false, kvh, t);
+            }
+            double dot = 0;
+            for (std::int64_t d = 0; d < D; ++d) dot += qv[std::size_t((p * H + h) * D + d)] * kr[std::size_t(d)];
+            s[std::size_t(t)] = scale * dot;
+            m = std::max(m, s[std::size_t(t)]);
+            vrows[std::size_t(t)] = vr;
+          }
+          double sum = 0;
+          for (std::int64_t t = 0; t <= p; ++t) {
+            const double e = std::exp(s[std::size_t(t)] - m);
+            sum += e;
+            for (std::int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += e * vrows[std::size_t(t)][std::size_t(d)];
+          }
+          for (double& a : acc) (mode == 0 ? want : packed_only).push_back(a / sum);
+        }
+      }
+    }
+  }
+  return {relative_error(got, want), relative_error(packed_only, want)};
+}
+
+TEST(ExactTokens, EveryTokenExactEqualsDenseAttention) {
+  std::mt19937_64 rng = test_rng();
+  // sink + recent covers the whole sequence: attention is dense attention up to the bf16 copies' rounding.
+  const Errors r = run(4, 20, 24, 8, rng);
+  EXPECT_LE(r.against_expected, 1e-2);
+  EXPECT_GE(r.exact_vs_packed, 5e-2) << "2-bit codes should be far from exact attention; the test would not tell";
+}
+
+TEST(ExactTokens, SinksRecentRingAndCodesInOneSoftmax) {
+  std::mt19937_64 rng = test_rng();
+  for (std::int64_t chunk : {1, 5, 16}) {  // decode steps, chunks shorter and longer than the recent window
+    const Errors r = run(3, 8, 40, chunk, rng);
+    EXPECT_LE(r.against_expected, 1e-2) << "chunk " << chunk;
+    EXPECT_GE(r.exact_vs_packed, 2e-2) << "chunk " << chunk;
+  }
+  const Errors no_sinks = run(0, 6, 30, 4, rng);
+  EXPECT_LE(no_sinks.against_expected, 1e-2);
+  const Errors sinks_only = run(5, 0, 30, 7, rng);
+  EXPECT_LE(sinks_only.against_expected, 1e-2);
+}
+
+// Bytes per token per kv head (packed part) and exact bytes per kv head, as docs/turboquant_layout.md lists them.
+TEST(ExactTokens, PresetSizesAreTheDocumentedOnes) {
+  struct Row {
+    const char* name;
+    std::int64_t head_dim, bytes_per_token, exact_bytes;
+  };
+  const Row rows[] = {
+      {"default", 64, 56, 9216}, {"default", 128, 104, 18432}, {"default", 256, 200, 36864},
+      {"quality", 64, 64, 9216}, {"quality", 128, 120, 18432}, {"quality", 256, 232, 36864},
+      {"small", 64, 48, 5120},   {"small", 128, 88, 10240},    {"small", 256, 168, 20480},
+      {"seed", 64, 48, 0},       {"seed", 128, 88, 0},         {"seed", 256, 168, 0},
+  };
+  for (const Row& r : rows) {
+    const TqLayout l = tq_preset_layout(r.name, r.head_dim, 1, 4096);
+    EXPECT_EQ(l.bytes_per_token_per_head(), r.bytes_per_token) << r.name << " D" << r.head_dim;
+    EXPECT_EQ(l.exact_bytes_per_head(), r.exact_bytes) << r.name << " D" << r.head_dim;
+  }
+  EXPECT_STREQ(tq_presets().front().name, "default");
+}
+
+TEST(ExactTokens, FileRoundTripKeepsTheExactRegion) {
+  std::mt19937_64 rng = test_rng();
+  const TqLayout l = tq_preset_layout("default", 64, 2, 50);
+  TqKvCache cache({2, l, rng()}, &backend("reference"));
+  HostTensor k({1, 45, 2, 64}, DType::bf16, false), v(k), q({1, 45, 4, 64}, DType::f32, false);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  q.fill_normal(rng);
+  cache.append(1, k.view, v.view, 0);
+  const std::string path = ::testing::TempDir() + "flashtq_exact_tokens.bin";
+  cache.save(path);
+  TqKvCache loaded = TqKvCache::load(path, &backend("reference"));
+  std::remove(path.c_str());
+  EXPECT_EQ(loaded.layout().sink_tokens, 4);
+  EXPECT_EQ(loaded.layout().recent_tokens, 32);
+  EXPECT_EQ(loaded.key_words(1), cache.key_words(1));
+  EXPECT_EQ(loaded.value_words(1), cache.value_words(1));
+  HostTensor a({1, 45, 4, 64}, DType::f32, false), b(a);
+  a.poison();
+  b.poison();
+  cache.attend(1, q.view, 0, a.view);
+  loaded.attend(1, q.view, 0, b.view);
+  EXPECT_EQ(a.values(), b.values());
+}
+
+template <typename F>
+void expect_error(F&& f, const std::string& argument, const std::string& rule_part) {
+  try {
+    f();
+    ADD_FAILURE() << "no error (expected one naming '" << argument << "')";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(rule_part), std::string::npos) << e.what();
+  }
+}
+
+TEST(ExactTokens, BadConfigurationsAreClearErrors) {
+  TqLayout l{64, 1, 16, 2, 2};
+  l.sink_tokens = 4;
+  l.recent_tokens = 13;  // 17 exact rows in a cache of 16 timesteps
+  expect_error([&] { TqKvCache({1, l, 0}, &backend("reference")); }, "recent_tokens", "must not exceed capacity");
+  l.recent_tokens = -1;
+  expect_error([&] { TqKvCache({1, l, 0}, &backend("reference")); }, "recent_tokens", "must be in");
+  l.recent_tokens = 2;
+  l.sink_tokens = -3;
+  expect_error([&] { TqKvCache({1, l, 0}, &backend("reference")); }, "sink_tokens", "must be in");
+  expect_error([&] { tq_preset_layout("lossless", 64, 1, 16); }, "preset", "unknown name 'lossless'");
+  expect_error([&] { tq_preset_layout("default", 64, 1, 20); }, "recent_tokens", "must not exceed capacity");
+
+  // A cache with a recent window takes timesteps in order and attends the rows that end its sequence.
+  TqKvCache cache({1, tq_preset_layout("default", 64, 1, 64), 0}, &backend("reference"));
+  HostTensor k({1, 4, 1, 64}, DType::f32, false), v(k), q({1, 2, 1, 64}, DType::f32, false), out(q);
+  std::mt19937_64 rng = test_rng();
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  q.fill_normal(rng);
+  cache.append(0, k.view, v.view, 0);
+  expect_error([&] { cache.append(0, k.view, v.view, 10); }, "start_pos", "must equal the layer's length 4");
+  expect_error([&] { cache.append(0, k.view, v.view, 0); }, "start_pos", "must equal the layer's length 4");
+  expect_error([&] { cache.attend(0, q.view, 0, out.view); }, "start_pos", "must end at the layer's length 4");
+  EXPECT_EQ(cache.length(0), 4);
+}
+
+}  // namespace
+}  // namespace flashtq
