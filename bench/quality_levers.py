@@ -92,6 +92,7 @@ class Lever:
         self.kb = self.vb = 16
         self.nc = self.sm = False
         self.kg = self.vg = self.sinks = self.recent = self.ko = 0
+        self.kx = self.vx = None  # layers whose keys (values) get one more bit: "g" = full-attention ones, or "0.17"
         for part in filter(None, name.split("+")):
             if m := re.fullmatch(r"k(\d)v(\d)", part):
                 self.kb, self.vb = int(m[1]), int(m[2])
@@ -99,6 +100,8 @@ class Lever:
                 self.nc = True
             elif part == "sm":
                 self.sm = True
+            elif m := re.fullmatch(r"(kx|vx)([\d.]+|g)", part):
+                setattr(self, m[1], m[2])
             elif m := re.fullmatch(r"(kg|vg|s|w|ko)(\d+)", part):
                 setattr(self, {"kg": "kg", "vg": "vg", "s": "sinks", "w": "recent", "ko": "ko"}[m[1]], int(m[2]))
             else:
@@ -155,12 +158,17 @@ def make_attention(lever: Lever):
             signs_by_layer[layer] = torch.where(torch.rand(d, generator=gen) < 0.5, -1.0, 1.0)
         signs = signs_by_layer[layer].to(key)
         q, k, v = query.float(), key.float(), value.float()
+        def boosted(rule):
+            return rule == "g" and not sliding_window or rule not in (None, "g") and str(layer) in rule.split(".")
+
+        kb = lever.kb + boosted(lever.kx)
+        vb = lever.vb + boosted(lever.vx)
         if lever.sm:
             s = smoothing(q, k)
-            kq = lever.encode(k / s, lever.kb, lever.kg, signs, lever.ko) * s
+            kq = lever.encode(k / s, kb, lever.kg, signs, lever.ko) * s
         else:
-            kq = lever.encode(k, lever.kb, lever.kg, signs, lever.ko) if lever.kb < 16 else k
-        vq = lever.encode(v, lever.vb, lever.vg, signs, 0) if lever.vb < 16 else v
+            kq = lever.encode(k, kb, lever.kg, signs, lever.ko) if lever.kb < 16 else k
+        vq = lever.encode(v, vb, lever.vg, signs, 0) if lever.vb < 16 else v
         B, H, S, D = q.shape
         hkv = k.shape[1]
         rep = H // hkv
