@@ -238,7 +238,11 @@ TqKvCache TqKvCache::load(const std::string& path, Backend* backend) {
   // The bytes become a FileHeader only once every field is a valid value of its type (a bool is 0 or 1).
   constexpr std::size_t qjl_at =
       offsetof(FileHeader, config) + offsetof(TqCacheConfig, layout) + offsetof(TqLayout, qjl);
-  if (raw[qjl_at] > 1) throw Error("path", "'" + path + "' is damaged: its header is not a valid configuration");
+  constexpr std::size_t nc_at =
+      offsetof(FileHeader, config) + offsetof(TqCacheConfig, layout) + offsetof(TqLayout, norm_correction);
+  if (raw[qjl_at] > 1 || raw[nc_at] > 1) {
+    throw Error("path", "'" + path + "' is damaged: its header is not a valid configuration");
+  }
   std::memcpy(&h, raw, sizeof h);
   if (h.header_bytes != sizeof h) throw Error("path", "'" + path + "' is damaged: its header size is wrong");
   // Everything the header implies is checked against the file before anything is allocated.

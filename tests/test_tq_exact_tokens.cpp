@@ -156,7 +156,7 @@ TEST(ExactTokens, PresetSizesAreTheDocumentedOnes) {
     std::int64_t head_dim, bytes_per_token, exact_bytes;
   };
   const Row rows[] = {
-      {"default", 64, 56, 9216}, {"default", 128, 104, 18432}, {"default", 256, 200, 36864},
+      {"default", 64, 56, 9216}, {"default", 128, 120, 18432}, {"default", 256, 232, 36864},
       {"quality", 64, 64, 9216}, {"quality", 128, 120, 18432}, {"quality", 256, 232, 36864},
       {"small", 64, 48, 5120},   {"small", 128, 88, 10240},    {"small", 256, 168, 20480},
       {"seed", 64, 48, 0},       {"seed", 128, 88, 0},         {"seed", 256, 168, 0},
@@ -202,6 +202,54 @@ void expect_error(F&& f, const std::string& argument, const std::string& rule_pa
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), argument) << e.what();
     EXPECT_NE(std::string(e.what()).find(rule_part), std::string::npos) << e.what();
+  }
+}
+
+// Norm correction: a row decoded from its codes and norm word has the row's length (up to the f16 of the
+// norm), where without it the Lloyd-Max codes shrink it.
+TEST(NormCorrection, DecodedRowsKeepTheirLength) {
+  std::mt19937_64 rng = test_rng();
+  for (bool correct : {false, true}) {
+    TqLayout l{64, 2, 30, 2, 2};
+    l.qjl = false;
+    l.norm_correction = correct;
+    const std::uint64_t seed = rng();
+    const TqTables t = make_tq_tables(l, seed, 0);
+    HostTensor x({1, 30, 2, 64}, DType::f32, false);
+    x.fill_normal(rng, 3.0);
+    std::vector<std::uint32_t> keys(std::size_t(l.key_words()), 0u), values(std::size_t(l.value_words()), 0u);
+    tq_encode_keys(backend("reference"), {t, x.view, 0, keys.data(), nullptr});
+    tq_encode_values(backend("reference"), {t, x.view, 0, values.data(), nullptr});
+    const std::vector<double> xv = x.values();
+    double worst = 0, mean_ratio = 0;
+    for (bool k : {true, false}) {
+      for (std::int64_t h = 0; h < 2; ++h) {
+        for (std::int64_t time = 0; time < 30; ++time) {
+          const std::vector<double> dec = decode(l, t, k ? keys : values, k, h, time);
+          double n2 = 0, d2 = 0;
+          for (std::int64_t d = 0; d < 64; ++d) {
+            n2 += xv[std::size_t((time * 2 + h) * 64 + d)] * xv[std::size_t((time * 2 + h) * 64 + d)];
+            d2 += dec[std::size_t(d)] * dec[std::size_t(d)];
+          }
+          const double ratio = std::sqrt(d2 / n2);
+          worst = std::max(worst, std::fabs(ratio - 1));
+          mean_ratio += ratio / 120;
+        }
+      }
+    }
+    if (correct) {
+      EXPECT_LE(worst, 1e-3) << "decoded length / row length";
+    } else {
+      EXPECT_LE(mean_ratio, 0.97) << "2-bit codes shrink rows: without correction the test would not tell";
+    }
+  }
+  TqLayout with_qjl{64, 1, 8, 2, 2};
+  with_qjl.norm_correction = true;
+  try {
+    TqKvCache({1, with_qjl, 0}, &backend("reference"));
+    ADD_FAILURE() << "norm correction with QJL keys was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "norm_correction");
   }
 }
 

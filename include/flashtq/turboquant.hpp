@@ -28,15 +28,18 @@ struct TqLayout {
   std::int64_t capacity = 0;  // timesteps per kv head: the per-head stride of every region
   int key_bits = 2;           // b_mse of keys; the QJL bit comes on top unless qjl is false
   int value_bits = 2;
+  // Keys carry a 1-bit QJL sketch of their residual (the paper's unbiased estimator); false spends
+  // those bits elsewhere ("MSE-only" keys: codes only, up to 4 bits, no jl region, gamma 0).
+  bool qjl = true;
+  // Norm correction (docs/spec.md §2.6): the norm word holds n / |c[idx]| (the decoded unit vector's
+  // length divided out), so a decoded row has length n exactly. Keys without QJL and values.
+  bool norm_correction = false;
   // Exact tokens (docs/spec.md §2.6): the first sink_tokens timesteps and the last recent_tokens
   // timesteps of a sequence are also kept as bf16 copies of their rotated rows, which attention reads
   // instead of their codes (one softmax over both). Every timestep is encoded as well, so a timestep
   // that leaves the recent window is already in the packed part.
   std::int32_t sink_tokens = 0;
   std::int32_t recent_tokens = 0;
-  // Keys carry a 1-bit QJL sketch of their residual (the paper's unbiased estimator); false spends
-  // those bits elsewhere ("MSE-only" keys: codes only, up to 4 bits, no jl region, gamma 0).
-  bool qjl = true;
 
   FLASHTQ_HOST_DEVICE std::int64_t slots() const { return n_kv_heads * capacity; }
   FLASHTQ_HOST_DEVICE std::int64_t key_code_words() const { return head_dim * key_bits / 32; }  // per slot
@@ -183,11 +186,17 @@ std::size_t tq_attend_workspace_bytes(Backend& backend, const TqAttendArgs& args
 
 // Named configurations, chosen by measured perplexity on real models (docs/quality.md); the first is
 // the library's default. "seed" is the seed kernel's configuration (keys 2+1 bits, values 2 bits).
+// A preset's key width may depend on head_dim: a vector's norm words and exact rows cost the same
+// whatever D, so at D <= 64 they weigh twice what they weigh at D = 128 and a preset that targets a
+// compression keeps fewer key bits there.
 struct TqPreset {
   const char* name;
-  int key_bits, value_bits;
+  int key_bits;        // D >= 128
+  int key_bits_at_64;  // D <= 64
+  int value_bits;
   bool qjl;
   std::int32_t sink_tokens, recent_tokens;
+  bool norm_correction;
   const char* summary;
 };
 const std::vector<TqPreset>& tq_presets();

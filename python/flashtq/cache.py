@@ -21,40 +21,42 @@ from flashtq._errors import error
 from flashtq._tensors import view
 
 
-_NAME = re.compile(r"^(k|m)([1-4])v([2-4])(?:s(\d+))?(?:w(\d+))?$")
+_NAME = re.compile(r"^(k|m)([1-4])v([2-4])(n)?(?:s(\d+))?(?:w(\d+))?$")
 
 
 @dataclass(frozen=True)
 class TurboQuantConfig:
     """One cache's configuration: keys key_bits (Lloyd-Max codes) plus one QJL bit unless qjl is False
     ("MSE-only" keys: codes of up to 4 bits, no sketch), values value_bits; the first sink_tokens and the last
-    recent_tokens timesteps of a sequence also kept exact (bf16) and attended exactly (docs/spec.md §2.6).
+    recent_tokens timesteps of a sequence also kept exact (bf16) and attended exactly; norm_correction stores
+    n / |c[idx]| so decoded rows keep their length (keys without QJL and values; docs/spec.md §2.6).
 
     Names: "seed" (keys 2+1 bits, values 2 bits), k<b>v<c> / m<b>v<c> (with / without QJL), optionally followed
-    by s<S> (sink tokens) and w<W> (recent tokens), e.g. "m4v3s4w32"; and the presets of presets()."""
+    by n (norm correction), s<S> (sink tokens) and w<W> (recent tokens), e.g. "m4v3ns4w32"; and the presets of
+    presets()."""
     key_bits: int = 2
     value_bits: int = 2
     seed: int = 0  # the rotations' signs come from (seed, layer)
     qjl: bool = True
     sink_tokens: int = 0
     recent_tokens: int = 0
+    norm_correction: bool = False
 
     @property
     def name(self) -> str:
-        for name, c in presets().items():
-            if c == self:
-                return name
+        """The configuration spelt out (k|m<b>v<c>[n][s<S>][w<W>], or "seed"), which parse_config reads back."""
         base = "seed" if (self.key_bits, self.value_bits, self.qjl) == (2, 2, True) else \
             f"{'k' if self.qjl else 'm'}{self.key_bits}v{self.value_bits}"
-        if self.sink_tokens or self.recent_tokens:
-            base = f"{'k2v2' if base == 'seed' else base}" + (f"s{self.sink_tokens}" if self.sink_tokens else "") + \
-                (f"w{self.recent_tokens}" if self.recent_tokens else "")
+        if self.sink_tokens or self.recent_tokens or self.norm_correction:
+            base = f"{'k2v2' if base == 'seed' else base}" + ("n" if self.norm_correction else "") + \
+                (f"s{self.sink_tokens}" if self.sink_tokens else "") + (f"w{self.recent_tokens}" if self.recent_tokens else "")
         return base if self.seed == 0 else f"{base} (seed {self.seed})"
 
     @classmethod
-    def preset(cls, name: str) -> "TurboQuantConfig":
-        """A named configuration: a preset (presets()) or a name as the class's docstring spells it."""
-        return resolve_config(name)
+    def preset(cls, name: str, head_dim: int = 128) -> "TurboQuantConfig":
+        """A named configuration for a model of `head_dim`: a preset (presets(); its key width may depend on head_dim)
+        or a name as the class's docstring spells it."""
+        return resolve_config(name, head_dim)
 
 
 CacheConfig = TurboQuantConfig  # the name of earlier releases
@@ -62,14 +64,12 @@ CacheConfig = TurboQuantConfig  # the name of earlier releases
 
 # Presets, chosen by measured perplexity on real models (docs/quality.md): the library's list (flashtq::tq_presets),
 # the default first.
-PRESETS = {p["name"]: TurboQuantConfig(p["key_bits"], p["value_bits"], qjl=p["qjl"], sink_tokens=p["sink_tokens"],
-                                       recent_tokens=p["recent_tokens"]) for p in _ext.tq_presets()}
 DEFAULT_PRESET = _ext.tq_presets()[0]["name"]
 
 
-def presets() -> dict[str, TurboQuantConfig]:
-    """The named presets (docs/quality.md measures each)."""
-    return dict(PRESETS)
+def presets(head_dim: int = 128) -> dict[str, TurboQuantConfig]:
+    """The named presets at `head_dim` (docs/quality.md measures each; docs/turboquant_layout.md lists their sizes)."""
+    return {p["name"]: TurboQuantConfig(**_ext.tq_preset_layout(p["name"], head_dim)) for p in _ext.tq_presets()}
 
 
 def cache_configs() -> dict[str, TurboQuantConfig]:
@@ -86,31 +86,34 @@ def cache_configs() -> dict[str, TurboQuantConfig]:
     return configs
 
 
-def parse_config(name: str) -> Optional[TurboQuantConfig]:
-    """The configuration a name spells (a preset, a cache_configs() name, or k|m<b>v<c>[s<S>][w<W>]); None if none."""
-    if name in PRESETS:
-        return PRESETS[name]
+def parse_config(name: str, head_dim: int = 128) -> Optional[TurboQuantConfig]:
+    """The configuration a name spells (a preset at `head_dim`, a cache_configs() name, or k|m<b>v<c>[n][s<S>][w<W>]);
+    None if none."""
+    if any(p["name"] == name for p in _ext.tq_presets()):
+        return TurboQuantConfig(**_ext.tq_preset_layout(name, head_dim))
     if name in cache_configs():
         return cache_configs()[name]
     m = _NAME.match(name)
     if not m or (m.group(1) == "k" and int(m.group(2)) > 3):
         return None
-    return TurboQuantConfig(int(m.group(2)), int(m.group(3)), qjl=m.group(1) == "k",
-                            sink_tokens=int(m.group(4) or 0), recent_tokens=int(m.group(5) or 0))
+    return TurboQuantConfig(int(m.group(2)), int(m.group(3)), qjl=m.group(1) == "k", norm_correction=bool(m.group(4)),
+                            sink_tokens=int(m.group(5) or 0), recent_tokens=int(m.group(6) or 0))
 
 
-def resolve_config(config: Union[str, TurboQuantConfig, dict, None]) -> TurboQuantConfig:
+def resolve_config(config: Union[str, TurboQuantConfig, dict, None], head_dim: int = 128) -> TurboQuantConfig:
+    """The configuration `config` names for a model of `head_dim` (None: the default preset)."""
     if config is None:
-        return PRESETS[DEFAULT_PRESET]
+        config = DEFAULT_PRESET
     if isinstance(config, TurboQuantConfig):
         return config
     if isinstance(config, dict):
         return TurboQuantConfig(**config)
     if isinstance(config, str):
-        got = parse_config(config)
+        got = parse_config(config, head_dim)
         if got is None:
-            raise error("config", f"unknown name {config!r} (presets: {', '.join(PRESETS)}; or k|m<b>v<c>[s<S>][w<W>], "
-                                  "e.g. m4v3s4w32)")
+            names = ", ".join(p["name"] for p in _ext.tq_presets())
+            raise error("config", f"unknown name {config!r} (presets: {names}; or k|m<b>v<c>[n][s<S>][w<W>], "
+                                  "e.g. m4v3ns4w32)")
         return got
     raise error("config", f"must be a name, a TurboQuantConfig or a dict, got {type(config).__name__}")
 
@@ -138,7 +141,9 @@ class TurboQuantCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
                  config: Union[str, TurboQuantConfig, dict, None] = None, device: Union[str, torch.device] = "cpu",
                  batch_size: int = 1):
-        self.config = resolve_config(config)
+        if not isinstance(head_dim, int) or head_dim < 1:
+            raise error("head_dim", f"must be an integer >= 1, got {head_dim!r}")
+        self.config = resolve_config(config, head_dim)
         self.backend, self.device = backend_for_device(device)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise error("batch_size", f"must be an integer >= 1, got {batch_size!r}")
@@ -146,7 +151,8 @@ class TurboQuantCache:
         with self._scope():
             self._seqs = [_ext.TqKvCache(num_layers, num_kv_heads, head_dim, capacity, self.config.key_bits,
                                          self.config.value_bits, self.config.seed, self.backend, self.config.qjl,
-                                         self.config.sink_tokens, self.config.recent_tokens)
+                                         self.config.sink_tokens, self.config.recent_tokens,
+                                         self.config.norm_correction)
                           for _ in range(batch_size)]
 
     @classmethod
@@ -154,7 +160,7 @@ class TurboQuantCache:
         c = seqs[0].config()
         self = cls.__new__(cls)
         self.config = TurboQuantConfig(c["key_bits"], c["value_bits"], c["seed"], c["qjl"], c["sink_tokens"],
-                                       c["recent_tokens"])
+                                       c["recent_tokens"], c["norm_correction"])
         self.backend, self.device = backend, device
         self.num_layers, self.num_kv_heads, self.head_dim, self.capacity = (c["layers"], c["n_kv_heads"], c["head_dim"],
                                                                              c["capacity"])

@@ -25,6 +25,7 @@ struct Config {
   bool qjl;
   std::uint64_t seed;
   std::int64_t sink_tokens, recent_tokens;
+  bool norm_correction;
 };
 
 TqCacheConfig to_library(const Config& c) {
@@ -41,14 +42,15 @@ TqCacheConfig to_library(const Config& c) {
   if (c.recent_tokens < 0 || c.recent_tokens > INT32_MAX) throw Error("recent_tokens", "must be in [0, 2^31)");
   out.layout.sink_tokens = std::int32_t(c.sink_tokens);
   out.layout.recent_tokens = std::int32_t(c.recent_tokens);
+  out.layout.norm_correction = c.norm_correction;
   out.seed = c.seed;
   return out;
 }
 
 Config from_library(const TqCacheConfig& c) {
   const TqLayout& l = c.layout;
-  return {c.layers,     l.n_kv_heads, l.head_dim, l.capacity,    l.key_bits,
-          l.value_bits, l.qjl,        c.seed,     l.sink_tokens, l.recent_tokens};
+  return {c.layers, l.n_kv_heads, l.head_dim,    l.capacity,      l.key_bits,       l.value_bits,
+          l.qjl,    c.seed,       l.sink_tokens, l.recent_tokens, l.norm_correction};
 }
 
 nb::bytes words(const std::vector<std::uint32_t>& w) {
@@ -63,29 +65,39 @@ void bind_tq_cache(nb::module_& m) {
     for (const TqPreset& p : tq_presets()) {
       nb::dict d;
       d["name"] = p.name;
-      d["key_bits"] = p.key_bits;
-      d["value_bits"] = p.value_bits;
-      d["qjl"] = p.qjl;
-      d["sink_tokens"] = p.sink_tokens;
-      d["recent_tokens"] = p.recent_tokens;
       d["summary"] = p.summary;
       out.append(d);
     }
     return out;
   });
+  // A preset's widths for one head_dim (they may depend on it: TqPreset).
+  m.def(
+      "tq_preset_layout",
+      [](const std::string& name, std::int64_t head_dim) {
+        const TqLayout l = tq_preset_layout(name, head_dim, 1, 1 << 16);
+        nb::dict d;
+        d["key_bits"] = l.key_bits;
+        d["value_bits"] = l.value_bits;
+        d["qjl"] = l.qjl;
+        d["sink_tokens"] = l.sink_tokens;
+        d["recent_tokens"] = l.recent_tokens;
+        d["norm_correction"] = l.norm_correction;
+        return d;
+      },
+      nb::arg("name"), nb::arg("head_dim"));
   nb::class_<TqKvCache>(m, "TqKvCache")
       .def(
           "__init__",
           [](TqKvCache* self, std::int64_t layers, std::int64_t n_kv_heads, std::int64_t head_dim,
              std::int64_t capacity, int key_bits, int value_bits, std::uint64_t seed, const std::string& backend,
-             bool qjl, std::int64_t sink_tokens, std::int64_t recent_tokens) {
+             bool qjl, std::int64_t sink_tokens, std::int64_t recent_tokens, bool norm_correction) {
             new (self) TqKvCache(to_library({layers, n_kv_heads, head_dim, capacity, key_bits, value_bits, qjl, seed,
-                                             sink_tokens, recent_tokens}),
+                                             sink_tokens, recent_tokens, norm_correction}),
                                  &flashtq::backend(backend));
           },
           nb::arg("layers"), nb::arg("n_kv_heads"), nb::arg("head_dim"), nb::arg("capacity"), nb::arg("key_bits"),
           nb::arg("value_bits"), nb::arg("seed"), nb::arg("backend"), nb::arg("qjl") = true, nb::arg("sink_tokens") = 0,
-          nb::arg("recent_tokens") = 0)
+          nb::arg("recent_tokens") = 0, nb::arg("norm_correction") = false)
       .def(
           "append",
           [](TqKvCache& c, std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {
@@ -132,6 +144,7 @@ void bind_tq_cache(nb::module_& m) {
              d["seed"] = k.seed;
              d["sink_tokens"] = k.sink_tokens;
              d["recent_tokens"] = k.recent_tokens;
+             d["norm_correction"] = k.norm_correction;
              return d;
            })
       .def("save", &TqKvCache::save, nb::arg("path"))

@@ -24,6 +24,7 @@ std::string TqCase::describe() const {
   if (max_seq) s << " max_seq" << *max_seq;
   if (window) s << " win" << window;
   if (layout.exact_rows()) s << " sink" << layout.sink_tokens << " recent" << layout.recent_tokens;
+  if (layout.norm_correction) s << " nc";
   if (zero_rows) s << " zeros";
   if (batch > 1) s << " batch" << batch << (starts.empty() ? "" : " own-starts");
   s << " seed=" << seed << " data_seed=" << data_seed;
@@ -323,6 +324,7 @@ TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
     if (range(0, 3) == 0) {  // MSE-only keys: codes of 1 to 4 bits, no QJL sketch
       c.layout.qjl = false;
       c.layout.key_bits = int(range(1, 4));
+      c.layout.norm_correction = range(0, 1) == 1;
     }
     c.layout.n_kv_heads = range(1, 2);
     c.H = c.layout.n_kv_heads * (std::int64_t(1) << range(0, 2));

@@ -63,10 +63,14 @@ EncodedRow encode_row(std::vector<double> x, const TqTables& t, bool keys) {
   rht(x.data(), D, t.polar_sign_bits);
   e.rotated = x;
   e.codes.resize(x.size());
+  double decoded2 = 0;
   for (std::size_t d = 0; d < x.size(); ++d) {
     e.codes[d] = quantize(x[d], cb.boundaries.data(), cb.levels - 1);
-    x[d] -= cb.centroids[std::size_t(e.codes[d])];  // x becomes the residual
+    const double c = cb.centroids[std::size_t(e.codes[d])];
+    decoded2 += c * c;
+    x[d] -= c;  // x becomes the residual
   }
+  e.stored_norm = t.layout.norm_correction ? e.norm / std::sqrt(decoded2) : e.norm;
   if (!keys || !t.layout.qjl) return e;
   e.gamma = norm(x);
   if (e.gamma >= kZeroNorm) {
@@ -99,7 +103,7 @@ void tq_encode_rows(const TqEncodeCall& c, std::int64_t first, std::int64_t end)
       if (exact >= 0) write_exact_row(c, h, exact, e);
       if (e.codes.empty()) continue;  // a zero vector
       for (std::int64_t d = 0; d < D; ++d) put_code(codes, d, bits, std::uint32_t(e.codes[std::size_t(d)]));
-      std::uint32_t word = f16_bits(e.norm);
+      std::uint32_t word = f16_bits(e.stored_norm);
       if (c.keys && l.qjl) {
         for (std::size_t d = 0; d < e.projected.size(); ++d) {
           if (e.projected[d] >= 0) jl[d / 32] |= 1u << (d % 32);

@@ -15,6 +15,7 @@ namespace flashtq::core {
 // are empty for a zero vector, projected when the residual is zero.
 struct EncodedRow {
   double norm = 0, gamma = 0;
+  double stored_norm = 0;  // what the norm word holds: norm, or norm / |c[idx]| with norm correction
   std::vector<double> rotated, projected;
   std::vector<int> codes;
 };

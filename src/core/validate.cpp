@@ -202,6 +202,10 @@ void validate_tq_layout(const TqLayout& l) {
   if (l.value_bits < 2 || l.value_bits > 4) throw Error("value_bits", "must be 2, 3 or 4");
   if (l.n_kv_heads < 1) throw Error("n_kv_heads", "must be >= 1");
   if (l.capacity < 1) throw Error("capacity", "must be >= 1");
+  if (l.norm_correction && l.qjl) {
+    throw Error("norm_correction",
+                "needs keys without QJL (qjl = false): the sketch estimates the uncorrected residual");
+  }
   if (l.sink_tokens < 0 || l.sink_tokens > kMaxExactTokens) {
     throw Error("sink_tokens", "must be in [0, " + std::to_string(kMaxExactTokens) + "]");
   }

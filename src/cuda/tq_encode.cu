@@ -75,17 +75,20 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
     for (int e = 0; e < E; ++e) exact[e] = __bfloat16_as_ushort(__float2bfloat16_rn(float(n * r[e])));
   std::uint32_t lane_codes = 0;
-  double e2 = 0.0;
+  double e2 = 0.0, c2 = 0.0;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     int idx = 0;
     for (int i = 0; i < cb.levels - 1; ++i) idx += r[e] >= cb.boundaries[i] ? 1 : 0;
     lane_codes |= std::uint32_t(idx) << (e * bits);
+    c2 += cb.centroids[idx] * cb.centroids[idx];
     r[e] -= cb.centroids[idx];
     e2 += r[e] * r[e];
   }
   store_bitstream(words[warp], codes, code_words, lane_codes, E * bits, lane);
-  std::uint32_t word = __half_as_ushort(__float2half_rn(float(n)));
+  c2 = warp_sum(c2);  // every lane: the decoded unit vector's squared length
+  const double stored = l.norm_correction ? n / sqrt(c2) : n;
+  std::uint32_t word = __half_as_ushort(__float2half_rn(float(stored)));
   if (keys && l.qjl) {
     const double gamma = sqrt(warp_sum(e2));
     std::uint32_t lane_jl = 0;

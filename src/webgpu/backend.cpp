@@ -297,7 +297,10 @@ void WebGpuBackend::tq_encode(const TqEncodeCall& c) {
       .u(keys ? l.key_code_words() : l.value_code_words())
       .u(l.key_jl_offset(), "cache")
       .u(keys ? l.key_norm_offset() : l.value_norm_offset(), "cache");
-  P.u(keys ? l.key_exact_offset() : l.value_exact_offset(), "cache").u(l.sink_tokens).u(l.recent_tokens).u(0);
+  P.u(keys ? l.key_exact_offset() : l.value_exact_offset(), "cache")
+      .u(l.sink_tokens)
+      .u(l.recent_tokens)
+      .u(l.norm_correction ? 1 : 0);
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
   add_double(P, 1.0 / std::sqrt(double(D)));

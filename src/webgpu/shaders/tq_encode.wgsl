@@ -13,7 +13,7 @@ struct Params {
   keys: u32, dtype: u32, start_pos: u32, T: u32,
   x_off: u32, x_sb: u32, x_ss: u32, x_sh: u32,
   cache_off: u32, code_words: u32, jl_off: u32, norm_off: u32,
-  exact_off: u32, sink: u32, recent: u32, pad: u32,  // exact tokens (docs/spec.md §2.6)
+  exact_off: u32, sink: u32, recent: u32, nc: u32,  // exact tokens, norm correction (docs/spec.md §2.6)
   polar: array<vec4<u32>, 2>,
   jl: array<vec4<u32>, 2>,
   inv_sqrt_d: vec2<f32>, one: f32, t0: u32,  // one = 1.0, opaque to the compiler (_df64.wgsl); t0: first timestep of this dispatch
@@ -30,6 +30,7 @@ const ZERO_NORM: f32 = 1e-12;
 var<workgroup> hi: array<f32, 256>;
 var<workgroup> lo: array<f32, 256>;
 var<workgroup> total: vec2<f32>;
+var<workgroup> decoded: vec2<f32>;  // |c[idx]|^2 of the row, for norm correction
 var<workgroup> code_words: array<atomic<u32>, 32>;
 var<workgroup> jl_words: array<atomic<u32>, 8>;
 var<workgroup> exact_bits: array<u32, 256>;
@@ -124,6 +125,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     workgroupBarrier();
   }
   var e = vec2<f32>(0.0, 0.0);
+  var my_code = 0u;
   exact_bits[tid] = 0u;
   if (in_range && !zero) {
     let r = df_mul(vec2<f32>(hi[tid], lo[tid]), P.inv_sqrt_d);
@@ -134,11 +136,24 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
       if (df_ge(r, boundary(k))) { idx = k + 1u; }
     }
     e = df_sub(r, centroid(idx));
+    my_code = idx;
     // code stream: coordinate d at bits [d * bits, d * bits + bits), LSB first, across words
     let bit = tid * P.bits;
     atomicOr(&code_words[bit / 32u], idx << (bit % 32u));
     if ((bit % 32u) + P.bits > 32u) { atomicOr(&code_words[bit / 32u + 1u], idx >> (32u - bit % 32u)); }
   }
+  workgroupBarrier();
+  // |c[idx]|^2 (norm correction): a tree sum every invocation takes part in, so its barriers stay uniform.
+  var c2 = vec2<f32>(0.0, 0.0);
+  if (in_range && !zero) { c2 = df_mul(centroid(my_code), centroid(my_code)); }
+  hi[tid] = c2.x;
+  lo[tid] = c2.y;
+  workgroupBarrier();
+  for (var len = 128u; len > 0u; len >>= 1u) {  // tree sum of (hi, lo)[0..D) into decoded
+    reduce_step(tid, len);
+    workgroupBarrier();
+  }
+  if (tid == 0u) { decoded = vec2<f32>(hi[0], lo[0]); }
   workgroupBarrier();
   var gamma = vec2<f32>(0.0, 0.0);
   if (P.keys != 0u) {
@@ -183,7 +198,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var word = 0u;
     if (!zero) {
       // f16(f32(n)): the double-float's hi is the f32 nearest to it
-      word = f16_bits(n.x);
+      var stored = n;
+      if (P.nc != 0u) { stored = df_div(n, df_sqrt(decoded)); }
+      word = f16_bits(stored.x);
       if (P.keys != 0u) { word |= f16_bits(gamma.x) << 16u; }
     }
     CACHE[base + P.norm_off + slot] = word;
