@@ -21,7 +21,7 @@ std::mutex& registry_mutex() {
   return m;
 }
 
-// Every backend, owned, with a stable list of pointers handed out by all_backends().
+// Every backend, owned (a backend's address never changes), and the list all_backends() copies.
 struct Registry {
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<Backend*> view;
@@ -49,7 +49,8 @@ Registry& registry() {
 
 }  // namespace
 
-const std::vector<Backend*>& all_backends() {
+std::vector<Backend*> all_backends() {
+  // A copy taken under the lock: a caller iterating it races with no register_backend.
   std::lock_guard<std::mutex> lock(registry_mutex());
   return registry().view;
 }

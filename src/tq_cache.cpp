@@ -99,13 +99,34 @@ void TqKvCache::check_layer(std::int64_t layer) const {
 void TqKvCache::append(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {
   check_layer(layer);
   std::lock_guard<std::mutex> lock(storage_->mutex);
+  const std::int64_t length = length_[std::size_t(layer)];
+  if (start_pos != length) {
+    // A gap would leave slots that attention reads as keys of score 0; an overlap would silently rewrite.
+    throw Error("start_pos", "must equal the layer's length " + std::to_string(length) +
+                                 " (appends are contiguous; overwrite() rewrites timesteps already appended)");
+  }
+  encode(layer, k, v, start_pos);
+}
+
+void TqKvCache::overwrite(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {
+  check_layer(layer);
+  std::lock_guard<std::mutex> lock(storage_->mutex);
+  const std::int64_t length = length_[std::size_t(layer)];
+  if (config_.layout.recent_tokens > 0) {
+    throw Error("start_pos", "a cache with recent_tokens cannot overwrite (its recent window is the last timesteps)");
+  }
+  if (start_pos < 0 || k.shape[1] > length || start_pos > length - k.shape[1]) {
+    throw Error("start_pos",
+                "overwrite() rewrites timesteps already appended: [start_pos, start_pos + T) must lie in "
+                "[0, " +
+                    std::to_string(length) + ")");
+  }
+  encode(layer, k, v, start_pos);
+}
+
+void TqKvCache::encode(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {
   if (k.shape != v.shape) throw Error("v", "must have the same shape as k");
   const TqTables& tables = tables_[std::size_t(layer)];
-  if (tables.layout.recent_tokens > 0 && start_pos != length_[std::size_t(layer)]) {
-    // The recent window is a ring of the last timesteps: it stays right only if timesteps come in order.
-    throw Error("start_pos", "must equal the layer's length " + std::to_string(length_[std::size_t(layer)]) +
-                                 " (a cache with recent_tokens takes timesteps in order)");
-  }
   auto* keys = static_cast<std::uint32_t*>(storage_->keys[std::size_t(layer)].get());
   auto* values = static_cast<std::uint32_t*>(storage_->values[std::size_t(layer)].get());
   // Both validated before either is written, so a rejected call leaves the cache unchanged.

@@ -1,6 +1,7 @@
 // TqKvCache: accounting, append/attend against the low-level operations, capacity, save/load.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sys/resource.h>
 
@@ -66,24 +67,60 @@ TEST(TqKvCache, AppendAndAttendMatchTheOperations) {
 
 TEST(TqKvCache, AppendPastCapacityIsAnErrorThatLeavesTheCacheUnchanged) {
   Model m;
+  m.cache.append(0, m.k.view, m.v.view, 0);
+  m.cache.append(0, m.k.view, m.v.view, 10);
   m.cache.append(0, m.k.view, m.v.view, 20);
   const auto keys = m.cache.key_words(0), values = m.cache.value_words(0);
   try {
-    m.cache.append(0, m.k.view, m.v.view, 25);  // 25 + 10 > 32
+    m.cache.append(0, m.k.view, m.v.view, 30);  // 30 + 10 > 32
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "start_pos");
     EXPECT_NE(std::string(e.what()).find("cache full"), std::string::npos);
   }
   HostTensor bad_v({1, 10, 2, 32}, DType::bf16, false);
-  EXPECT_THROW(m.cache.append(0, m.k.view, bad_v.view, 0), Error);  // values invalid: keys untouched too
+  EXPECT_THROW(m.cache.overwrite(0, m.k.view, bad_v.view, 0), Error);  // values invalid: keys untouched too
   EXPECT_EQ(keys, m.cache.key_words(0));
   EXPECT_EQ(values, m.cache.value_words(0));
   EXPECT_EQ(m.cache.length(0), 30);
 }
 
+// Appends are contiguous: a gap (slots that attention would read as keys of score 0) and an overlap are
+// refused and change nothing; overwrite() rewrites appended timesteps and only those.
+TEST(TqKvCache, GapsAndOverlapsAreRefusedOverwriteRewrites) {
+  Model m;
+  m.cache.append(0, m.k.view, m.v.view, 0);
+  const auto keys = m.cache.key_words(0);
+  for (std::int64_t at : {15, 5, 0}) {
+    try {
+      m.cache.append(0, m.k.view, m.v.view, at);
+      ADD_FAILURE() << "append at " << at << " after 10 timesteps was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "start_pos");
+      EXPECT_NE(std::string(e.what()).find("must equal the layer's length 10"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(m.cache.key_words(0), keys);
+  EXPECT_EQ(m.cache.length(0), 10);
+  HostTensor other({1, 4, 2, 64}, DType::bf16, false);
+  std::mt19937_64 rng = test_rng();
+  other.fill_normal(rng);
+  EXPECT_THROW(m.cache.overwrite(0, other.view, other.view, 7), Error);  // 7 + 4 > 10
+  m.cache.overwrite(0, other.view, other.view, 6);
+  EXPECT_EQ(m.cache.length(0), 10);
+  const auto after = m.cache.key_words(0);
+  const std::int64_t words = m.cache.layout().key_code_words();
+  for (std::int64_t t = 0; t < 10; ++t) {  // kv head 0's codes: only timesteps 6..9 changed
+    const bool same = std::equal(keys.begin() + t * words, keys.begin() + (t + 1) * words, after.begin() + t * words);
+    EXPECT_EQ(same, t < 6) << "timestep " << t;
+  }
+}
+
 TEST(TqKvCache, SaveLoadRoundTripAndHeaderChecks) {
   Model m;
+  HostTensor three({1, 3, 2, 64}, DType::bf16, false);
+  three.poison();
+  m.cache.append(0, three.view, three.view, 0);
   m.cache.append(0, m.k.view, m.v.view, 3);
   const std::string path = ::testing::TempDir() + "/flashtq_cache.bin";
   m.cache.save(path);

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <thread>
 
 #include "conformance/host_tensor.hpp"
 #include "flashtq/flashtq.hpp"
+#include "reference_wrapper.hpp"
 
 namespace flashtq {
 namespace {
@@ -69,6 +71,16 @@ INSTANTIATE_TEST_SUITE_P(
                    static HostTensor bigk({1, 1, 1, 300}, DType::f32, false);
                    a.q = big.view; a.k = bigk.view; a.v = bigk.view; a.out = bigk.view; }},
         BadDense{"dtype_mismatch", "k", [](Dense&, ForwardArgs& a, AttentionParams&) { a.k.dtype = DType::f16; }},
+        BadDense{"dtype_not_a_dtype", "q", [](Dense&, ForwardArgs& a, AttentionParams&) {
+                   a.q.dtype = static_cast<DType>(7); }},
+        BadDense{"batch_times_heads_overflows", "q", [](Dense&, ForwardArgs& a, AttentionParams&) {
+                   // B = H = 2^32 with stride-1 views: every extent fits, B * H does not (issue 18).
+                   a.q.shape = {std::int64_t(1) << 32, 1, std::int64_t(1) << 32, 32};
+                   a.q.strides = {1, 1, 1, 1};
+                   a.k.shape = {std::int64_t(1) << 32, 6, 2, 32};
+                   a.k.strides = {1, 1, 1, 1};
+                   a.v = a.k;
+                   a.out = a.q; }},
         BadDense{"dropout_negative", "dropout_p", [](Dense&, ForwardArgs&, AttentionParams& p) { p.dropout_p = -0.1f; }},
         BadDense{"dropout_one", "dropout_p", [](Dense&, ForwardArgs&, AttentionParams& p) { p.dropout_p = 1.0f; }},
         BadDense{"dropout_nan", "dropout_p", [](Dense&, ForwardArgs&, AttentionParams& p) {
@@ -129,6 +141,28 @@ TEST(BackwardBadInput, NamesTheArgument) {
   a = d.bwd();
   a.dq.data = nullptr;
   expect_arg(a, "dq");
+}
+
+// Reading the registry while another thread registers is safe (before all_backends returned a copy,
+// iterating it during a register was a heap use-after-free under ASan).
+TEST(Registry, ReadWhileRegistering) {
+  struct Named : ReferenceWrapper {
+    explicit Named(std::string n) : name_(std::move(n)) {}
+    std::string name() const override { return name_; }
+    std::string name_;
+  };
+  const std::size_t before = all_backends().size();
+  std::thread writer([] {
+    for (int i = 0; i < 200; ++i) register_backend(std::make_unique<Named>("registry_test_" + std::to_string(i)));
+  });
+  std::size_t seen = 0;
+  for (int i = 0; i < 2000; ++i) {
+    for (Backend* b : all_backends()) seen += b->name().size() > 0;
+  }
+  writer.join();
+  EXPECT_EQ(all_backends().size(), before + 200);
+  EXPECT_GT(seen, 0u);
+  EXPECT_EQ(backend("registry_test_199").name(), "registry_test_199");
 }
 
 TEST(Registry, UnknownBackendNamesTheChoices) {

@@ -51,8 +51,10 @@ class Backend {
   virtual std::size_t tq_attend_workspace(const TqAttendCall&) const { return 0; }
 };
 
-// Every compiled-in backend, available or not, in a fixed order (reference first).
-const std::vector<Backend*>& all_backends();
+// Every compiled-in backend, available or not, in a fixed order (reference first), then the registered
+// ones. Thread-safe: a snapshot, which register_backend on another thread does not change; the
+// backends themselves live as long as the program.
+std::vector<Backend*> all_backends();
 // The available ones.
 std::vector<Backend*> available_backends();
 // By name ("reference", "cpu", "cuda", "webgpu"); an Error names the choices when not found.

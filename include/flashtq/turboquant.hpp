@@ -223,8 +223,12 @@ class TqKvCache {
   TqKvCache& operator=(TqKvCache&&) noexcept;
 
   // Encodes k, v [1, T, n_kv_heads, head_dim] (in the backend's memory, any dtype and strides) at
-  // timesteps start_pos...; a call that would pass capacity is rejected and leaves the cache unchanged.
+  // timesteps start_pos... = the layer's next ones (start_pos must equal length(layer)); a call that
+  // would pass capacity is rejected and leaves the cache unchanged.
   void append(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos);
+  // Re-encodes timesteps [start_pos, start_pos + T) already appended (a rollback, say); not for a
+  // cache with recent tokens.
+  void overwrite(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos);
   // Attention of q [1, n, n_heads, head_dim] at positions start_pos... into out (f32, same shape), both
   // in the backend's memory; with a window (> 0), row p sees only timesteps (p - window, p]. The rotated queries and
   // the kernels' workspace live in buffers the cache owns, grown to the largest call so far and reused.
@@ -252,6 +256,7 @@ class TqKvCache {
  private:
   struct Storage;  // the layers' word buffers and the scratch, in the backend's memory
   void check_layer(std::int64_t layer) const;
+  void encode(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos);  // locked
   TqCacheConfig config_;
   Backend* backend_;
   void* stream_ = nullptr;

@@ -53,6 +53,9 @@ void check_view(const std::string& name, const TensorView& t, const Backend& bac
     throw Error(name, std::string("lives in ") + memory_name(t.memory) + " memory but backend '" + backend.name() +
                           "' works on " + memory_name(backend.memory()) + " memory");
   }
+  if (t.dtype != DType::f32 && t.dtype != DType::f16 && t.dtype != DType::bf16) {
+    throw Error(name, "dtype " + std::to_string(int(t.dtype)) + " is not a DType (f32, f16 or bf16)");
+  }
   check_pointer(name, t.data, dtype_size(t.dtype));
   for (int d = 0; d < 4; ++d) {
     if (t.shape[d] < 1) throw Error(name, "every dimension must be >= 1, got shape " + shape_text(t.shape));
@@ -108,7 +111,7 @@ DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const 
                          std::to_string(p.Hkv) + ")");
   }
   if (p.Sq > kInt32Max || p.Sk > kInt32Max) throw Error("q", "sequence lengths must fit in int32");
-  if (p.B * p.H > kInt32Max) throw Error("q", "batch * heads must fit in int32");
+  if (checked_mul(p.B, p.H, "q") > kInt32Max) throw Error("q", "batch * heads must fit in int32");
 
   p.scale = params.scale.value_or(float(1.0 / std::sqrt(double(p.D))));
   if (!std::isfinite(p.scale)) throw Error("scale", "must be finite");

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -21,21 +22,22 @@ class CpuBackend final : public core::HostBackend {
  public:
   std::string name() const override { return "cpu"; }
   std::string description() const override { return std::string("cpu (") + simd_target() + " SIMD)"; }
-  void set_threads(int n) override { threads_ = n > 0 ? n : omp_get_num_procs(); }
-  int threads() const override { return threads_; }
+  void set_threads(int n) override { threads_.store(n > 0 ? n : omp_get_num_procs()); }
+  int threads() const override { return threads_.load(); }
 
-  void forward(const ForwardCall& c) override { dense_forward(c, threads_); }
-  void backward(const BackwardCall& c) override { dense_backward(c, threads_); }
-  void tq_encode(const TqEncodeCall& c) override { cpu::tq_encode(c, threads_); }
-  void tq_rotate_queries(const TqRotateCall& c) override { tq_rotate(c, threads_); }
-  void tq_attend(const TqAttendCall& c) override { cpu::tq_attend(c, threads_); }
+  void forward(const ForwardCall& c) override { dense_forward(c, threads()); }
+  void backward(const BackwardCall& c) override { dense_backward(c, threads()); }
+  void tq_encode(const TqEncodeCall& c) override { cpu::tq_encode(c, threads()); }
+  void tq_rotate_queries(const TqRotateCall& c) override { tq_rotate(c, threads()); }
+  void tq_attend(const TqAttendCall& c) override { cpu::tq_attend(c, threads()); }
 
   double measure_fma_flops() override {
     std::vector<double> rates;
     for (int run = 0; run < 3; ++run) {
       const auto t0 = std::chrono::steady_clock::now();
       double flops = 0;
-#pragma omp parallel num_threads(threads_) reduction(+ : flops)
+      const int threads = this->threads();
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
       {
         float checksum = 0;
         flops += fma_burst(20'000'000, &checksum);
@@ -48,7 +50,8 @@ class CpuBackend final : public core::HostBackend {
   }
 
  private:
-  int threads_ = std::max(1, omp_get_num_procs());
+  // Read by every call, written by set_threads from any thread: a call takes the value current when it starts.
+  std::atomic<int> threads_{std::max(1, omp_get_num_procs())};
 };
 
 }  // namespace
