@@ -7,6 +7,7 @@
 #include <limits>
 #include <thread>
 
+#include "conformance/device_buffer.hpp"
 #include "conformance/host_tensor.hpp"
 #include "flashtq/flashtq.hpp"
 #include "reference_wrapper.hpp"
@@ -163,6 +164,33 @@ TEST(Registry, ReadWhileRegistering) {
   EXPECT_EQ(all_backends().size(), before + 200);
   EXPECT_GT(seen, 0u);
   EXPECT_EQ(backend("registry_test_199").name(), "registry_test_199");
+}
+
+// A host pointer in a view marked as cuda memory is refused before any launch (it used to fault the
+// context, the error surfacing from a later, unrelated call); the backend works normally afterwards.
+TEST(DeviceMemory, HostPointerInACudaViewIsRefused) {
+  Backend* cuda = nullptr;
+  for (Backend* b : all_backends())
+    if (b->name() == "cuda" && b->available()) cuda = b;
+  if (cuda == nullptr) GTEST_SKIP() << "no usable cuda backend here (no GPU, or built without CUDA)";
+  Dense d;
+  ForwardArgs args = d.fwd();
+  for (TensorView* t : {&args.q, &args.k, &args.v, &args.out}) t->memory = Memory::cuda;
+  args.lse = nullptr;
+  try {
+    attention_forward(*cuda, args, d.params);
+    FAIL() << "a host pointer was launched on";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "q");
+    EXPECT_NE(std::string(e.what()).find("host pointer"), std::string::npos) << e.what();
+  }
+  // Device memory still works after the refusal.
+  conformance::DeviceBuffer q(*cuda, d.q.bytes), k(*cuda, d.k.bytes), v(*cuda, d.v.bytes), out(*cuda, d.out.bytes);
+  attention_forward(*cuda,
+                    {d.q.on(q.get(), Memory::cuda), d.k.on(k.get(), Memory::cuda), d.v.on(v.get(), Memory::cuda),
+                     d.out.on(out.get(), Memory::cuda), nullptr, nullptr},
+                    d.params);
+  cuda->synchronize();
 }
 
 TEST(Registry, UnknownBackendNamesTheChoices) {

@@ -28,6 +28,9 @@ class Backend {
   // A reason when this backend cannot run the problem (head dim, dtype); empty when it can.
   virtual std::optional<std::string> unsupported(const DenseProblem&) const { return std::nullopt; }
   virtual std::optional<std::string> unsupported(const TqLayout&) const { return std::nullopt; }
+  // Why `ptr`, which a view says is in this backend's memory, is not (a host pointer handed to a
+  // device backend); empty when it is, or when the backend cannot tell.
+  virtual std::optional<std::string> foreign_pointer(const void*) const { return std::nullopt; }
   // Threads a host backend uses (0 = all cores); device backends ignore it.
   virtual void set_threads(int) {}
   virtual int threads() const { return 1; }

@@ -57,6 +57,7 @@ void check_view(const std::string& name, const TensorView& t, const Backend& bac
     throw Error(name, "dtype " + std::to_string(int(t.dtype)) + " is not a DType (f32, f16 or bf16)");
   }
   check_pointer(name, t.data, dtype_size(t.dtype));
+  if (auto why = backend.foreign_pointer(t.data)) throw Error(name, *why);
   for (int d = 0; d < 4; ++d) {
     if (t.shape[d] < 1) throw Error(name, "every dimension must be >= 1, got shape " + shape_text(t.shape));
   }

@@ -31,6 +31,19 @@ class CudaBackend final : public Backend {
     return std::nullopt;
   }
 
+  // A kernel launched on a host pointer faults the context and the error surfaces in a later call;
+  // the runtime knows every allocation it made or registered, so anything else is refused first.
+  std::optional<std::string> foreign_pointer(const void* ptr) const override {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+      (void)cudaGetLastError();  // cannot tell: leave it to the launch
+      return std::nullopt;
+    }
+    if (a.type != cudaMemoryTypeUnregistered) return std::nullopt;  // device, managed or registered host memory
+    return "is a host pointer the CUDA runtime does not know (not device, managed or registered memory), in a view "
+           "marked as cuda memory";
+  }
+
   void* allocate(std::size_t bytes) override {
     void* p = nullptr;
     FLASHTQ_CUDA_CHECK(cudaMalloc(&p, bytes));
