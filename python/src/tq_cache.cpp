@@ -53,6 +53,16 @@ Config from_library(const TqCacheConfig& c) {
           l.qjl,    c.seed,       l.sink_tokens, l.recent_tokens, l.norm_correction};
 }
 
+// The fields of a configuration that flashtq.TurboQuantConfig holds besides its seed.
+void put_widths(nb::dict& d, const Config& c) {
+  d["key_bits"] = c.key_bits;
+  d["value_bits"] = c.value_bits;
+  d["qjl"] = c.qjl;
+  d["sink_tokens"] = c.sink_tokens;
+  d["recent_tokens"] = c.recent_tokens;
+  d["norm_correction"] = c.norm_correction;
+}
+
 nb::bytes words(const std::vector<std::uint32_t>& w) {
   return nb::bytes(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(std::uint32_t));
 }
@@ -74,14 +84,8 @@ void bind_tq_cache(nb::module_& m) {
   m.def(
       "tq_preset_layout",
       [](const std::string& name, std::int64_t head_dim) {
-        const TqLayout l = tq_preset_layout(name, head_dim, 1, 1 << 16);
         nb::dict d;
-        d["key_bits"] = l.key_bits;
-        d["value_bits"] = l.value_bits;
-        d["qjl"] = l.qjl;
-        d["sink_tokens"] = l.sink_tokens;
-        d["recent_tokens"] = l.recent_tokens;
-        d["norm_correction"] = l.norm_correction;
+        put_widths(d, from_library({1, tq_preset_layout(name, head_dim, 1, 1 << 16), 0}));
         return d;
       },
       nb::arg("name"), nb::arg("head_dim"));
@@ -138,13 +142,8 @@ void bind_tq_cache(nb::module_& m) {
              d["n_kv_heads"] = k.n_kv_heads;
              d["head_dim"] = k.head_dim;
              d["capacity"] = k.capacity;
-             d["key_bits"] = k.key_bits;
-             d["value_bits"] = k.value_bits;
-             d["qjl"] = k.qjl;
              d["seed"] = k.seed;
-             d["sink_tokens"] = k.sink_tokens;
-             d["recent_tokens"] = k.recent_tokens;
-             d["norm_correction"] = k.norm_correction;
+             put_widths(d, k);
              return d;
            })
       .def("save", &TqKvCache::save, nb::arg("path"))
