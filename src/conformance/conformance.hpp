@@ -12,6 +12,16 @@
 
 namespace flashtq::conformance {
 
+// Inputs at the edges of docs/spec.md §3's policy for non-finite and extreme values.
+enum class Extreme {
+  none,
+  hidden_non_finite,   // NaN and infinities in the keys and values of keys no row sees (masked columns, past causal)
+  large_scores,        // scores of 1e4 to 1e5: one-hot softmax rows, the backward's exp(s - lse) at its most sensitive
+  scores_past_masked,  // scale 1e30: rows whose every score is at most -1e30 (masked), the rest around +1e31
+  scores_past_f32,     // scale 1e38: scores past f32's range whose softmax the oracle still finishes (forward only)
+};
+const char* extreme_name(Extreme e);
+
 struct DenseCase {
   std::int64_t B = 1, Sq = 1, Sk = 1, H = 1, Hkv = 1, D = 32;
   DType dtype = DType::f32;
@@ -28,6 +38,7 @@ struct DenseCase {
   bool bhsd_layout = false;  // PyTorch's [B, H, S, D] memory order
   bool tf32 = false;         // f32 only: AttentionParams::allow_tf32, checked at the TF32 bound
   bool pedantic = false;     // f32 only, not with tf32: AttentionParams::pedantic_f32 (f32 FMAs only)
+  Extreme extreme = Extreme::none;
   std::uint64_t data_seed = 0;
 
   std::string describe() const;
@@ -62,6 +73,11 @@ struct CheckResult {
 double tolerance(DType dtype, bool tf32 = false);
 
 DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend);
+// The case made of kind `kind` (its scale set for the score kinds; the inputs follow from it).
+DenseCase with_extreme(DenseCase c, Extreme kind, std::mt19937_64& rng);
+// The case the backward checks for a drawn forward case: the same, except that extreme kinds whose
+// backward no f32 lse can resolve (scores past 1e30) are checked at ordinary scores.
+DenseCase backward_case(DenseCase forward_case);
 // Cases of a few hundred query rows and keys at head_dim 64, 128 and 256, every feature: several tiles
 // of every tiled kernel (the GPU kernels tile by 64 and 128), their pipelines and tile skipping.
 DenseCase draw_long_dense_case(std::mt19937_64& rng, const Backend& backend);

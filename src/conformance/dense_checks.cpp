@@ -8,6 +8,7 @@
 #include "conformance/device_buffer.hpp"
 #include "conformance/host_tensor.hpp"
 #include "core/hash3.hpp"
+#include "core/visibility.hpp"
 #include "core/validate.hpp"
 #include "reference/dense.hpp"
 
@@ -22,6 +23,17 @@ double tolerance(DType dtype, bool tf32) {
   return 0;
 }
 
+const char* extreme_name(Extreme e) {
+  switch (e) {
+    case Extreme::none: return "none";
+    case Extreme::hidden_non_finite: return "hidden_non_finite";
+    case Extreme::large_scores: return "large_scores";
+    case Extreme::scores_past_masked: return "scores_past_masked";
+    case Extreme::scores_past_f32: return "scores_past_f32";
+  }
+  return "?";
+}
+
 std::string DenseCase::describe() const {
   std::ostringstream s;
   s << dtype_name(dtype) << " B" << B << " Sq" << Sq << " Sk" << Sk << " H" << H << "/" << Hkv << " D" << D;
@@ -34,6 +46,7 @@ std::string DenseCase::describe() const {
   if (scale) s << " scale" << *scale;
   if (tf32) s << " tf32";
   if (pedantic) s << " pedantic";
+  if (extreme != Extreme::none) s << " " << extreme_name(extreme);
   s << " seed=" << seed << " data_seed=" << data_seed;
   return s.str();
 }
@@ -76,7 +89,7 @@ struct DenseInputs {
     params.seed = c.seed;
     params.allow_tf32 = c.tf32;
     params.pedantic_f32 = c.pedantic;
-    if (c.mask) {
+    if (c.mask || c.extreme == Extreme::hidden_non_finite) {
       // A full [B, H, Sq, Sk] block; broadcast dimensions get stride 0 and read its first slice.
       const std::array<std::int64_t, 4> extent{c.B, c.H, c.Sq, c.Sk};
       std::int64_t stride = 1;
@@ -91,6 +104,75 @@ struct DenseInputs {
       params.mask_elements = std::int64_t(mask.size());
       params.mask = mask.data();
     }
+    make_extreme(c, rng);
+  }
+
+  // Rewrites the drawn inputs for the case's Extreme kind.
+  void make_extreme(const DenseCase& c, std::mt19937_64& rng) {
+    switch (c.extreme) {
+      case Extreme::none:
+      case Extreme::large_scores:
+      case Extreme::scores_past_f32: return;  // the case's scale does it
+      case Extreme::scores_past_masked: {
+        // Rows of alternating sign against keys of one sign: half the rows score at most -1e30 everywhere.
+        q.map([](std::int64_t, std::int64_t i, std::int64_t h, float x) {
+          return (i + h) % 2 ? std::fabs(x) : -std::fabs(x);
+        });
+        k.map([](std::int64_t, std::int64_t, std::int64_t, float x) { return -std::fabs(x); });
+        return;
+      }
+      case Extreme::hidden_non_finite: {
+        // Mask some key columns for every row, then poison every key that no row sees.
+        std::uniform_real_distribution<double> u(0.0, 1.0);
+        const auto mask_at = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) -> float& {
+          return mask[std::size_t(b * params.mask_strides[0] + h * params.mask_strides[1] + i * params.mask_strides[2] +
+                                  j * params.mask_strides[3])];
+        };
+        for (std::int64_t j = 0; j < c.Sk; ++j) {
+          if (u(rng) >= 0.2) continue;
+          for (std::int64_t b = 0; b < c.B; ++b)
+            for (std::int64_t h = 0; h < c.H; ++h)
+              for (std::int64_t i = 0; i < c.Sq; ++i) mask_at(b, h, i, j) = -std::numeric_limits<float>::infinity();
+        }
+        const DenseProblem p = problem();
+        const float poison[3] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                                 -std::numeric_limits<float>::infinity()};
+        for (std::int64_t b = 0; b < c.B; ++b)
+          for (std::int64_t hk = 0; hk < c.Hkv; ++hk)
+            for (std::int64_t j = 0; j < c.Sk; ++j) {
+              bool seen = false;
+              for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group() && !seen; ++h)
+                for (std::int64_t i = 0; i < c.Sq && !seen; ++i)
+                  seen = core::key_visible(p, i, j) && mask_at(b, h, i, j) != -std::numeric_limits<float>::infinity();
+              if (seen) continue;
+              const std::uint64_t kind = rng();
+              k.set_row(b, j, hk, [&](std::int64_t d) { return poison[(kind + std::uint64_t(d)) % 3]; });
+              v.set_row(b, j, hk, [&](std::int64_t d) { return poison[(kind + std::uint64_t(d) + 1) % 3]; });
+            }
+        return;
+      }
+    }
+  }
+
+  // What f32 arithmetic cannot resolve at large scores, added to the tolerance of large_scores cases:
+  // a score rounds to about sqrt(D) * 2^-24 of the magnitudes it sums (scale * sum |q_d k_d|), and a
+  // probability exp(s - lse) and so every output inherit that error (docs/spec.md §3).
+  double large_score_allowance(const DenseCase& c) const {
+    if (c.extreme != Extreme::large_scores) return 0;
+    const std::vector<double> qv = q.values(), kv = k.values();
+    const DenseProblem p = problem();
+    double magnitude = 0;
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t i = 0; i < c.Sq; ++i)
+        for (std::int64_t h = 0; h < c.H; ++h)
+          for (std::int64_t j = 0; j < c.Sk; ++j) {
+            const double* qi = qv.data() + ((b * c.Sq + i) * c.H + h) * c.D;
+            const double* kj = kv.data() + ((b * c.Sk + j) * c.Hkv + h / p.group()) * c.D;
+            double sum = 0;
+            for (std::int64_t d = 0; d < c.D; ++d) sum += std::fabs(qi[d] * kj[d]);
+            magnitude = std::max(magnitude, std::fabs(double(p.scale)) * sum);
+          }
+    return 4 * std::sqrt(double(c.D)) * std::ldexp(magnitude, -24);
   }
 
   DenseProblem problem() const {
@@ -128,6 +210,7 @@ OracleForward oracle_forward(const DenseInputs& in) {
 CheckResult check_forward(Backend& backend, const DenseCase& c) {
   CheckResult r{"forward", c.describe(), 0, tolerance(c.dtype, c.tf32), false, "", 0};
   const DenseInputs in(c);
+  r.tolerance += in.large_score_allowance(c);
   const OracleForward ref = oracle_forward(in);
 
   HostTensor out(in.q);
@@ -149,7 +232,10 @@ CheckResult check_forward(Backend& backend, const DenseCase& c) {
   r.error = relative_error(ref.out, out.values(), r.detail);
   if (c.lse) {
     std::string lse_detail;
-    const double lse_err = relative_error(ref.lse, to_double(dlse.read<float>()), lse_detail);
+    // lse is stored in f32: the oracle's past f32's range is +inf there too.
+    std::vector<double> ref_lse(ref.lse.size());
+    for (std::size_t i = 0; i < ref_lse.size(); ++i) ref_lse[i] = double(float(ref.lse[i]));
+    const double lse_err = relative_error(ref_lse, to_double(dlse.read<float>()), lse_detail);
     if (lse_err > r.error) {
       r.error = lse_err;
       r.detail = "lse " + lse_detail;
@@ -162,6 +248,7 @@ CheckResult check_forward(Backend& backend, const DenseCase& c) {
 CheckResult check_backward(Backend& backend, const DenseCase& c) {
   CheckResult r{"backward", c.describe(), 0, tolerance(c.dtype, c.tf32), false, "", 0};
   const DenseInputs in(c);
+  r.tolerance += in.large_score_allowance(c);
   const DenseProblem p = in.problem();
   const OracleForward fwd = oracle_forward(in);
   // Both sides get the same out (rounded to the dtype), lse (f32) and a random dout.
@@ -200,14 +287,18 @@ CheckResult check_backward(Backend& backend, const DenseCase& c) {
   // one visible key has dS = 0 exactly) and is compared against 1e-1 of that scale instead of its
   // own vanishing norm, where f32 rounding alone would exceed the tolerance (dK sums that rounding
   // over every row of every head of the group).
+  // dV does not grow with the scale (it sums probabilities times dout): its floor stays at the default
+  // scale's when the scale is larger.
   const double kGradientFloor = 1e-1 * double(p.scale) * double(p.D);
+  const double kValueGradientFloor = 1e-1 * std::min(double(p.scale), 1.0 / std::sqrt(double(p.D))) * double(p.D);
   // Each gradient's error, and for each one over the bound its name and (for a NaN or an infinity)
   // the first offending element.
   const std::pair<const char*, const std::vector<double>*> grads[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
   const HostTensor* got[] = {&gq, &gk, &gv};
   for (int g = 0; g < 3; ++g) {
     std::string why;
-    const double e = relative_error(*grads[g].second, got[g]->values(), why, kGradientFloor);
+    const double e =
+        relative_error(*grads[g].second, got[g]->values(), why, g == 2 ? kValueGradientFloor : kGradientFloor);
     r.error = std::max(r.error, e);
     if (e > r.tolerance)
       r.detail += std::string(r.detail.empty() ? "" : "; ") + grads[g].first + " error " + std::to_string(e) +
@@ -311,12 +402,37 @@ DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRan
     if (chance(0.2)) c.scale = float(pick(0.05, 0.3));
     c.tf32 = c.dtype == DType::f32 && chance(0.4);
     c.pedantic = c.dtype == DType::f32 && !c.tf32 && chance(0.4);  // the cuda FFMA path; the default is 3xTF32
+    if (chance(0.12)) {                                            // docs/spec.md §3's non-finite and extreme inputs
+      c = with_extreme(c,
+                       pick(Extreme::hidden_non_finite, Extreme::large_scores, Extreme::scores_past_masked,
+                            Extreme::scores_past_f32),
+                       rng);
+    }
     c.data_seed = rng();
     if (!backend.unsupported(c.shape())) return c;
   }
 }
 
 }  // namespace
+
+DenseCase with_extreme(DenseCase c, Extreme kind, std::mt19937_64& rng) {
+  c.extreme = kind;
+  if (kind == Extreme::large_scores) c.scale = float((rng() % 2 ? 1e4 : 1e5) / std::sqrt(double(c.D)));
+  if (kind == Extreme::scores_past_masked) c.scale = 1e30f;
+  if (kind == Extreme::scores_past_f32) c.scale = 1e38f;
+  return c;
+}
+
+DenseCase backward_case(DenseCase c) {
+  // Past about 1e30 an f32 lse is off by more than 1e23: exp(s - lse) of the top key is then 0 or 1
+  // by its rounding, in the oracle too, so those backward cases measure nothing; the same shape at
+  // ordinary scores is checked instead.
+  if (c.extreme == Extreme::scores_past_masked || c.extreme == Extreme::scores_past_f32) {
+    c.extreme = Extreme::none;
+    c.scale.reset();
+  }
+  return c;
+}
 
 DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend) {
   return draw_case(rng, backend, {{1, 17, 32, 64, 96, 128, 256}, 2, 1, 24, 48, 24, 24});

@@ -55,6 +55,24 @@ struct HostTensor {
       core::store(view.data, view.dtype, at, float(values[std::size_t(n)]));
     });
   }
+  // x <- f(b, s, h, x) for every element.
+  template <typename F>
+  void map(F&& f) {
+    const auto [B, S, H, D] = view.shape;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < S; ++s)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t d = 0; d < D; ++d) {
+            const std::int64_t at = core::offset(view, b, s, h) + d;
+            core::store(view.data, view.dtype, at, f(b, s, h, core::load(view.data, view.dtype, at)));
+          }
+  }
+  // Row (b, s, h) <- f(d).
+  template <typename F>
+  void set_row(std::int64_t b, std::int64_t s, std::int64_t h, F&& f) {
+    for (std::int64_t d = 0; d < view.shape[3]; ++d)
+      core::store(view.data, view.dtype, core::offset(view, b, s, h) + d, float(f(d)));
+  }
   void poison() {
     for_each([&](std::int64_t, std::int64_t at) {
       core::store(view.data, view.dtype, at, std::numeric_limits<float>::quiet_NaN());
@@ -76,15 +94,15 @@ struct HostTensor {
 };
 
 // ||got - ref|| / max(||ref||, floor_rms * sqrt(n)); infinity (with a reason) for a NaN, or where
-// -inf entries disagree. The floor keeps a reference that cancels to (nearly) zero from turning
+// infinite entries disagree. The floor keeps a reference that cancels to (nearly) zero from turning
 // f32 rounding into a huge relative error (a gradient of a softmax over one key, say).
 inline double relative_error(const std::vector<double>& ref, const std::vector<double>& got, std::string& detail,
                              double floor_rms = 0.0) {
   double diff = 0, norm = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) {
-    const bool ref_ninf = ref[i] == -std::numeric_limits<double>::infinity();
-    if (ref_ninf || std::isnan(got[i]) || std::isinf(got[i])) {
-      if (ref_ninf && got[i] == ref[i]) continue;
+    const bool ref_inf = std::isinf(ref[i]);
+    if (ref_inf || std::isnan(got[i]) || std::isinf(got[i])) {
+      if (ref_inf && got[i] == ref[i]) continue;
       detail = "element " + std::to_string(i) + " is " + std::to_string(got[i]) + ", oracle " + std::to_string(ref[i]);
       return std::numeric_limits<double>::infinity();
     }

@@ -395,7 +395,7 @@ std::vector<CheckResult> run_suite(Backend& backend, int cases, std::uint64_t se
   for (int i = 0; i < cases; ++i) {
     const DenseCase dc = draw_dense_case(rng, backend);
     results.push_back(check_forward(backend, dc));
-    results.push_back(check_backward(backend, dc));
+    results.push_back(check_backward(backend, backward_case(dc)));
     const TqCase tc = draw_tq_case(rng, backend);
     results.push_back(check_tq_encode(backend, tc));
     results.push_back(check_tq_rotate(backend, tc));

@@ -11,6 +11,7 @@
 #include "core/elements.hpp"
 #include "core/hash3.hpp"
 #include "core/visibility.hpp"
+#include "cpu/careful_rows.hpp"
 #include "cpu/dense.hpp"
 #include "cpu/kernels.hpp"
 
@@ -29,6 +30,12 @@ void load_rows(const TensorView& t, std::int64_t b, std::int64_t i0, std::int64_
     const char* src = static_cast<const char*>(t.data) + core::offset(t, b, i0 + r, h) * std::int64_t(esize);
     load_row(src, int(t.dtype), dst + r * Dp, std::size_t(D), factor);
   }
+}
+
+bool all_finite(const float* x, std::int64_t n) {
+  for (std::int64_t e = 0; e < n; ++e)
+    if (!std::isfinite(x[e])) return false;
+  return true;
 }
 
 void transpose(const float* src, std::int64_t rows, std::int64_t cols, std::int64_t ld_src, float* dst,
@@ -107,7 +114,9 @@ void dense_backward(const BackwardCall& c, int threads) {
                   score += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] +
                                   (j0 + j) * p.mask_strides[3]];
                 if (score > -1e30f) {
-                  prob = std::exp(score - lse);
+                  // A probability: held at 1 where an lse a little below the f32 score (stored in f32,
+                  // or from another backend) would scale the gradients by exp(score - lse).
+                  prob = std::min(std::exp(score - lse), 1.0f);
                   z = p.dropout_p > 0.0f ? (core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h),
                                                                std::uint32_t(i), std::uint32_t(j0 + j))
                                                 ? keep_scale
@@ -115,7 +124,8 @@ void dense_backward(const BackwardCall& c, int threads) {
                                          : 1.0f;
                 }
               }
-              const float ds = prob * (dpv * z - di) * p.scale;
+              // A zero weight stays zero: a NaN in a value the row does not see must not reach dS.
+              const float ds = prob != 0.0f ? prob * (dpv * z - di) * p.scale : 0.0f;
               sv = prob * z;  // s now holds P * Z (for dV)
               dpv = ds;       // dp now holds dS
             }
@@ -133,6 +143,10 @@ void dense_backward(const BackwardCall& c, int threads) {
       }
       for (std::int64_t j = 0; j < n; ++j) {
         const std::int64_t atk = core::offset(c.dk, b, j0 + j, hk), atv = core::offset(c.dv, b, j0 + j, hk);
+        if (!all_finite(dk.data() + j * Dp, D) || !all_finite(dv.data() + j * Dp, D)) {
+          dkv_row_in_double(c, b, hk, j0 + j);  // see careful_rows.hpp
+          continue;
+        }
         for (std::int64_t d = 0; d < D; ++d) {
           core::store(c.dk.data, p.dtype, atk + d, dk[std::size_t(j * Dp + d)]);
           core::store(c.dv.data, p.dtype, atv + d, dv[std::size_t(j * Dp + d)]);
@@ -143,6 +157,10 @@ void dense_backward(const BackwardCall& c, int threads) {
       const std::int64_t h = hk * G + g;
       for (std::int64_t i = 0; i < p.Sq; ++i) {
         const std::int64_t at = core::offset(c.dq, b, i, h);
+        if (!all_finite(dq.data() + (g * p.Sq + i) * Dp, D)) {
+          dq_row_in_double(c, b, h, i);  // a NaN in a key the row does not see (dq = dS K)
+          continue;
+        }
         for (std::int64_t d = 0; d < D; ++d)
           core::store(c.dq.data, p.dtype, at + d, dq[std::size_t((g * p.Sq + i) * Dp + d)]);
       }

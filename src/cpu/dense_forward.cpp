@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "core/elements.hpp"
 #include "core/hash3.hpp"
 #include "core/visibility.hpp"
+#include "cpu/careful_rows.hpp"
 #include "cpu/dense.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/merge.hpp"
@@ -25,6 +27,16 @@ constexpr std::int64_t kDirectRows = 8;  // up to this many rows, scores are dot
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+// Whether no element is an infinity or a NaN (exponent bits all ones), as an OR of bits that vectorises.
+bool all_finite(const float* x, std::size_t n) {
+  std::uint32_t special = 0;
+  for (std::size_t e = 0; e < n; ++e) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(x[e]);
+    special |= std::uint32_t((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return special == 0;
+}
 
 struct Buffers {
   std::vector<float> q, kt, v, s, o, m, l;
@@ -121,6 +133,10 @@ void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::in
     for (std::int64_t r = 0; r < rows; ++r) {
       float* s = t.s.data() + r * kBk;
       const std::int64_t h = hk * G + r / P, i = i0 + r % P;
+      // A product or partial sum past f32's range leaves +-inf or NaN (it never comes back to a finite
+      // value), and so does a non-finite key: such a row is finished in double (finish_row), marked by
+      // a NaN sum, which every later tile keeps.
+      if (!all_finite(s, std::size_t(n))) t.l[std::size_t(r)] = std::numeric_limits<float>::quiet_NaN();
       for (std::int64_t j = 0; (!all_visible || p.mask != nullptr) && j < kBk; ++j) {  // interior tiles skip this
         if (j >= n || (!all_visible && !core::key_visible(p, i, j0 + j))) {
           s[j] = kNegInf;
@@ -133,7 +149,9 @@ void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::in
         }
       }
       const float tile_max = max_of(s, kBk);
-      if (tile_max == kNegInf) {  // this row sees nothing in this tile
+      // Scores at or below -1e30 count as masked (docs/spec.md §1) with or without a mask: a tile
+      // whose best is that low adds nothing (a tile with a better key weighs those by exp(-1e30)).
+      if (tile_max <= -1e30f) {  // this row sees nothing in this tile
         std::fill(s, s + kBk, 0.0f);
         continue;
       }
@@ -175,11 +193,16 @@ void dense_forward(const ForwardCall& c, int threads) {
   const std::int64_t stride = rows_max * (Dp + 2);  // one partial: O rows, each followed by m, l
   std::vector<float> partials(splits > 1 ? std::size_t(row_tasks * splits * stride) : 0);
 
-  // Writes row r of a finished block of `n_pos` positions (normalised output and LSE).
+  // Writes row r of a finished block of `n_pos` positions (normalised output and LSE). A row that
+  // f32 could not finish (a score past its range, or a non-finite value of a key the row does not
+  // see, which the products above multiply by a zero weight) is recomputed in double.
   auto finish_row = [&](std::int64_t b, std::int64_t hk, std::int64_t i0, std::int64_t n_pos, std::int64_t r,
                         const float* o, float m, float l) {
     const std::int64_t h = hk * G + r / n_pos, i = i0 + r % n_pos;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    bool finished = (m == kNegInf && l == 0.0f) || (std::isfinite(m) && std::isfinite(l) && l > 0.0f);
+    for (std::int64_t d = 0; d < D && finished; ++d) finished = std::isfinite(o[d] * inv);
+    if (!finished) return dense_row_in_double(c, b, h, i);
     const std::int64_t at = core::offset(c.out, b, i, h);
     for (std::int64_t d = 0; d < D; ++d) core::store(c.out.data, p.dtype, at + d, o[d] * inv);
     if (c.lse) c.lse[(b * p.H + h) * p.Sq + i] = l > 0.0f ? m + std::log(l) : kNegInf;

@@ -22,6 +22,9 @@ std::pair<float, float> merge_partials(std::int64_t splits, std::int64_t D, Part
   for (std::int64_t s = 0; s < splits; ++s) M = std::max(M, partial(s).m);
   float L = 0.0f;
   std::fill(acc_out, acc_out + D, 0.0f);
+  // A split that could not finish its scores in f32 marks its sum NaN; the merged row keeps the mark.
+  for (std::int64_t s = 0; s < splits; ++s)
+    if (std::isnan(partial(s).l)) return {M, std::numeric_limits<float>::quiet_NaN()};
   for (std::int64_t s = 0; s < splits && M != -std::numeric_limits<float>::infinity(); ++s) {
     const Partial w = partial(s);
     if (w.l == 0.0f) continue;
