@@ -416,6 +416,7 @@ DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRan
 }  // namespace
 
 DenseCase with_extreme(DenseCase c, Extreme kind, std::mt19937_64& rng) {
+  if (c.extreme != Extreme::none && c.extreme != Extreme::hidden_non_finite) c.scale.reset();  // its kind's scale
   c.extreme = kind;
   if (kind == Extreme::large_scores) c.scale = float((rng() % 2 ? 1e4 : 1e5) / std::sqrt(double(c.D)));
   if (kind == Extreme::scores_past_masked) c.scale = 1e30f;
