@@ -10,6 +10,7 @@
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
+#include "cuda/dense_repair.cuh"
 #include "cuda/kernels.hpp"
 
 namespace flashtq::cuda {
@@ -59,7 +60,10 @@ __device__ __forceinline__ float masked(const DenseProblem& p, float dot, std::i
                                         std::int64_t i, std::int64_t j) {
   float s = p.scale * dot;
   if (p.mask != nullptr) {
-    s += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
+    const float mask =
+        p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
+    if (mask == -INFINITY) return -INFINITY;  // whatever the key holds (NaN + -inf is NaN)
+    s += mask;
   }
   return s <= -1e30f ? -INFINITY : s;
 }
@@ -102,6 +106,18 @@ __global__ void __launch_bounds__(32 * kWarps)
     }
     m = m_new;
   }
+  // A score past f32's range leaves m or l not finite: the row is finished in double (dense_repair.cuh).
+  if (!(m == -INFINITY && l == 0.0f) && !(isfinite(m) && isfinite(l) && l > 0.0f)) {
+    const repair::RowStats exact = repair::row_stats<T>(p, qv, kv, b, h, i);
+#pragma unroll
+    for (int x = 0; x < kMaxPerLane; ++x) {
+      const int d = lane + 32 * x;
+      if (d < D) acc[x] = repair::output<T>(p, qv, kv, vv, exact, b, h, i, d);
+    }
+    store_row(static_cast<T*>(ov.data) + row_offset(ov, b, i, h), acc, 1.0f, D, lane);
+    if (lse != nullptr && lane == 0) lse[(b * p.H + h) * p.Sq + i] = float(exact.lse());
+    return;
+  }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   store_row(static_cast<T*>(ov.data) + row_offset(ov, b, i, h), acc, inv, D, lane);
   if (lse != nullptr && lane == 0) lse[(b * p.H + h) * p.Sq + i] = l > 0.0f ? m + logf(l) : -INFINITY;
@@ -128,7 +144,7 @@ __global__ void __launch_bounds__(32 * kWarps) dq_kernel(BackwardCall c) {
     const T* krow = static_cast<const T*>(c.k.data) + row_offset(c.k, b, j, hk);
     const float s = masked(p, dot_row(q, krow, D, lane), b, h, i, j);
     if (s == -INFINITY) continue;
-    const float prob = expf(s - row_lse);
+    const float prob = fminf(expf(s - row_lse), 1.0f);  // a probability (docs/spec.md §3)
     const float z = dropout_factor(p, b, h, i, j);
     const float dp = dot_row(dout, static_cast<const T*>(c.v.data) + row_offset(c.v, b, j, hk), D, lane) * z;
     const float ds = prob * (dp - delta) * p.scale;
@@ -172,7 +188,7 @@ __global__ void __launch_bounds__(32 * kWarps) dkdv_kernel(BackwardCall c) {
       float dout[kMaxPerLane];
       load_row(dout, static_cast<const T*>(c.dout.data) + row_offset(c.dout, b, i, h), D, lane);
       const float delta = dot_row(dout, static_cast<const T*>(c.out.data) + row_offset(c.out, b, i, h), D, lane);
-      const float prob = expf(s - row_lse);
+      const float prob = fminf(expf(s - row_lse), 1.0f);  // a probability (docs/spec.md §3)
       const float z = dropout_factor(p, b, h, i, j);
       float dp = 0.0f;
 #pragma unroll

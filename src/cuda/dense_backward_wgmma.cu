@@ -18,6 +18,7 @@
 #include "core/hash3.hpp"
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
+#include "cuda/dense_repair.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/launch.hpp"
@@ -86,13 +87,13 @@ __device__ __forceinline__ ScoreGrads score_grads(const DenseProblem& p, float s
   if (checked && (i >= p.Sq || !core::key_visible(p, i, j))) return {0.0f, 0.0f};
   float x = s * scale_log2;
   if (p.mask != nullptr) {
-    const float v =
-        s * p.scale +
+    const float mask =
         p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
-    if (v <= -1e30f) return {0.0f, 0.0f};
+    const float v = s * p.scale + mask;
+    if (mask == -INFINITY || v <= -1e30f) return {0.0f, 0.0f};  // a -inf entry whatever the key holds
     x = v * kLog2e;
   }
-  const float pr = exp2_approx(x - lse2);
+  const float pr = fminf(exp2_approx(x - lse2), 1.0f);  // a probability (docs/spec.md §3)
   float z = 1.0f;
   if (p.dropout_p > 0.0f) {
     z = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j))
@@ -229,7 +230,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
 #pragma unroll
         for (int pair = 0; pair < 2; ++pair) {
           const int x = 4 * nt + 2 * pair;
-          const float p0 = exp2_approx(st[x] * scale_log2 - cs.x), p1 = exp2_approx(st[x + 1] * scale_log2 - cs.z);
+          const float p0 = fminf(exp2_approx(st[x] * scale_log2 - cs.x), 1.0f),
+                      p1 = fminf(exp2_approx(st[x + 1] * scale_log2 - cs.z), 1.0f);
           pa[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(p0, p1);
           da[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(p0 * (dpt[x] - cs.y), p1 * (dpt[x + 1] - cs.w));
         }
@@ -395,8 +397,8 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
 #pragma unroll
           for (int pair = 0; pair < 2; ++pair) {
             const int x = 4 * nt + 2 * pair;
-            const float p0 = exp2_approx(sc[x] * scale_log2 - lse2[pair]),
-                        p1 = exp2_approx(sc[x + 1] * scale_log2 - lse2[pair]);
+            const float p0 = fminf(exp2_approx(sc[x] * scale_log2 - lse2[pair]), 1.0f),
+                        p1 = fminf(exp2_approx(sc[x + 1] * scale_log2 - lse2[pair]), 1.0f);
             da[nt / 2][(nt % 2) * 2 + pair] = pack2<T>(p0 * (dp[x] - delta[pair]), p1 * (dp[x + 1] - delta[pair]));
           }
         }
@@ -453,8 +455,13 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
     T* row = static_cast<T*>(c.dq.data) + row_offset(c.dq, b, i, h);
 #pragma unroll
     for (int nt = 0; nt < DT; ++nt) {
-      row[nt * 8 + 2 * tig] = from_float<T>(dq[4 * nt + 2 * pair] * p.scale);
-      row[nt * 8 + 2 * tig + 1] = from_float<T>(dq[4 * nt + 2 * pair + 1] * p.scale);
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        float g = dq[4 * nt + 2 * pair + x] * p.scale;
+        // A NaN or infinity of a key the row does not see, met through dS = 0 (dense_repair.cuh).
+        if (!isfinite(g)) g = repair::dq<T>(c, b, h, i, nt * 8 + 2 * tig + x);
+        row[nt * 8 + 2 * tig + x] = from_float<T>(g);
+      }
     }
   }
 #endif

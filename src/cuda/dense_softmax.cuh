@@ -10,6 +10,7 @@
 #include "core/hash3.hpp"
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
+#include "cuda/dense_repair.cuh"
 #include "flashtq/problem.hpp"
 
 namespace flashtq::cuda {
@@ -89,8 +90,9 @@ __device__ __forceinline__ void softmax_tile(const Tile& t, std::int64_t j0, boo
           // for the block's real rows only.
           if (i >= p.Sq || (!interior && !core::key_visible(p, i, j))) v = -INFINITY;
           if (p.mask != nullptr && v != -INFINITY) {
-            v += p.mask[t.b * p.mask_strides[0] + t.h * p.mask_strides[1] + i * p.mask_strides[2] +
-                        j * p.mask_strides[3]];
+            const float mask = p.mask[t.b * p.mask_strides[0] + t.h * p.mask_strides[1] + i * p.mask_strides[2] +
+                                      j * p.mask_strides[3]];
+            v = mask == -INFINITY ? -INFINITY : v + mask;  // masked whatever the key holds (NaN + -inf is NaN)
             if (v <= -1e30f) v = -INFINITY;
           }
           v *= kLog2e;
@@ -155,27 +157,48 @@ __device__ __forceinline__ void softmax_tile(const Tile& t, std::int64_t j0, boo
   }
 }
 
-// O / l to `out` (rows past Sq dropped) and, when asked, LSE = m ln 2 + ln l (-inf for a row that sees no key).
+// O / l to `out` (rows past Sq dropped) and, when asked, LSE = m ln 2 + ln l (-inf for a row that sees
+// no key). docs/spec.md §3: a row whose every score is at most -1e30 sees nothing (the tiles skip no
+// such scores: the check is here, once per row); a row the tiles could not finish (its maximum or sum
+// not finite: a score past f32's range) and any element that is not finite (a NaN or infinity of a
+// key the row does not see, met through a zero weight) are recomputed in double (dense_repair.cuh).
 template <typename T, int A, int DT, typename Tile>
-__device__ __forceinline__ void store_rows(const Tile& t, const TensorView& ov, float* lse, const float (&o)[A][DT][4],
-                                           const float (&m)[A][2], const float (&l)[A][2]) {
+__device__ __forceinline__ void store_rows(const Tile& t, const TensorView& qv, const TensorView& kv,
+                                           const TensorView& vv, const TensorView& ov, float* lse,
+                                           const float (&o)[A][DT][4], const float (&m)[A][2], const float (&l)[A][2]) {
   const DenseProblem& p = t.p;
 #pragma unroll
   for (int a = 0; a < A; ++a) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float sum = row_sum<Tile::kRowLanes>(l[a][r]);
+      const float sum = row_sum<Tile::kRowLanes>(l[a][r]), mr = m[a][r];
       const std::int64_t i = t.row_of(a, r);
       if (i >= p.Sq) continue;
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const bool unfinished = !(mr == -INFINITY && sum == 0.0f) && !(isfinite(mr) && isfinite(sum) && sum > 0.0f);
+      const bool sees_nothing = !unfinished && !(sum > 0.0f && mr > -1e30f * kLog2e);
+      const float inv = sees_nothing ? 0.0f : 1.0f / sum;
+      repair::RowStats exact;
+      bool have_exact = false;
+      auto exact_stats = [&]() -> const repair::RowStats& {
+        if (!have_exact) exact = repair::row_stats<T>(p, qv, kv, t.b, t.h, i);
+        have_exact = true;
+        return exact;
+      };
       T* out = static_cast<T*>(ov.data) + row_offset(ov, t.b, i, t.h);
 #pragma unroll
       for (int nt = 0; nt < DT; ++nt) {
-        out[t.dim_of(nt, 0)] = from_float<T>(o[a][nt][2 * r] * inv);
-        out[t.dim_of(nt, 1)] = from_float<T>(o[a][nt][2 * r + 1] * inv);
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          float value = o[a][nt][2 * r + x] * inv;
+          if (unfinished || !isfinite(value))
+            value = repair::output<T>(p, qv, kv, vv, exact_stats(), t.b, t.h, i, t.dim_of(nt, x));
+          out[t.dim_of(nt, x)] = from_float<T>(value);
+        }
       }
       if (lse != nullptr && threadIdx.x % Tile::kRowLanes == 0) {
-        lse[(t.b * p.H + t.h) * p.Sq + i] = sum > 0.0f ? m[a][r] * kLn2 + logf(sum) : -INFINITY;
+        lse[(t.b * p.H + t.h) * p.Sq + i] = unfinished     ? float(exact_stats().lse())
+                                            : sees_nothing ? -INFINITY
+                                                           : mr * kLn2 + logf(sum);
       }
     }
   }

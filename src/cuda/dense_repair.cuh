@@ -1,0 +1,106 @@
+// Elements the f32 dense kernels cannot finish, recomputed in double straight from the caller's
+// views with the oracle's arithmetic (docs/spec.md §3; core/dense_row.hpp on the host): a row whose
+// score passed f32's range (its maximum or sum is not finite), and an output or dq element that a
+// NaN or infinity of a key the row does not see reached through a zero weight of a tensor-core
+// product. Each thread repairs only the elements it owns, so no kernel synchronises for it; the
+// check costs a comparison per element and the repair runs only for such inputs.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/hash3.hpp"
+#include "core/visibility.hpp"
+#include "cuda/common.cuh"
+#include "flashtq/problem.hpp"
+
+namespace flashtq::cuda::repair {
+
+template <typename T>
+__device__ __forceinline__ double element(const TensorView& t, std::int64_t b, std::int64_t s, std::int64_t h,
+                                          std::int64_t d) {
+  return double(to_float(static_cast<const T*>(t.data)[row_offset(t, b, s, h) + d]));
+}
+
+template <typename T>
+__device__ double dot(const TensorView& x, std::int64_t bx, std::int64_t sx, std::int64_t hx, const TensorView& y,
+                      std::int64_t by, std::int64_t sy, std::int64_t hy, std::int64_t D) {
+  double acc = 0;
+  for (std::int64_t d = 0; d < D; ++d) acc += element<T>(x, bx, sx, hx, d) * element<T>(y, by, sy, hy, d);
+  return acc;
+}
+
+// Score of (b, h, i, j) in double, -inf when invisible or masked (a -inf mask entry masks whatever
+// the key holds).
+template <typename T>
+__device__ double score(const DenseProblem& p, const TensorView& q, const TensorView& k, std::int64_t b, std::int64_t h,
+                        std::int64_t i, std::int64_t j) {
+  if (!core::key_visible(p, i, j)) return -INFINITY;
+  double mask = 0;
+  if (p.mask != nullptr) {
+    mask =
+        double(p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]]);
+    if (mask == -INFINITY) return -INFINITY;
+  }
+  const double s = double(p.scale) * dot<T>(q, b, i, h, k, b, j, h / p.group(), p.D) + mask;
+  return s <= -1e30 ? -INFINITY : s;
+}
+
+__device__ __forceinline__ double dropout_factor(const DenseProblem& p, std::int64_t b, std::int64_t h, std::int64_t i,
+                                                 std::int64_t j) {
+  if (p.dropout_p <= 0.0f) return 1.0;
+  const bool keep =
+      core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j));
+  return keep ? 1.0 / (1.0 - double(p.dropout_p)) : 0.0;
+}
+
+// Row (b, h, i)'s maximum m and sum l = sum exp(s - m); m = -inf when it sees nothing.
+struct RowStats {
+  double m = -INFINITY, l = 0;
+  __device__ double lse() const { return m == -INFINITY ? -INFINITY : m + ::log(l); }
+};
+template <typename T>
+__device__ RowStats row_stats(const DenseProblem& p, const TensorView& q, const TensorView& k, std::int64_t b,
+                              std::int64_t h, std::int64_t i) {
+  RowStats r;
+  for (std::int64_t j = 0; j < p.Sk; ++j) r.m = fmax(r.m, score<T>(p, q, k, b, h, i, j));
+  if (r.m == -INFINITY) return r;
+  for (std::int64_t j = 0; j < p.Sk; ++j) r.l += ::exp(score<T>(p, q, k, b, h, i, j) - r.m);
+  return r;
+}
+
+// Output element (b, i, h, d) of the forward; keys of weight 0 are never read.
+template <typename T>
+__device__ float output(const DenseProblem& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const RowStats& r, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) {
+  if (r.m == -INFINITY) return 0.0f;
+  double o = 0;
+  for (std::int64_t j = 0; j < p.Sk; ++j) {
+    const double w = ::exp(score<T>(p, q, k, b, h, i, j) - r.m) / r.l * dropout_factor(p, b, h, i, j);
+    if (w != 0.0) o += w * element<T>(v, b, j, h / p.group(), d);
+  }
+  return float(o);
+}
+
+// dq element (b, i, h, d) of the backward: sum_j dS_ij k_j[d], dS = P (dP - D_i) scale with
+// P = min(1, exp(s - lse)) (docs/spec.md §3); a zero dS adds nothing.
+template <typename T>
+__device__ float dq(const BackwardCall& c, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) {
+  const DenseProblem& p = c.p;
+  const double lse = c.lse[(b * p.H + h) * p.Sq + i];
+  if (lse == -INFINITY) return 0.0f;
+  const double delta = dot<T>(c.dout, b, i, h, c.out, b, i, h, p.D);
+  double acc = 0;
+  for (std::int64_t j = 0; j < p.Sk; ++j) {
+    const double s = score<T>(p, c.q, c.k, b, h, i, j);
+    if (s == -INFINITY) continue;
+    double prob = ::exp(s - lse);
+    if (prob > 1.0) prob = 1.0;  // (a NaN stays NaN)
+    const double z = dropout_factor(p, b, h, i, j);
+    const double ds = prob * (dot<T>(c.dout, b, i, h, c.v, b, j, h / p.group(), p.D) * z - delta) * double(p.scale);
+    if (ds != 0.0) acc += ds * element<T>(c.k, b, j, h / p.group(), d);
+  }
+  return float(acc);
+}
+
+}  // namespace flashtq::cuda::repair
