@@ -66,8 +66,19 @@ fn store_g2(i: u32, x: f32) {
 
 fn score(qk: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
   var s = P.scale * qk;
-  if (P.has_mask != 0u) { s += MASK[P.m_off + b * P.m_sb + h * P.m_sh + i * P.m_sq + j * P.m_sk]; }
+  if (P.has_mask != 0u) {
+    let m = MASK[P.m_off + b * P.m_sb + h * P.m_sh + i * P.m_sq + j * P.m_sk];
+    if (m == bitcast<f32>(NEG_INF_BITS)) { return m; }  // masked whatever the key holds (NaN + -inf is NaN)
+    s += m;
+  }
   return s;
+}
+
+// exp(s - lse) is a probability: held at 1 where an lse a little below the f32 score would scale the
+// gradients by exp(s - lse) (docs/spec.md §3). A NaN stays NaN.
+fn probability(s: f32, lse: f32) -> f32 {
+  let p = exp(s - lse);
+  return select(p, 1.0, p > 1.0);
 }
 
 var<workgroup> tile_a: array<vec4<f32>, 512>;  // K (dq) or Q (dkdv) rows
@@ -134,7 +145,7 @@ fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
         }
         let s = score(qk.x + qk.y + qk.z + qk.w, b, h, row, j);
         if (s <= MASKED) { continue; }
-        let p = exp(s - lse);
+        let p = probability(s, lse);
         let dp = dropout_factor(P.dropout_p, P.seed, bh, row, j) * (dv.x + dv.y + dv.z + dv.w);
         let ds = p * (dp - delta);
         for (var c = 0u; c < d4; c++) { acc[c] = fma(vec4<f32>(ds), tile_a[r * d4 + c], acc[c]); }
@@ -219,7 +230,7 @@ fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
           }
           let s = score(qk.x + qk.y + qk.z + qk.w, b, h, row, j);
           if (s <= MASKED) { continue; }
-          let p = exp(s - tile_lse[r]);
+          let p = probability(s, tile_lse[r]);
           let f = dropout_factor(P.dropout_p, P.seed, bh, row, j);
           let ds = p * (f * (dov.x + dov.y + dov.z + dov.w) - tile_delta[r]);
           let pf = p * f;

@@ -25,6 +25,13 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> LSE: array<f32>;
 
 const ROWS: u32 = 64u;
+// Scores are computed in units of 2^64 (q is scaled by 2^-64, exactly), so that scores past f32's range
+// (up to 2^64 times it) still give the oracle's softmax (docs/spec.md §3): a power of two changes no
+// rounding, and only products below 2^-62 lose bits (to subnormals or flushing), far below f32's
+// rounding of any score they join.
+const UNIT: f32 = 0x1p-64f;
+const PER_UNIT: f32 = 0x1p64f;
+const MASKED_UNITS: f32 = MASKED * UNIT;
 
 fn ld4_q(i: u32) -> vec4<f32> {
   return vec4<f32>(widen(Q[word_of(i, P.dtype)], i, P.dtype), widen(Q[word_of(i + 1u, P.dtype)], i + 1u, P.dtype),
@@ -68,7 +75,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   for (var c = 0u; c < d4; c++) {
     acc[c] = vec4<f32>(0.0);
     q[c] = vec4<f32>(0.0);
-    if (valid) { q[c] = ld4_q(q_base + 4u * c); }
+    if (valid) { q[c] = ld4_q(q_base + 4u * c) * UNIT; }
   }
   // The keys any row of this workgroup can see (uniform across the workgroup).
   let pos = i32(row) + P.causal_offset;
@@ -83,7 +90,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   }
   let bh = b * P.H + h;
   let m_base = P.m_off + b * P.m_sb + h * P.m_sh + row * P.m_sq;
-  var m_run = MASKED;
+  var m_run = MASKED_UNITS;
   var l_run = 0.0;
   let tile_k = i32(P.tile_k);
   for (var ks = k_begin; ks < k_end; ks += tile_k) {
@@ -103,27 +110,31 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     workgroupBarrier();
     if (valid) {
       var s: array<f32, 64>;
-      var tile_max = MASKED;
+      var tile_max = MASKED_UNITS;
       for (var r = 0; r < tile_k; r++) {
         let j = ks + r;
-        var sc = MASKED;
+        var sc = MASKED_UNITS;
         if (key_visible(j, pos, i32(P.Sk), P.causal, P.window)) {
           var dot4 = vec4<f32>(0.0);
           for (var c = 0u; c < d4; c++) { dot4 = fma(q[c], k_tile[u32(r) * d4 + c], dot4); }
           sc = P.scale * (dot4.x + dot4.y + dot4.z + dot4.w);
-          if (P.has_mask != 0u) { sc += MASK[m_base + u32(j) * P.m_sk]; }
+          if (P.has_mask != 0u) {
+            let m = MASK[m_base + u32(j) * P.m_sk];
+            // masked whatever the key holds (NaN + -inf is NaN)
+            sc = select(sc + m * UNIT, MASKED_UNITS, m == bitcast<f32>(NEG_INF_BITS));
+          }
         }
         s[r] = sc;
         tile_max = max(tile_max, sc);
       }
-      if (tile_max > MASKED) {
+      if (tile_max > MASKED_UNITS) {
         let m_new = max(m_run, tile_max);
-        let corr = exp(m_run - m_new);
+        let corr = exp((m_run - m_new) * PER_UNIT);
         l_run *= corr;
         for (var c = 0u; c < d4; c++) { acc[c] *= corr; }
         for (var r = 0; r < tile_k; r++) {
-          if (s[r] > MASKED) {
-            let p = exp(s[r] - m_new);
+          if (s[r] > MASKED_UNITS) {
+            let p = exp((s[r] - m_new) * PER_UNIT);
             l_run += p;
             let w = p * dropout_factor(P.dropout_p, P.seed, bh, row, u32(ks + r));
             if (w != 0.0) {
@@ -147,7 +158,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
       store_out(o_base + 4u * c + 3u, o.w);
     }
     if (P.has_lse != 0u) {
-      LSE[P.lse_off + bh * P.Sq + row] = select(bitcast<f32>(NEG_INF_BITS), m_run + log(l_run), l_run > 0.0);
+      LSE[P.lse_off + bh * P.Sq + row] = select(bitcast<f32>(NEG_INF_BITS), m_run * PER_UNIT + log(l_run), l_run > 0.0);
     }
   }
 }
