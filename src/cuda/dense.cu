@@ -68,13 +68,7 @@ __device__ __forceinline__ float masked(const DenseProblem& p, float dot, std::i
   return s <= -1e30f ? -INFINITY : s;
 }
 
-__device__ __forceinline__ float dropout_factor(const DenseProblem& p, std::int64_t b, std::int64_t h, std::int64_t i,
-                                                std::int64_t j) {
-  if (p.dropout_p <= 0.0f) return 1.0f;
-  const bool keep =
-      core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j));
-  return keep ? 1.0f / (1.0f - p.dropout_p) : 0.0f;
-}
+using repair::dropout_factor;
 
 template <typename T>
 __global__ void __launch_bounds__(32 * kWarps)
@@ -97,7 +91,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new), e = expf(s - m_new);
     l = l * corr + e;
-    const float w = e * dropout_factor(p, b, h, i, j);
+    const float w = e * dropout_factor<float>(p, b, h, i, j);
     const T* vrow = static_cast<const T*>(vv.data) + row_offset(vv, b, j, hk);
 #pragma unroll
     for (int x = 0; x < kMaxPerLane; ++x) {
@@ -145,7 +139,7 @@ __global__ void __launch_bounds__(32 * kWarps) dq_kernel(BackwardCall c) {
     const float s = masked(p, dot_row(q, krow, D, lane), b, h, i, j);
     if (s == -INFINITY) continue;
     const float prob = fminf(expf(s - row_lse), 1.0f);  // a probability (docs/spec.md §3)
-    const float z = dropout_factor(p, b, h, i, j);
+    const float z = dropout_factor<float>(p, b, h, i, j);
     const float dp = dot_row(dout, static_cast<const T*>(c.v.data) + row_offset(c.v, b, j, hk), D, lane) * z;
     const float ds = prob * (dp - delta) * p.scale;
 #pragma unroll
@@ -189,7 +183,7 @@ __global__ void __launch_bounds__(32 * kWarps) dkdv_kernel(BackwardCall c) {
       load_row(dout, static_cast<const T*>(c.dout.data) + row_offset(c.dout, b, i, h), D, lane);
       const float delta = dot_row(dout, static_cast<const T*>(c.out.data) + row_offset(c.out, b, i, h), D, lane);
       const float prob = fminf(expf(s - row_lse), 1.0f);  // a probability (docs/spec.md §3)
-      const float z = dropout_factor(p, b, h, i, j);
+      const float z = dropout_factor<float>(p, b, h, i, j);
       float dp = 0.0f;
 #pragma unroll
       for (int x = 0; x < kMaxPerLane; ++x) dp = fmaf(dout[x], v[x], dp);

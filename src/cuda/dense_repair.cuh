@@ -46,12 +46,14 @@ __device__ double score(const DenseProblem& p, const TensorView& q, const Tensor
   return s <= -1e30 ? -INFINITY : s;
 }
 
-__device__ __forceinline__ double dropout_factor(const DenseProblem& p, std::int64_t b, std::int64_t h, std::int64_t i,
-                                                 std::int64_t j) {
-  if (p.dropout_p <= 0.0f) return 1.0;
+// keep / (1 - p) of weight (b, h, i, j), in f32 for the kernels and in double for the repairs.
+template <typename Real = double>
+__device__ __forceinline__ Real dropout_factor(const DenseProblem& p, std::int64_t b, std::int64_t h, std::int64_t i,
+                                               std::int64_t j) {
+  if (p.dropout_p <= 0.0f) return Real(1);
   const bool keep =
       core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j));
-  return keep ? 1.0 / (1.0 - double(p.dropout_p)) : 0.0;
+  return keep ? Real(1) / (Real(1) - Real(p.dropout_p)) : Real(0);
 }
 
 // Row (b, h, i)'s maximum m and sum l = sum exp(s - m); m = -inf when it sees nothing.
