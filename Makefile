@@ -1,7 +1,7 @@
 # The two commands: `make demo` and `make test`. Both set up a fresh Debian machine themselves.
 JOBS ?= $(shell nproc)
 
-.PHONY: setup build demo test python-test clean
+.PHONY: setup build demo test fuzz python-test clean
 
 setup:
 	./scripts/setup.sh
@@ -15,6 +15,11 @@ demo: build
 
 test: build
 	./scripts/test.sh
+
+# The libFuzzer harnesses (tests/fuzz/) for FUZZ_SECONDS each (`make test` runs them for 60 s).
+FUZZ_SECONDS ?= 600
+fuzz: setup
+	./scripts/fuzz.sh $(FUZZ_SECONDS)
 
 # The Python package alone (its own venv, pinned wheels, pip install ., pytest); `make test` runs it too.
 python-test: setup

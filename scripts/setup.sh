@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev
   libhwy-dev libomp-dev
+  clang libclang-rt-dev  # clang++ and its libFuzzer/TSan runtimes: the fuzz and tsan presets (scripts/fuzz.sh, the TSan job)
   mesa-vulkan-drivers libvulkan1  # the webgpu backend's Vulkan device where there is no GPU (lavapipe)
   dict-devil bible-kjv-text bible-kjv  # the Python evaluation's corpora (bible-kjv decodes bible-kjv-text's file)
 )

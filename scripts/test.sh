@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything `make test` runs after the release build: the unit and conformance tests, the same
-# tests under AddressSanitizer + UndefinedBehaviorSanitizer, the installed package consumed from an
-# outside project (which also builds the README's example), the CLI's conformance bar, and the Python package.
+# tests under AddressSanitizer + UndefinedBehaviorSanitizer, the fuzzers for a minute each, the
+# concurrency tests under ThreadSanitizer, the installed package consumed from an outside project
+# (which also builds the README's example), the CLI's conformance bar, and the Python package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -21,6 +22,24 @@ cmake --preset sanitize >/dev/null
 cmake --build --preset sanitize -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --preset sanitize -j "$jobs"
+
+echo "== fuzzing: the libFuzzer harnesses of tests/fuzz/ (ASan + UBSan), 60 s each"
+./scripts/fuzz.sh 60
+
+echo "== concurrency tests and the cpu backend's conformance cases under ThreadSanitizer"
+cmake --preset tsan >/dev/null
+cmake --build --preset tsan -j "$jobs"
+# clang's libomp is not instrumented, so TSan cannot see OpenMP's own synchronisation and reports
+# every parallel region as racing (it does, without archer). libomp's archer tool (an OMPT tool
+# loaded through OMP_TOOL_LIBRARIES) tells TSan about it, so the cpu kernels run on their usual
+# threads and a race between them is still seen; ignore_noninstrumented_modules drops the reports
+# inside libomp itself. A race fails the job (halt_on_error).
+archer=$(dirname "$(readlink -f "$(command -v clang++)")")/../lib/libarcher.so
+[ -f "$archer" ] || { echo "libarcher.so not found beside clang++ (libomp-dev): $archer"; exit 1; }
+OMP_TOOL_LIBRARIES=$archer \
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1 \
+  ./build/tsan/tests/flashtq_tests --gtest_brief=1 \
+  --gtest_filter='Concurrency.*:Registry.*:Backends/*.*/cpu*'
 
 echo "== install and consume flashtq::flashtq from an outside project (with the README example)"
 rm -rf build/install build/consumer
