@@ -23,6 +23,7 @@ namespace core {
 namespace {
 
 constexpr std::int64_t kInt32Max = std::numeric_limits<std::int32_t>::max();
+constexpr std::int64_t kInt32Min = std::numeric_limits<std::int32_t>::min();
 constexpr std::int64_t kMaxHeadDim = 256;
 constexpr std::int64_t kMaxExactTokens = 65536;  // sink or recent timesteps kept exact
 
@@ -118,8 +119,10 @@ DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const 
   if (!std::isfinite(p.scale)) throw Error("scale", "must be finite");
   p.causal = params.causal;
   p.causal_offset = params.causal_offset.value_or(p.Sk - p.Sq);
-  if (p.causal_offset < -kInt32Max || p.causal_offset > kInt32Max - p.Sq) {
-    throw Error("causal_offset", "query positions (row + causal_offset) overflow int32");
+  // Positions i + causal_offset, i in [0, Sq), must be int32s: the first is causal_offset and the last
+  // causal_offset + Sq - 1, written so that neither bound overflows (Sq is at most 2^31 - 1 here).
+  if (p.causal_offset < kInt32Min || p.causal_offset > kInt32Max - (p.Sq - 1)) {
+    throw Error("causal_offset", "query positions row + causal_offset (row in [0, Sq)) must lie in [-2^31, 2^31 - 1]");
   }
   if (params.window < 0 || params.window > kInt32Max) {
     throw Error("window", "must be in [0, 2^31 - 1] (0 = no window)");
