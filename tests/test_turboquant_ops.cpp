@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 
 #include "conformance/host_tensor.hpp"
@@ -364,6 +365,58 @@ TEST(TqBadInput, AttendArgumentsAreChecked) {
   a.n_queries = 2;
   a.q_cap = 1;
   expect_arg(a, "q_cap");
+}
+
+// Sizes near INT64_MAX are refused by rule, never by an overflowing sum (UBSan aborts on one, so these
+// run in the sanitize build too): the encode's "cache full" message once printed start_pos + T - 1,
+// and a window of INT64_MAX at a negative per-sequence start computed p - window + 1.
+TEST(TqBadInput, HugeArgumentsAreRefusedWithoutOverflow) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  {
+    TqLayout l{64, 2, 8, 2, 2};
+    HostTensor x({1, 4, 2, 64}, DType::f32, false);
+    std::vector<std::uint32_t> cache(std::size_t(l.key_words()), 0u);
+    try {
+      tq_encode_keys(backend("reference"), {make_tq_tables(l, 1, 0), x.view, kMax, cache.data(), nullptr});
+      ADD_FAILURE() << "start_pos INT64_MAX accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "start_pos") << e.what();
+    }
+  }
+  const AttendCall call;
+  auto expect_arg = [&](const TqAttendArgs& a, const std::string& arg) {
+    expect_rejected(backend("reference"), a, arg);
+  };
+  // n_queries beyond capacity (8), with or without max_seq and per-sequence starts: refused by name.
+  const std::int32_t starts[1] = {0};
+  for (std::int64_t n : {kMax, kMax - 1, kMax / 65, std::int64_t(9)}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      TqAttendArgs a = call.args();
+      a.n_queries = n;
+      a.start_pos = 0;
+      if (variant == 1) a.max_seq = 8;
+      if (variant == 2) a.start_positions = starts;
+      expect_arg(a, "n_queries");
+    }
+  }
+  TqAttendArgs a = call.args();
+  a.window = kMax;
+  expect_arg(a, "window");
+  a.window = std::int64_t(1) << 31;
+  expect_arg(a, "window");
+  // The largest window at the most negative start: sees nothing, writes zeros.
+  const std::int32_t far[1] = {std::numeric_limits<std::int32_t>::min()};
+  a.window = std::numeric_limits<std::int32_t>::max();
+  a.start_positions = far;
+  HostTensor out(call.out);
+  out.poison();
+  a.out = out.view;
+  tq_attend(backend("reference"), a);
+  for (double v : out.values()) ASSERT_EQ(v, 0.0);
+  // A chunk of 2^63 - 1 rows has no scratch whose size fits in 64 bits.
+  EXPECT_THROW(tq_scratch_floats(kMax, 4, 64), Error);
+  EXPECT_THROW(tq_scratch_floats(-1, 4, 64), Error);
+  EXPECT_EQ(tq_scratch_floats(3, 4, 64), 3 * 4 * 129);
 }
 
 // The reference backend, but asking tq_attend for a workspace as the GPU backends do: the workspace

@@ -238,9 +238,9 @@ TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& a, b
   const std::int64_t T = a.x.shape[1];
   check_shape("x", a.x, {1, T, l.n_kv_heads, l.head_dim}, "[1, T, n_kv_heads, head_dim]");
   if (a.start_pos < 0) throw Error("start_pos", "must be >= 0");
-  if (a.start_pos > l.capacity - T) {
-    throw Error("start_pos", "cache full: timesteps " + std::to_string(a.start_pos) + ".." +
-                                 std::to_string(a.start_pos + T - 1) + " pass capacity " + std::to_string(l.capacity));
+  if (a.start_pos > l.capacity - T) {  // no sum: start_pos may be anything up to INT64_MAX here
+    throw Error("start_pos", "cache full: " + std::to_string(T) + " timesteps from " + std::to_string(a.start_pos) +
+                                 " pass capacity " + std::to_string(l.capacity));
   }
   check_pointer("cache", a.cache, alignof(std::uint32_t));
   if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
@@ -281,7 +281,10 @@ TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
   if (a.n_heads < 1 || a.n_heads % l.n_kv_heads != 0) {
     throw Error("n_heads", "must be a positive multiple of n_kv_heads (" + std::to_string(l.n_kv_heads) + ")");
   }
-  if (a.n_queries < 1) throw Error("n_queries", "must be >= 1");
+  // First, so that every sum of a position and n_queries below is small (capacity < 2^32).
+  if (a.n_queries < 1 || a.n_queries > l.capacity) {
+    throw Error("n_queries", "must be in [1, capacity " + std::to_string(l.capacity) + "]");
+  }
   if (a.batch < 1) throw Error("batch", "must be >= 1");
   const std::int64_t rows = checked_mul(a.batch, a.n_queries, "batch");
   const std::int64_t q_cap = a.q_cap == 0 ? rows : a.q_cap;
@@ -296,12 +299,12 @@ TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
     if (a.start_pos < 0 || a.start_pos >= l.capacity) {
       throw Error("start_pos", "must be in [0, capacity " + std::to_string(l.capacity) + ")");
     }
-    if (!a.max_seq && a.start_pos + a.n_queries > l.capacity) {
+    if (!a.max_seq && a.n_queries > l.capacity - a.start_pos) {
       throw Error("start_pos", "query rows " + std::to_string(a.start_pos) + ".." +
                                    std::to_string(a.start_pos + a.n_queries - 1) + " pass capacity " +
                                    std::to_string(l.capacity));
     }
-    max_seq = a.max_seq.value_or(a.start_pos + a.n_queries);
+    max_seq = a.max_seq ? *a.max_seq : a.start_pos + a.n_queries;
   }
   if (max_seq < 0 || max_seq > l.capacity) {
     throw Error("max_seq", "must be in [0, capacity " + std::to_string(l.capacity) + "]");
@@ -318,7 +321,9 @@ TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
   // With per-sequence starts any row may see up to max_seq timesteps; else the last row's limit.
   c.longest_row = a.start_positions ? max_seq : std::min(a.start_pos + a.n_queries, max_seq);
   c.start_positions = a.start_positions;
-  if (a.window < 0) throw Error("window", "must be >= 0 (0 = no window)");
+  // As the dense window (docs/spec.md §4): positions are int32, so a longer window is no window, and
+  // p - window + 1 stays far from overflowing for any int32 p.
+  if (a.window < 0 || a.window > kInt32Max) throw Error("window", "must be in [0, 2^31 - 1] (0 = no window)");
   c.window = a.window;
   const float inv_sqrt_d = float(1.0 / std::sqrt(double(l.head_dim)));
   c.scale = a.scale.value_or(inv_sqrt_d);
