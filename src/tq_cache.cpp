@@ -131,8 +131,8 @@ void TqKvCache::encode(std::int64_t layer, const TensorView& k, const TensorView
   auto* keys = static_cast<std::uint32_t*>(storage_->keys[std::size_t(layer)].get());
   auto* values = static_cast<std::uint32_t*>(storage_->values[std::size_t(layer)].get());
   // Both validated before either is written, so a rejected call leaves the cache unchanged.
-  const TqEncodeCall ka = core::validate_tq_encode(*backend_, {tables, k, start_pos, keys, stream_}, true);
-  const TqEncodeCall va = core::validate_tq_encode(*backend_, {tables, v, start_pos, values, stream_}, false);
+  const TqEncodeCall ka = core::validate_tq_encode(*backend_, {tables, k, start_pos, keys, stream_}, true, "k");
+  const TqEncodeCall va = core::validate_tq_encode(*backend_, {tables, v, start_pos, values, stream_}, false, "v");
   backend_->tq_encode(ka);
   backend_->tq_encode(va);
   length_[std::size_t(layer)] = std::max(length_[std::size_t(layer)], start_pos + k.shape[1]);

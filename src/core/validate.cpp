@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/checked.hpp"
+#include "core/tq_norm_rule.hpp"
 #include "flashtq/error.hpp"
 
 namespace flashtq {
@@ -231,12 +232,12 @@ void validate_tq_layout(const TqLayout& l) {
   }
 }
 
-TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& a, bool keys) {
+TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& a, bool keys, const char* view) {
   const TqLayout& l = a.tables.layout;
   validate_tq_layout(l);
-  check_view("x", a.x, backend);
+  check_view(view, a.x, backend);
   const std::int64_t T = a.x.shape[1];
-  check_shape("x", a.x, {1, T, l.n_kv_heads, l.head_dim}, "[1, T, n_kv_heads, head_dim]");
+  check_shape(view, a.x, {1, T, l.n_kv_heads, l.head_dim}, "[1, T, n_kv_heads, head_dim]");
   if (a.start_pos < 0) throw Error("start_pos", "must be >= 0");
   if (a.start_pos > l.capacity - T) {  // no sum: start_pos may be anything up to INT64_MAX here
     throw Error("start_pos", "cache full: " + std::to_string(T) + " timesteps from " + std::to_string(a.start_pos) +
@@ -251,6 +252,11 @@ TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& a, b
   c.start_pos = a.start_pos;
   c.cache = a.cache;
   c.stream = a.stream;
+  // Last, since it reads every row: a norm f16 cannot hold would be stored as an inf (the oracle then
+  // gives NaN or drops the key), so it is refused before any word is written.
+  const std::optional<TqRowNorm> bad =
+      a.x.memory == Memory::host ? first_unstorable_row(c) : backend.tq_unstorable_row(c);
+  if (bad) throw Error(view, unstorable_rule(*bad, c));
   return c;
 }
 
