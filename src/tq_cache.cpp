@@ -115,7 +115,8 @@ void TqKvCache::overwrite(std::int64_t layer, const TensorView& k, const TensorV
   if (config_.layout.recent_tokens > 0) {
     throw Error("start_pos", "a cache with recent_tokens cannot overwrite (its recent window is the last timesteps)");
   }
-  if (start_pos < 0 || k.shape[1] > length || start_pos > length - k.shape[1]) {
+  // start_pos first, so that length - start_pos cannot overflow whatever T is (the validator refuses T < 1).
+  if (start_pos < 0 || start_pos > length || k.shape[1] > length - start_pos) {
     throw Error("start_pos",
                 "overwrite() rewrites timesteps already appended: [start_pos, start_pos + T) must lie in "
                 "[0, " +
@@ -130,8 +131,8 @@ void TqKvCache::encode(std::int64_t layer, const TensorView& k, const TensorView
   auto* keys = static_cast<std::uint32_t*>(storage_->keys[std::size_t(layer)].get());
   auto* values = static_cast<std::uint32_t*>(storage_->values[std::size_t(layer)].get());
   // Both validated before either is written, so a rejected call leaves the cache unchanged.
-  const TqEncodeCall ka = core::validate_tq_encode(*backend_, {tables, k, start_pos, keys, stream_}, true);
-  const TqEncodeCall va = core::validate_tq_encode(*backend_, {tables, v, start_pos, values, stream_}, false);
+  const TqEncodeCall ka = core::validate_tq_encode(*backend_, {tables, k, start_pos, keys, stream_}, true, "k");
+  const TqEncodeCall va = core::validate_tq_encode(*backend_, {tables, v, start_pos, values, stream_}, false, "v");
   backend_->tq_encode(ka);
   backend_->tq_encode(va);
   length_[std::size_t(layer)] = std::max(length_[std::size_t(layer)], start_pos + k.shape[1]);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iterator>
+#include <limits>
 #include <fstream>
 #include <random>
 
@@ -116,10 +117,38 @@ TEST(TqKvCache, GapsAndOverlapsAreRefusedOverwriteRewrites) {
   }
 }
 
+// Hostile timestep counts and positions are refused without overflowing arithmetic (UBSan aborts on
+// one): overwrite() once computed length - T for any T, and T = INT64_MIN overflowed.
+TEST(TqKvCache, HugeCountsAndPositionsAreRefusedWithoutOverflow) {
+  Model m;
+  m.cache.append(0, m.k.view, m.v.view, 0);
+  const auto keys = m.cache.key_words(0), values = m.cache.value_words(0);
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min(),
+                         kMax = std::numeric_limits<std::int64_t>::max();
+  for (std::int64_t T : {kMin, kMin + 1, std::int64_t(-1), std::int64_t(0), kMax}) {
+    TensorView k = m.k.view, v = m.v.view;
+    k.shape[1] = v.shape[1] = T;
+    for (std::int64_t at : {kMin, std::int64_t(0), std::int64_t(5), std::int64_t(10), kMax}) {
+      EXPECT_THROW(m.cache.overwrite(0, k, v, at), Error) << "T " << T << " at " << at;
+      EXPECT_THROW(m.cache.append(0, k, v, at), Error) << "T " << T << " at " << at;
+    }
+  }
+  HostTensor q({1, 1, 4, 64}, DType::f32, false), out(q);
+  for (std::int64_t n : {kMin, std::int64_t(0), kMax}) {
+    TensorView qv = q.view, ov = out.view;
+    qv.shape[1] = ov.shape[1] = n;
+    for (std::int64_t at : {kMin, std::int64_t(0), kMax}) EXPECT_THROW(m.cache.attend(0, qv, at, ov), Error);
+  }
+  EXPECT_EQ(m.cache.key_words(0), keys);
+  EXPECT_EQ(m.cache.value_words(0), values);
+  EXPECT_EQ(m.cache.length(0), 10);
+}
+
 TEST(TqKvCache, SaveLoadRoundTripAndHeaderChecks) {
   Model m;
   HostTensor three({1, 3, 2, 64}, DType::bf16, false);
-  three.poison();
+  std::mt19937_64 rng = test_rng();
+  three.fill_normal(rng);  // not NaN: a row of NaN is refused (its norm has no f16)
   m.cache.append(0, three.view, three.view, 0);
   m.cache.append(0, m.k.view, m.v.view, 3);
   const std::string path = ::testing::TempDir() + "/flashtq_cache.bin";

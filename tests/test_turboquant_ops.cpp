@@ -1,11 +1,18 @@
-// TurboQuant operations on the reference backend: zero vectors, prefill == decodes, GQA, bad input.
+// TurboQuant operations on the reference backend: zero vectors, prefill == decodes, GQA, bad input;
+// the norm rule on every backend.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
+#include <limits>
+#include <optional>
 #include <random>
+#include <stdexcept>
+#include <utility>
 
+#include "conformance/device_buffer.hpp"
 #include "conformance/host_tensor.hpp"
+#include "core/elements.hpp"
 #include "flashtq/flashtq.hpp"
 #include "core/half.hpp"
 #include "core/tq_rows.hpp"
@@ -366,6 +373,58 @@ TEST(TqBadInput, AttendArgumentsAreChecked) {
   expect_arg(a, "q_cap");
 }
 
+// Sizes near INT64_MAX are refused by rule, never by an overflowing sum (UBSan aborts on one, so these
+// run in the sanitize build too): the encode's "cache full" message once printed start_pos + T - 1,
+// and a window of INT64_MAX at a negative per-sequence start computed p - window + 1.
+TEST(TqBadInput, HugeArgumentsAreRefusedWithoutOverflow) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  {
+    TqLayout l{64, 2, 8, 2, 2};
+    HostTensor x({1, 4, 2, 64}, DType::f32, false);
+    std::vector<std::uint32_t> cache(std::size_t(l.key_words()), 0u);
+    try {
+      tq_encode_keys(backend("reference"), {make_tq_tables(l, 1, 0), x.view, kMax, cache.data(), nullptr});
+      ADD_FAILURE() << "start_pos INT64_MAX accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "start_pos") << e.what();
+    }
+  }
+  const AttendCall call;
+  auto expect_arg = [&](const TqAttendArgs& a, const std::string& arg) {
+    expect_rejected(backend("reference"), a, arg);
+  };
+  // n_queries beyond capacity (8), with or without max_seq and per-sequence starts: refused by name.
+  const std::int32_t starts[1] = {0};
+  for (std::int64_t n : {kMax, kMax - 1, kMax / 65, std::int64_t(9)}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      TqAttendArgs a = call.args();
+      a.n_queries = n;
+      a.start_pos = 0;
+      if (variant == 1) a.max_seq = 8;
+      if (variant == 2) a.start_positions = starts;
+      expect_arg(a, "n_queries");
+    }
+  }
+  TqAttendArgs a = call.args();
+  a.window = kMax;
+  expect_arg(a, "window");
+  a.window = std::int64_t(1) << 31;
+  expect_arg(a, "window");
+  // The largest window at the most negative start: sees nothing, writes zeros.
+  const std::int32_t far[1] = {std::numeric_limits<std::int32_t>::min()};
+  a.window = std::numeric_limits<std::int32_t>::max();
+  a.start_positions = far;
+  HostTensor out(call.out);
+  out.poison();
+  a.out = out.view;
+  tq_attend(backend("reference"), a);
+  for (double v : out.values()) ASSERT_EQ(v, 0.0);
+  // A chunk of 2^63 - 1 rows has no scratch whose size fits in 64 bits.
+  EXPECT_THROW(tq_scratch_floats(kMax, 4, 64), Error);
+  EXPECT_THROW(tq_scratch_floats(-1, 4, 64), Error);
+  EXPECT_EQ(tq_scratch_floats(3, 4, 64), 3 * 4 * 129);
+}
+
 // The reference backend, but asking tq_attend for a workspace as the GPU backends do: the workspace
 // rules are checked on every machine, not only where a GPU is.
 class WorkspaceBackend final : public ReferenceWrapper {
@@ -393,6 +452,222 @@ TEST(TqBadInput, WorkspaceMustBeLargeEnoughAndAligned) {
   a.workspace = workspace;
   a.workspace_bytes = WorkspaceBackend::kBytes;
   EXPECT_NO_THROW(tq_attend(ws_backend, a));  // the same call with a proper workspace goes through
+}
+
+// ---- Norms f16 cannot hold (docs/spec.md §4) ----
+// A row whose norm is above 65504, or that holds a NaN or an infinity, was encoded with an f16 inf norm
+// (the oracle then gave NaN or dropped the key, the cpu SIMD path zero rows). It is refused, naming the
+// view and the row, before any word is written, on every backend: host memory is checked on the host,
+// cuda memory by a check kernel, webgpu memory on the host after a download.
+
+Backend* backend_named(const std::string& name) {
+  for (Backend* b : all_backends())
+    if (b->name() == name) return b;
+  return nullptr;
+}
+
+std::vector<std::string> backend_names() {
+  std::vector<std::string> names;
+  for (const Backend* b : all_backends()) names.push_back(b->name());
+  return names;
+}
+
+// Row (t, h) of x scaled to length `norm` (its direction kept).
+void scale_row(HostTensor& x, std::int64_t t, std::int64_t h, double norm) {
+  const std::int64_t D = x.view.shape[3], base = core::offset(x.view, 0, t, h);
+  double n2 = 0;
+  for (std::int64_t d = 0; d < D; ++d) n2 += std::pow(core::load(x.view.data, x.view.dtype, base + d), 2);
+  for (std::int64_t d = 0; d < D; ++d)
+    core::store(x.view.data, x.view.dtype, base + d,
+                float(core::load(x.view.data, x.view.dtype, base + d) * norm / std::sqrt(n2)));
+}
+
+std::vector<double> row_of(const HostTensor& x, std::int64_t t, std::int64_t h) {
+  const std::int64_t D = x.view.shape[3], base = core::offset(x.view, 0, t, h);
+  std::vector<double> r(static_cast<std::size_t>(D));
+  for (std::int64_t d = 0; d < D; ++d) r[std::size_t(d)] = core::load(x.view.data, x.view.dtype, base + d);
+  return r;
+}
+
+constexpr std::uint32_t kUntouched = 0x12345678u;
+constexpr double kF16MaxForTests = 65504.0;
+
+// Encodes x on b into a cache of kUntouched words; returns the words after the call and the error, if any.
+std::pair<std::vector<std::uint32_t>, std::optional<Error>> encode_on(Backend& b, const TqTables& t,
+                                                                      const HostTensor& x, bool keys) {
+  const std::int64_t words = keys ? t.layout.key_words() : t.layout.value_words();
+  conformance::DeviceBuffer dx(b, x.bytes), cache(b, std::vector<std::uint32_t>(std::size_t(words), kUntouched));
+  std::optional<Error> error;
+  try {
+    const TqEncodeArgs a{t, x.on(dx.get(), b.memory()), 0, static_cast<std::uint32_t*>(cache.get()), nullptr};
+    keys ? tq_encode_keys(b, a) : tq_encode_values(b, a);
+  } catch (const Error& e) {
+    error = e;
+  }
+  return {cache.read<std::uint32_t>(), error};
+}
+
+bool f16_finite(std::uint32_t bits) { return (bits & 0x7C00u) != 0x7C00u; }
+
+TqLayout norm_corrected(std::int64_t D, std::int64_t Hkv, std::int64_t capacity, int bits) {
+  TqLayout l{D, Hkv, capacity, bits, bits};
+  l.qjl = false;
+  l.norm_correction = true;
+  return l;
+}
+
+class TqNormRule : public ::testing::TestWithParam<std::string> {
+ protected:
+  Backend& under_test() {
+    Backend* b = backend_named(GetParam());
+    if (b == nullptr) throw std::runtime_error("no backend " + GetParam());
+    return *b;
+  }
+};
+
+#define SKIP_UNAVAILABLE(b) \
+  if (!(b).available())     \
+  GTEST_SKIP() << "backend '" << (b).name() << "' is not available here: " << (b).unavailable_reason()
+
+TEST_P(TqNormRule, RowsWhoseNormF16CannotHoldAreRefusedCacheUnchanged) {
+  Backend& b = under_test();
+  SKIP_UNAVAILABLE(b);
+  std::mt19937_64 rng = test_rng();
+  const TqTables seed = make_tq_tables({64, 2, 16, 2, 2}, rng(), 0);
+  const TqTables nc = make_tq_tables(norm_corrected(64, 2, 16, 3), rng(), 0);
+  auto expect_refused = [&](const TqTables& t, const HostTensor& x, bool keys, const std::string& what) {
+    const auto [words, error] = encode_on(b, t, x, keys);
+    ASSERT_TRUE(error.has_value()) << what << ": accepted";
+    EXPECT_EQ(error->argument(), "x") << error->what();
+    EXPECT_NE(std::string(error->what()).find("(0, 2, 1)"), std::string::npos) << error->what();
+    EXPECT_NE(std::string(error->what()).find("65504"), std::string::npos) << error->what();
+    for (std::uint32_t w : words) ASSERT_EQ(w, kUntouched) << what << ": a rejected encode wrote the cache";
+  };
+  auto expect_finite = [&](const TqTables& t, const HostTensor& x, bool keys, const std::string& what) {
+    const auto [words, error] = encode_on(b, t, x, keys);
+    ASSERT_FALSE(error.has_value()) << what << ": " << error->what();
+    const TqLayout& l = t.layout;
+    const std::int64_t norm_off = keys ? l.key_norm_offset() : l.value_norm_offset();
+    for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
+      for (std::int64_t t = 0; t < x.view.shape[1]; ++t) {
+        const std::uint32_t w = words[std::size_t(norm_off + h * l.capacity + t)];
+        EXPECT_TRUE(f16_finite(w) && f16_finite(w >> 16)) << what << ": norm word " << std::hex << w;
+      }
+    }
+  };
+  for (bool keys : {true, false}) {
+    const std::string kind = keys ? "keys" : "values";
+    HostTensor x({1, 4, 2, 64}, DType::f32, false);
+    x.fill_normal(rng);
+    HostTensor big(x);
+    scale_row(big, 2, 1, 7.1e4);
+    expect_refused(seed, big, keys, kind + " of norm 7.1e4");
+    expect_refused(nc, big, keys, kind + " of norm 7.1e4, norm correction");
+    for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+      HostTensor odd(x);
+      core::store(odd.view.data, DType::f32, core::offset(odd.view, 0, 2, 1) + 5, float(bad));
+      expect_refused(seed, odd, keys, kind + " holding " + std::to_string(bad));
+    }
+    // f16 elements are at most 65504, their row's norm need not be: 64 elements of 10000 make 80000.
+    HostTensor half({1, 4, 2, 64}, DType::f16, false);
+    half.fill_normal(rng);
+    for (std::int64_t d = 0; d < 64; ++d)
+      core::store(half.view.data, DType::f16, core::offset(half.view, 0, 2, 1) + d, 1e4f);
+    expect_refused(seed, half, keys, kind + " in f16 of norm 80000");
+    // Just below the bound: stored, and as a finite f16.
+    HostTensor fits(x);
+    scale_row(fits, 0, 0, 65000);
+    scale_row(fits, 0, 1, 65503);
+    expect_finite(seed, fits, keys, kind + " of norm 65000");
+    // Norm correction stores n / |c[idx]|, for most rows more than n (a decoded unit vector is shorter
+    // than 1): a norm below 65504 may still be refused, for what it stores. Row (2, 1) is redrawn until
+    // it is such a row.
+    double ratio = 0;  // 1 / |c[idx]| of row (2, 1)
+    for (int draw = 0; draw < 100 && ratio <= 1.002; ++draw) {
+      HostTensor fresh({1, 4, 2, 64}, DType::f32, false);
+      fresh.fill_normal(rng);
+      const std::vector<double> row = row_of(fresh, 2, 1);
+      for (std::int64_t d = 0; d < 64; ++d)
+        core::store(x.view.data, DType::f32, core::offset(x.view, 0, 2, 1) + d, float(row[std::size_t(d)]));
+      const core::EncodedRow unit = core::encode_row(row_of(x, 2, 1), nc, keys);
+      ratio = unit.stored_norm / unit.norm;
+    }
+    ASSERT_GT(ratio, 1.002) << "no row of 100 decodes shorter than 1";
+    HostTensor over(x), under(x);
+    scale_row(over, 2, 1, kF16MaxForTests / ratio * 1.001);
+    const core::EncodedRow o = core::encode_row(row_of(over, 2, 1), nc, keys);
+    ASSERT_LT(o.norm, kF16MaxForTests);
+    ASSERT_GT(o.stored_norm, kF16MaxForTests);
+    expect_refused(nc, over, keys,
+                   kind + " of norm " + std::to_string(o.norm) + " storing " + std::to_string(o.stored_norm));
+    scale_row(under, 2, 1, kF16MaxForTests / ratio * 0.999);
+    ASSERT_LT(core::encode_row(row_of(under, 2, 1), nc, keys).stored_norm, kF16MaxForTests);
+    scale_row(under, 0, 1, 1e-13);  // a zero row stays a zero row
+    expect_finite(nc, under, keys, kind + " storing just below 65504");
+  }
+}
+
+// Among many rows (several of the cuda check's blocks), the first bad one in timestep-major order is named.
+TEST_P(TqNormRule, TheFirstOfSeveralBadRowsIsNamed) {
+  Backend& b = under_test();
+  SKIP_UNAVAILABLE(b);
+  std::mt19937_64 rng = test_rng();
+  for (const TqLayout& l : {TqLayout{128, 4, 600, 2, 2}, norm_corrected(128, 4, 600, 4)}) {
+    const TqTables t = make_tq_tables(l, rng(), 0);
+    HostTensor x({1, 600, 4, 128}, DType::bf16, false);
+    x.fill_normal(rng, 100.0);  // norms about 1100: far inside the bound
+    scale_row(x, 517, 3, 1e5);
+    scale_row(x, 431, 2, 9e4);
+    core::store(x.view.data, DType::bf16, core::offset(x.view, 0, 599, 0), std::numeric_limits<float>::infinity());
+    const auto [words, error] = encode_on(b, t, x, false);
+    ASSERT_TRUE(error.has_value());
+    EXPECT_NE(std::string(error->what()).find("row (0, 431, 2)"), std::string::npos) << error->what();
+    for (std::uint32_t w : words) ASSERT_EQ(w, kUntouched);
+    scale_row(x, 431, 2, 5e4);
+    scale_row(x, 517, 3, 5e4);
+    const auto [words2, error2] = encode_on(b, t, x, true);
+    ASSERT_TRUE(error2.has_value());
+    EXPECT_NE(std::string(error2->what()).find("row (0, 599, 0)"), std::string::npos) << error2->what();
+    EXPECT_NE(std::string(error2->what()).find("NaN or an infinity"), std::string::npos) << error2->what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TqNormRule, ::testing::ValuesIn(backend_names()),
+                         [](const auto& info) { return info.param; });
+
+// TqKvCache names k or v, and a rejected append or overwrite leaves every word and the length as they were.
+TEST_P(TqNormRule, CacheAppendNamesKOrVAndChangesNothing) {
+  Backend& b = under_test();
+  SKIP_UNAVAILABLE(b);
+  std::mt19937_64 rng = test_rng();
+  for (const TqLayout& l : {TqLayout{64, 2, 32, 2, 2}, norm_corrected(64, 2, 32, 3)}) {
+    TqKvCache cache({2, l, rng()}, &b);
+    HostTensor k({1, 6, 2, 64}, DType::f32, false), v(k);
+    k.fill_normal(rng);
+    v.fill_normal(rng);
+    conformance::DeviceBuffer dk(b, k.bytes), dv(b, v.bytes);
+    cache.append(1, k.on(dk.get(), b.memory()), v.on(dv.get(), b.memory()), 0);
+    const auto keys = cache.key_words(1), values = cache.value_words(1);
+    for (const char* which : {"k", "v"}) {
+      HostTensor bad = std::string(which) == "k" ? k : v;
+      scale_row(bad, 2, 1, 1e6);
+      conformance::DeviceBuffer dbad(b, bad.bytes);
+      const TensorView kv = std::string(which) == "k" ? bad.on(dbad.get(), b.memory()) : k.on(dk.get(), b.memory());
+      const TensorView vv = std::string(which) == "v" ? bad.on(dbad.get(), b.memory()) : v.on(dv.get(), b.memory());
+      for (bool overwrite : {false, true}) {
+        try {
+          overwrite ? cache.overwrite(1, kv, vv, 0) : cache.append(1, kv, vv, 6);
+          ADD_FAILURE() << which << ": accepted";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.argument(), which) << e.what();
+          EXPECT_NE(std::string(e.what()).find("65504"), std::string::npos) << e.what();
+        }
+        EXPECT_EQ(cache.key_words(1), keys);
+        EXPECT_EQ(cache.value_words(1), values);
+        EXPECT_EQ(cache.length(1), 6);
+      }
+    }
+  }
 }
 
 }  // namespace

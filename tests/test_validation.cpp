@@ -7,10 +7,12 @@
 #include <limits>
 #include <thread>
 
+#include "conformance/conformance.hpp"
 #include "conformance/device_buffer.hpp"
 #include "conformance/host_tensor.hpp"
 #include "flashtq/flashtq.hpp"
 #include "reference_wrapper.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
@@ -116,6 +118,73 @@ INSTANTIATE_TEST_SUITE_P(
                    p.mask = reinterpret_cast<const float*>(reinterpret_cast<const char*>(d.mask.data()) + 1);
                    p.mask_strides = {0, 0, 6, 1}; p.mask_elements = 24; }}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// Query positions i + causal_offset, i in [0, Sq), may be any int32 (issue 18 item 7): the validator
+// once refused the last position 2^31 - 1 and the first -2^31 although every position fits.
+TEST(DensePositions, EveryInt32PositionIsAccepted) {
+  constexpr std::int64_t lo = std::numeric_limits<std::int32_t>::min(), hi = std::numeric_limits<std::int32_t>::max();
+  const std::int64_t Sq = 4;
+  auto run = [&](std::int64_t offset) {
+    Dense d;
+    d.params.causal = true;
+    d.params.causal_offset = offset;
+    attention_forward(backend("reference"), d.fwd(), d.params);
+  };
+  EXPECT_NO_THROW(run(hi - (Sq - 1)));  // the last row at 2^31 - 1
+  EXPECT_NO_THROW(run(lo));             // the first row at -2^31
+  for (std::int64_t beyond : {hi - (Sq - 1) + 1, lo - 1}) {
+    try {
+      run(beyond);
+      ADD_FAILURE() << "accepted causal_offset " << beyond;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "causal_offset") << e.what();
+    }
+  }
+}
+
+// At both ends of the int32 positions every backend's forward and backward equal the oracle, with
+// and without a window, causal or not (the webgpu kernels compute key ranges in i32).
+class DensePositionEdges : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DensePositionEdges, ForwardAndBackwardEqualTheOracle) {
+  Backend* b = nullptr;
+  for (Backend* x : all_backends())
+    if (x->name() == GetParam()) b = x;
+  ASSERT_NE(b, nullptr);
+  if (!b->available())
+    GTEST_SKIP() << "backend '" << b->name() << "' is not available here: " << b->unavailable_reason();
+  constexpr std::int64_t lo = std::numeric_limits<std::int32_t>::min(), hi = std::numeric_limits<std::int32_t>::max();
+  conformance::DenseCase c;
+  c.B = 1;
+  c.Sq = 5;
+  c.Sk = 7;
+  c.H = 2;
+  c.Hkv = 1;
+  c.D = 32;
+  if (const auto why = b->unsupported(c.shape())) GTEST_SKIP() << "backend '" << b->name() << "' refuses: " << *why;
+  std::mt19937_64 rng = test_rng();
+  for (std::int64_t offset : {hi - (c.Sq - 1), lo}) {
+    for (bool causal : {true, false}) {
+      for (std::int64_t window : {std::int64_t(0), std::int64_t(3), hi}) {
+        c.causal = causal;
+        c.causal_offset = offset;
+        c.window = window;
+        c.data_seed = rng();
+        for (const auto& r : {conformance::check_forward(*b, c), conformance::check_backward(*b, c)}) {
+          EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " "
+                                << r.detail;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DensePositionEdges, ::testing::ValuesIn([] {
+                           std::vector<std::string> names;
+                           for (const Backend* b : all_backends()) names.push_back(b->name());
+                           return names;
+                         }()),
+                         [](const auto& info) { return info.param; });
 
 TEST(BackwardBadInput, NamesTheArgument) {
   Dense d;

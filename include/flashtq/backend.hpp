@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,13 @@
 #include "flashtq/turboquant.hpp"
 
 namespace flashtq {
+
+// A row of a TurboQuant encode whose norm f16 cannot hold (docs/spec.md §4).
+struct TqRowNorm {
+  std::int64_t timestep = 0, kv_head = 0;  // the row of x [1, T, n_kv_heads, head_dim]
+  double norm = 0;                         // its length; NaN or inf for a row that holds one
+  double stored = 0;                       // what its norm word would hold: the norm, or norm / |c[idx]|
+};
 
 class Backend {
  public:
@@ -48,6 +56,10 @@ class Backend {
   virtual void forward(const ForwardCall& call) = 0;
   virtual void backward(const BackwardCall& call) = 0;
   virtual void tq_encode(const TqEncodeCall& call) = 0;  // keys or values: call.keys
+  // For an encode of rows in this backend's device memory, which the validator cannot read on the host
+  // (it checks host memory itself): the first row, timestep-major, whose norm f16 cannot hold, or empty
+  // when every row fits. A device backend that does not implement it lets such rows store an f16 inf.
+  virtual std::optional<TqRowNorm> tq_unstorable_row(const TqEncodeCall&) const { return std::nullopt; }
   virtual void tq_rotate_queries(const TqRotateCall& call) = 0;
   virtual void tq_attend(const TqAttendCall& call) = 0;
   // Workspace bytes tq_attend needs for a validated call.

@@ -112,7 +112,7 @@ struct TqAttendCall {
     return e < tables.layout.capacity ? e : tables.layout.capacity;
   }
   FLASHTQ_HOST_DEVICE std::int64_t first_visible(std::int64_t p) const {
-    return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    return window > 0 && p >= window ? p - window + 1 : 0;  // p - window + 1 > 0, without the sum
   }
 };
 

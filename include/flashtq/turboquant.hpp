@@ -6,12 +6,14 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "flashtq/config.hpp"
+#include "flashtq/error.hpp"
 #include "flashtq/tensor.hpp"
 
 namespace flashtq {
@@ -130,9 +132,14 @@ struct TqScratchLayout {
   FLASHTQ_HOST_DEVICE std::int64_t floats() const { return rows * n_heads * (2 * head_dim + 1); }
 };
 
-// Floats of a scratch of q_cap rows (TqScratchLayout::floats; no overflow check: the validator
-// rejects sizes that overflow).
+// Floats of a scratch of q_cap rows (TqScratchLayout::floats). Callers size a buffer with it before
+// any validation, so a negative argument or a count past 64 bits is an Error here, not an overflow.
 inline std::int64_t tq_scratch_floats(std::int64_t q_cap, std::int64_t n_heads, std::int64_t head_dim) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  if (q_cap < 0 || n_heads < 0 || head_dim < 0) throw Error("q_cap", "scratch sizes must be >= 0");
+  const bool fits = head_dim <= (kMax - 1) / 2 && (n_heads == 0 || q_cap <= kMax / n_heads) &&
+                    (q_cap * n_heads == 0 || 2 * head_dim + 1 <= kMax / (q_cap * n_heads));
+  if (!fits) throw Error("q_cap", "the scratch's float count overflows 64 bits");
   return TqScratchLayout{q_cap, n_heads, head_dim}.floats();
 }
 

@@ -14,8 +14,6 @@
 namespace flashtq::core {
 namespace {
 
-constexpr double kZeroNorm = 1e-12;
-
 // Reads row (t, h) of x [1, T, H, D] into doubles.
 void read_row(const TensorView& x, std::int64_t t, std::int64_t h, std::vector<double>& row) {
   const std::int64_t base = offset(x, 0, t, h);

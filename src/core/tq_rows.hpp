@@ -10,6 +10,9 @@
 
 namespace flashtq::core {
 
+// A row shorter than this is a zero vector: every word of its slot is 0.
+inline constexpr double kZeroNorm = 1e-12;
+
 // One row's encoding: its norm; the polar-rotated unit vector and its codes; for keys, the
 // residual's norm and its QJL projection H diag(s_jl) e, whose signs are the bits. rotated and codes
 // are empty for a zero vector, projected when the residual is zero.

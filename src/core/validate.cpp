@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/checked.hpp"
+#include "core/tq_norm_rule.hpp"
 #include "flashtq/error.hpp"
 
 namespace flashtq {
@@ -23,6 +24,7 @@ namespace core {
 namespace {
 
 constexpr std::int64_t kInt32Max = std::numeric_limits<std::int32_t>::max();
+constexpr std::int64_t kInt32Min = std::numeric_limits<std::int32_t>::min();
 constexpr std::int64_t kMaxHeadDim = 256;
 constexpr std::int64_t kMaxExactTokens = 65536;  // sink or recent timesteps kept exact
 
@@ -118,8 +120,10 @@ DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const 
   if (!std::isfinite(p.scale)) throw Error("scale", "must be finite");
   p.causal = params.causal;
   p.causal_offset = params.causal_offset.value_or(p.Sk - p.Sq);
-  if (p.causal_offset < -kInt32Max || p.causal_offset > kInt32Max - p.Sq) {
-    throw Error("causal_offset", "query positions (row + causal_offset) overflow int32");
+  // Positions i + causal_offset, i in [0, Sq), must be int32s: the first is causal_offset and the last
+  // causal_offset + Sq - 1, written so that neither bound overflows (Sq is at most 2^31 - 1 here).
+  if (p.causal_offset < kInt32Min || p.causal_offset > kInt32Max - (p.Sq - 1)) {
+    throw Error("causal_offset", "query positions row + causal_offset (row in [0, Sq)) must lie in [-2^31, 2^31 - 1]");
   }
   if (params.window < 0 || params.window > kInt32Max) {
     throw Error("window", "must be in [0, 2^31 - 1] (0 = no window)");
@@ -228,16 +232,16 @@ void validate_tq_layout(const TqLayout& l) {
   }
 }
 
-TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& a, bool keys) {
+TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& a, bool keys, const char* view) {
   const TqLayout& l = a.tables.layout;
   validate_tq_layout(l);
-  check_view("x", a.x, backend);
+  check_view(view, a.x, backend);
   const std::int64_t T = a.x.shape[1];
-  check_shape("x", a.x, {1, T, l.n_kv_heads, l.head_dim}, "[1, T, n_kv_heads, head_dim]");
+  check_shape(view, a.x, {1, T, l.n_kv_heads, l.head_dim}, "[1, T, n_kv_heads, head_dim]");
   if (a.start_pos < 0) throw Error("start_pos", "must be >= 0");
-  if (a.start_pos > l.capacity - T) {
-    throw Error("start_pos", "cache full: timesteps " + std::to_string(a.start_pos) + ".." +
-                                 std::to_string(a.start_pos + T - 1) + " pass capacity " + std::to_string(l.capacity));
+  if (a.start_pos > l.capacity - T) {  // no sum: start_pos may be anything up to INT64_MAX here
+    throw Error("start_pos", "cache full: " + std::to_string(T) + " timesteps from " + std::to_string(a.start_pos) +
+                                 " pass capacity " + std::to_string(l.capacity));
   }
   check_pointer("cache", a.cache, alignof(std::uint32_t));
   if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
@@ -248,6 +252,11 @@ TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& a, b
   c.start_pos = a.start_pos;
   c.cache = a.cache;
   c.stream = a.stream;
+  // Last, since it reads every row: a norm f16 cannot hold would be stored as an inf (the oracle then
+  // gives NaN or drops the key), so it is refused before any word is written.
+  const std::optional<TqRowNorm> bad =
+      a.x.memory == Memory::host ? first_unstorable_row(c) : backend.tq_unstorable_row(c);
+  if (bad) throw Error(view, unstorable_rule(*bad, c));
   return c;
 }
 
@@ -278,7 +287,10 @@ TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
   if (a.n_heads < 1 || a.n_heads % l.n_kv_heads != 0) {
     throw Error("n_heads", "must be a positive multiple of n_kv_heads (" + std::to_string(l.n_kv_heads) + ")");
   }
-  if (a.n_queries < 1) throw Error("n_queries", "must be >= 1");
+  // First, so that every sum of a position and n_queries below is small (capacity < 2^32).
+  if (a.n_queries < 1 || a.n_queries > l.capacity) {
+    throw Error("n_queries", "must be in [1, capacity " + std::to_string(l.capacity) + "]");
+  }
   if (a.batch < 1) throw Error("batch", "must be >= 1");
   const std::int64_t rows = checked_mul(a.batch, a.n_queries, "batch");
   const std::int64_t q_cap = a.q_cap == 0 ? rows : a.q_cap;
@@ -293,12 +305,12 @@ TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
     if (a.start_pos < 0 || a.start_pos >= l.capacity) {
       throw Error("start_pos", "must be in [0, capacity " + std::to_string(l.capacity) + ")");
     }
-    if (!a.max_seq && a.start_pos + a.n_queries > l.capacity) {
+    if (!a.max_seq && a.n_queries > l.capacity - a.start_pos) {
       throw Error("start_pos", "query rows " + std::to_string(a.start_pos) + ".." +
                                    std::to_string(a.start_pos + a.n_queries - 1) + " pass capacity " +
                                    std::to_string(l.capacity));
     }
-    max_seq = a.max_seq.value_or(a.start_pos + a.n_queries);
+    max_seq = a.max_seq ? *a.max_seq : a.start_pos + a.n_queries;
   }
   if (max_seq < 0 || max_seq > l.capacity) {
     throw Error("max_seq", "must be in [0, capacity " + std::to_string(l.capacity) + "]");
@@ -315,7 +327,9 @@ TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
   // With per-sequence starts any row may see up to max_seq timesteps; else the last row's limit.
   c.longest_row = a.start_positions ? max_seq : std::min(a.start_pos + a.n_queries, max_seq);
   c.start_positions = a.start_positions;
-  if (a.window < 0) throw Error("window", "must be >= 0 (0 = no window)");
+  // As the dense window (docs/spec.md §4): positions are int32, so a longer window is no window, and
+  // p - window + 1 stays far from overflowing for any int32 p.
+  if (a.window < 0 || a.window > kInt32Max) throw Error("window", "must be in [0, 2^31 - 1] (0 = no window)");
   c.window = a.window;
   const float inv_sqrt_d = float(1.0 / std::sqrt(double(l.head_dim)));
   c.scale = a.scale.value_or(inv_sqrt_d);

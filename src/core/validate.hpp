@@ -19,7 +19,9 @@ ForwardCall validate_forward(const Backend& backend, const ForwardArgs& args, co
 BackwardCall validate_backward(const Backend& backend, const BackwardArgs& args, const AttentionParams& params);
 
 void validate_tq_layout(const TqLayout& layout);
-TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& args, bool keys);
+// `view` names args.x in errors (TqKvCache calls it "k" or "v"). Every row's norm is checked last: on
+// the host for host memory, else by backend.tq_unstorable_row (on the device: a synchronisation).
+TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& args, bool keys, const char* view = "x");
 TqRotateCall validate_tq_rotate(const Backend& backend, const TqRotateArgs& args);
 // check_workspace = false when the call is resolved only to ask for its workspace size.
 TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& args, bool check_workspace = true);

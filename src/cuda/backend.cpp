@@ -1,9 +1,13 @@
-// The `cuda` backend: device pointers and a cudaStream_t; no hidden synchronisation, no allocation
-// in the operations (tq_attend's workspace is queried and passed).
+// The `cuda` backend: device pointers and a cudaStream_t; no allocation in the operations (tq_attend's
+// workspace is queried and passed), and no synchronisation but the TurboQuant encode's norm check.
 #include "cuda/backend.hpp"
 
 #include <cuda_runtime.h>
 
+#include <vector>
+
+#include "core/elements.hpp"
+#include "core/tq_norm_rule.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
 
@@ -61,6 +65,22 @@ class CudaBackend final : public Backend {
   void forward(const ForwardCall& c) override { launch_dense_forward(c); }
   void backward(const BackwardCall& c) override { launch_dense_backward(c); }
   void tq_encode(const TqEncodeCall& c) override { launch_tq_encode(c); }
+  // The check runs on the device; the row it finds is then copied back and described on the host, with
+  // the oracle's arithmetic (an error path only).
+  std::optional<TqRowNorm> tq_unstorable_row(const TqEncodeCall& c) const override {
+    const std::optional<std::int64_t> row = first_unstorable_tq_row(c, core::norm_always_fits(c.tables, c.keys));
+    if (!row) return std::nullopt;
+    const std::int64_t H = c.layout().n_kv_heads, D = c.layout().head_dim, t = *row / H, h = *row % H;
+    const std::size_t element = dtype_size(c.x.dtype);
+    std::vector<unsigned char> bytes(std::size_t(D) * element);
+    const auto* first =
+        static_cast<const unsigned char*>(c.x.data) + core::offset(c.x, 0, t, h) * std::int64_t(element);
+    FLASHTQ_CUDA_CHECK(cudaMemcpy(bytes.data(), first, bytes.size(), cudaMemcpyDeviceToHost));
+    std::vector<double> values(static_cast<std::size_t>(D));
+    for (std::int64_t d = 0; d < D; ++d) values[std::size_t(d)] = core::load(bytes.data(), c.x.dtype, d);
+    const core::RowNorm r = core::row_norm(values, c.tables, c.keys);
+    return TqRowNorm{t, h, r.norm, r.stored};
+  }
   void tq_rotate_queries(const TqRotateCall& c) override { launch_tq_rotate(c); }
   void tq_attend(const TqAttendCall& c) override { launch_tq_attend(c); }
   std::size_t tq_attend_workspace(const TqAttendCall& c) const override { return cuda::tq_attend_workspace(c); }

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 
 #include "flashtq/problem.hpp"
 #include "flashtq/turboquant.hpp"
@@ -26,6 +28,9 @@ void launch_dense_backward(const BackwardCall& call);
 bool launch_dense_backward_wgmma(const BackwardCall& call);
 
 void launch_tq_encode(const TqEncodeCall& call);
+// The first row (t * n_kv_heads + h) of the call's x whose norm f16 cannot hold, rows of at most
+// always_fits passing on their norm alone; waits for the call's stream (src/cuda/tq_norm_check.cu).
+std::optional<std::int64_t> first_unstorable_tq_row(const TqEncodeCall& call, double always_fits);
 void launch_tq_rotate(const TqRotateCall& call);
 std::size_t tq_attend_workspace(const TqAttendCall& call);
 void launch_tq_attend(const TqAttendCall& call);

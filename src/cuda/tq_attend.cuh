@@ -59,7 +59,7 @@ __device__ __forceinline__ std::int64_t first_visible_of(const AttendParams& a, 
   if (a.window <= 0) return 0;
   const std::int64_t b = z / a.n_queries, j = z % a.n_queries;
   const std::int64_t p = (a.starts != nullptr ? std::int64_t(a.starts[b]) : a.start_pos) + j;
-  return p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+  return p >= a.window ? p - a.window + 1 : 0;  // TqAttendCall::first_visible
 }
 
 // Sequence b's caches.

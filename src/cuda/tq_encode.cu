@@ -6,6 +6,7 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/tq_dispatch.cuh"
 
 namespace flashtq::cuda {
 namespace {
@@ -130,24 +131,6 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
   sum = warp_sum(sum);
   if (lane == 0) scratch[s.sum(j, h)] = float(sum);
-}
-
-template <typename F>
-void by_dtype_and_width(DType t, std::int64_t head_dim, F&& f) {
-  auto width = [&](auto tag) {
-    switch (head_dim) {
-      case 32: f(tag, std::integral_constant<int, 1>{}); break;
-      case 64: f(tag, std::integral_constant<int, 2>{}); break;
-      case 128: f(tag, std::integral_constant<int, 4>{}); break;
-      case 256: f(tag, std::integral_constant<int, 8>{}); break;
-      default: throw Error("head_dim", "no CUDA TurboQuant kernel for this head_dim");
-    }
-  };
-  switch (t) {
-    case DType::f32: width(float{}); break;
-    case DType::f16: width(__half{}); break;
-    case DType::bf16: width(__nv_bfloat16{}); break;
-  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/tq_norm_rule.hpp"
 #include "core/validate.hpp"
 #include "flashtq/error.hpp"
 #include "webgpu/context.hpp"
@@ -258,6 +259,7 @@ class WebGpuBackend final : public Backend {
   }
 
   void tq_encode(const TqEncodeCall& c) override;
+  std::optional<TqRowNorm> tq_unstorable_row(const TqEncodeCall& c) const override;
   void tq_rotate_queries(const TqRotateCall& c) override;
   void tq_attend(const TqAttendCall& c) override;
   std::size_t tq_attend_workspace(const TqAttendCall& c) const override;
@@ -312,6 +314,22 @@ void WebGpuBackend::tq_encode(const TqEncodeCall& c) {
   for (int i = 0; i < 16; ++i) add_double(P, i < cb.levels - 1 ? cb.boundaries[std::size_t(i)] : 0.0);
   dispatch_chunked("tq_encode", P, t0, {{x.buffer}, {cache.buffer}}, {T, l.n_kv_heads, 1}, 0);
   outputs.finish();
+}
+
+// The rows are read back and checked on the host, with the oracle's arithmetic (the norm rule's
+// margin absorbs what the encoder's double-float rounds differently): a wait for the queue and a copy
+// of x, where a check shader would copy one word; encodes are rarer than attention, and this keeps
+// one implementation of the rule.
+std::optional<TqRowNorm> WebGpuBackend::tq_unstorable_row(const TqEncodeCall& c) const {
+  const std::int64_t elements = extent_elements(c.x);
+  place(c.x, "x");  // an x that is not this backend's memory is named as such, not as download's src
+  const std::size_t bytes = std::size_t(elements) * dtype_size(c.x.dtype);
+  std::vector<std::uint32_t> host((bytes + 3) / 4);
+  Context::get().download(host.data(), c.x.data, bytes);
+  TqEncodeCall on_host = c;
+  on_host.x.data = host.data();
+  on_host.x.memory = Memory::host;
+  return core::first_unstorable_row(on_host);
 }
 
 void WebGpuBackend::tq_rotate_queries(const TqRotateCall& c) {

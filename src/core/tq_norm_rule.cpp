@@ -1,0 +1,84 @@
+#include "core/tq_norm_rule.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "core/elements.hpp"
+#include "core/tq_rows.hpp"
+
+namespace flashtq::core {
+namespace {
+
+// The same sum, in the same order, as encode_row's norm: the decision is the encoder's own.
+double length(const std::vector<double>& x) {
+  double s = 0;
+  for (double e : x) s += e * e;
+  return std::sqrt(s);
+}
+
+std::string number(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", x);
+  return text;
+}
+
+}  // namespace
+
+RowNorm row_norm(const std::vector<double>& row, const TqTables& tables, bool keys) {
+  RowNorm r;
+  r.norm = length(row);
+  if (!std::isfinite(r.norm)) {
+    r.stored = r.norm;
+  } else if (r.norm < kZeroNorm) {
+    r.stored = 0;  // a zero row: every word of its slot is 0
+  } else if (!tables.layout.norm_correction) {
+    r.stored = r.norm;
+  } else {
+    r.stored = encode_row(row, tables, keys).stored_norm;  // n / |c[idx]| needs the codes
+  }
+  return r;
+}
+
+bool norm_fits(const RowNorm& r) { return std::isfinite(r.norm) && r.stored <= kF16Max; }
+
+double norm_always_fits(const TqTables& tables, bool keys) {
+  if (!tables.layout.norm_correction) return kF16Max;
+  const TqCodebook& cb = keys ? tables.key_codebook : tables.value_codebook;
+  double smallest = std::abs(cb.centroids[0]);
+  for (int i = 1; i < cb.levels; ++i) smallest = std::min(smallest, std::abs(cb.centroids[std::size_t(i)]));
+  return kF16Max * std::sqrt(double(tables.layout.head_dim)) * smallest * (1 - 1e-9);
+}
+
+std::optional<TqRowNorm> first_unstorable_row(const TqEncodeCall& c) {
+  const TqLayout& l = c.layout();
+  const double always = norm_always_fits(c.tables, c.keys);
+  std::vector<double> row(static_cast<std::size_t>(l.head_dim));
+  for (std::int64_t t = 0; t < c.tokens(); ++t) {
+    for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
+      const std::int64_t base = offset(c.x, 0, t, h);
+      for (std::size_t d = 0; d < row.size(); ++d) row[d] = load(c.x.data, c.x.dtype, base + std::int64_t(d));
+      if (length(row) <= always) continue;  // the common case: no codes needed
+      const RowNorm r = row_norm(row, c.tables, c.keys);
+      if (!norm_fits(r)) return TqRowNorm{t, h, r.norm, r.stored};
+    }
+  }
+  return std::nullopt;
+}
+
+std::string unstorable_rule(const TqRowNorm& r, const TqEncodeCall& c) {
+  std::string what = "row (0, " + std::to_string(r.timestep) + ", " + std::to_string(r.kv_head) +
+                     ") [batch, timestep, kv head] (cache timestep " + std::to_string(c.start_pos + r.timestep) + ") ";
+  if (!std::isfinite(r.norm)) {
+    what += "holds a NaN or an infinity (norm " + number(r.norm) + ")";
+  } else if (c.layout().norm_correction) {
+    what += "has norm " + number(r.norm) +
+            " and, with norm correction, a norm word of norm / |c[idx]| = " + number(r.stored);
+  } else {
+    what += "has norm " + number(r.norm);
+  }
+  return what + "; TurboQuant stores norms in f16: every row's norm must be finite and its norm word (the norm, " +
+         "divided by the decoded unit vector's length with norm correction) at most 65504";
+}
+
+}  // namespace flashtq::core
