@@ -3,7 +3,8 @@
 // score passed f32's range (its maximum or sum is not finite), and an output or dq element that a
 // NaN or infinity of a key the row does not see reached through a zero weight of a tensor-core
 // product. Each thread repairs only the elements it owns, so no kernel synchronises for it; the
-// check costs a comparison per element and the repair runs only for such inputs.
+// check costs a comparison per element and the repair runs only for such inputs. The repairs are out
+// of line (__noinline__): inlined, their double loops cost the fast path registers and time.
 #pragma once
 
 #include <cmath>
@@ -62,8 +63,8 @@ struct RowStats {
   __device__ double lse() const { return m == -INFINITY ? -INFINITY : m + ::log(l); }
 };
 template <typename T>
-__device__ RowStats row_stats(const DenseProblem& p, const TensorView& q, const TensorView& k, std::int64_t b,
-                              std::int64_t h, std::int64_t i) {
+__device__ __noinline__ RowStats row_stats(const DenseProblem& p, const TensorView& q, const TensorView& k,
+                                           std::int64_t b, std::int64_t h, std::int64_t i) {
   RowStats r;
   for (std::int64_t j = 0; j < p.Sk; ++j) r.m = fmax(r.m, score<T>(p, q, k, b, h, i, j));
   if (r.m == -INFINITY) return r;
@@ -73,8 +74,9 @@ __device__ RowStats row_stats(const DenseProblem& p, const TensorView& q, const 
 
 // Output element (b, i, h, d) of the forward; keys of weight 0 are never read.
 template <typename T>
-__device__ float output(const DenseProblem& p, const TensorView& q, const TensorView& k, const TensorView& v,
-                        const RowStats& r, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) {
+__device__ __noinline__ float output(const DenseProblem& p, const TensorView& q, const TensorView& k,
+                                     const TensorView& v, const RowStats& r, std::int64_t b, std::int64_t h,
+                                     std::int64_t i, std::int64_t d) {
   if (r.m == -INFINITY) return 0.0f;
   double o = 0;
   for (std::int64_t j = 0; j < p.Sk; ++j) {
@@ -84,10 +86,22 @@ __device__ float output(const DenseProblem& p, const TensorView& q, const Tensor
   return float(o);
 }
 
+// Elements dims[0 .. n) of output row (b, i, h) and, when lse is given, the row's lse.
+template <typename T>
+__device__ __noinline__ void store_row(const DenseProblem& p, const TensorView& q, const TensorView& k,
+                                       const TensorView& v, const TensorView& out, float* lse, std::int64_t b,
+                                       std::int64_t h, std::int64_t i, const int* dims, int n) {
+  const RowStats r = row_stats<T>(p, q, k, b, h, i);
+  T* row = static_cast<T*>(out.data) + row_offset(out, b, i, h);
+  for (int e = 0; e < n; ++e) row[dims[e]] = from_float<T>(output<T>(p, q, k, v, r, b, h, i, dims[e]));
+  if (lse != nullptr) lse[(b * p.H + h) * p.Sq + i] = float(r.lse());
+}
+
 // dq element (b, i, h, d) of the backward: sum_j dS_ij k_j[d], dS = P (dP - D_i) scale with
 // P = min(1, exp(s - lse)) (docs/spec.md §3); a zero dS adds nothing.
 template <typename T>
-__device__ float dq(const BackwardCall& c, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) {
+__device__ __noinline__ float dq(const BackwardCall& c, std::int64_t b, std::int64_t h, std::int64_t i,
+                                 std::int64_t d) {
   const DenseProblem& p = c.p;
   const double lse = c.lse[(b * p.H + h) * p.Sq + i];
   if (lse == -INFINITY) return 0.0f;

@@ -177,29 +177,25 @@ __device__ __forceinline__ void store_rows(const Tile& t, const TensorView& qv, 
       const bool unfinished = !(mr == -INFINITY && sum == 0.0f) && !(isfinite(mr) && isfinite(sum) && sum > 0.0f);
       const bool sees_nothing = !unfinished && !(sum > 0.0f && mr > -1e30f * kLog2e);
       const float inv = sees_nothing ? 0.0f : 1.0f / sum;
-      repair::RowStats exact;
-      bool have_exact = false;
-      auto exact_stats = [&]() -> const repair::RowStats& {
-        if (!have_exact) exact = repair::row_stats<T>(p, qv, kv, t.b, t.h, i);
-        have_exact = true;
-        return exact;
-      };
+      bool finished = !unfinished;
+#pragma unroll
+      for (int nt = 0; nt < DT; ++nt)
+        finished &= isfinite(o[a][nt][2 * r] * inv) && isfinite(o[a][nt][2 * r + 1] * inv);
+      const bool writes_lse = lse != nullptr && threadIdx.x % Tile::kRowLanes == 0;
+      if (!finished) {
+        int dims[2 * DT];
+#pragma unroll
+        for (int nt = 0; nt < DT; ++nt) dims[2 * nt] = t.dim_of(nt, 0), dims[2 * nt + 1] = t.dim_of(nt, 1);
+        repair::store_row<T>(p, qv, kv, vv, ov, writes_lse ? lse : nullptr, t.b, t.h, i, dims, 2 * DT);
+        continue;
+      }
       T* out = static_cast<T*>(ov.data) + row_offset(ov, t.b, i, t.h);
 #pragma unroll
       for (int nt = 0; nt < DT; ++nt) {
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          float value = o[a][nt][2 * r + x] * inv;
-          if (unfinished || !isfinite(value))
-            value = repair::output<T>(p, qv, kv, vv, exact_stats(), t.b, t.h, i, t.dim_of(nt, x));
-          out[t.dim_of(nt, x)] = from_float<T>(value);
-        }
+        out[t.dim_of(nt, 0)] = from_float<T>(o[a][nt][2 * r] * inv);
+        out[t.dim_of(nt, 1)] = from_float<T>(o[a][nt][2 * r + 1] * inv);
       }
-      if (lse != nullptr && threadIdx.x % Tile::kRowLanes == 0) {
-        lse[(t.b * p.H + t.h) * p.Sq + i] = unfinished     ? float(exact_stats().lse())
-                                            : sees_nothing ? -INFINITY
-                                                           : mr * kLn2 + logf(sum);
-      }
+      if (writes_lse) lse[(t.b * p.H + t.h) * p.Sq + i] = sees_nothing ? -INFINITY : mr * kLn2 + logf(sum);
     }
   }
 }
