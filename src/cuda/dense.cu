@@ -219,6 +219,7 @@ unsigned blocks_for(std::int64_t rows) { return unsigned((rows + kWarps - 1) / k
 void launch_dense_forward(const ForwardCall& c) {
   if (launch_dense_forward_wgmma(c) || launch_dense_forward_mma(c) || launch_dense_forward_tf32(c) ||
       launch_dense_forward_ffma(c)) {
+    repair_dense_forward(c);
     return;
   }
   auto stream = static_cast<cudaStream_t>(c.stream);
@@ -230,7 +231,10 @@ void launch_dense_forward(const ForwardCall& c) {
 }
 
 void launch_dense_backward(const BackwardCall& c) {
-  if (launch_dense_backward_wgmma(c)) return;
+  if (launch_dense_backward_wgmma(c)) {
+    repair_dense_dq(c);  // dQ = dS K meets the NaN of a key the row does not see through dS = 0
+    return;
+  }
   auto stream = static_cast<cudaStream_t>(c.stream);
   by_dtype(c.p.dtype, [&](auto tag) {
     using T = decltype(tag);

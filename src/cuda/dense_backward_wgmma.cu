@@ -18,7 +18,6 @@
 #include "core/hash3.hpp"
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
-#include "cuda/dense_repair.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/launch.hpp"
@@ -455,13 +454,8 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
     T* row = static_cast<T*>(c.dq.data) + row_offset(c.dq, b, i, h);
 #pragma unroll
     for (int nt = 0; nt < DT; ++nt) {
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        float g = dq[4 * nt + 2 * pair + x] * p.scale;
-        // A NaN or infinity of a key the row does not see, met through dS = 0 (dense_repair.cuh).
-        if (!isfinite(g)) g = repair::dq<T>(c, b, h, i, nt * 8 + 2 * tig + x);
-        row[nt * 8 + 2 * tig + x] = from_float<T>(g);
-      }
+      row[nt * 8 + 2 * tig] = from_float<T>(dq[4 * nt + 2 * pair] * p.scale);
+      row[nt * 8 + 2 * tig + 1] = from_float<T>(dq[4 * nt + 2 * pair + 1] * p.scale);
     }
   }
 #endif

@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // every warp is done with V (and P): refill V while the next scores run
     if (more) stage(v_tile, vv, j0 + kKeys);
   }
-  store_rows<float>(tile, qv, kv, vv, ov, lse, o, m, l);
+  store_rows<float>(tile, ov, lse, o, m, l);
 }
 
 template <int D>

@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
-  store_rows<T>(tile, qv, kv, vv, ov, lse, o, m, l);
+  store_rows<T>(tile, ov, lse, o, m, l);
 }
 
 template <typename T, int D>

@@ -1,10 +1,8 @@
-// Elements the f32 dense kernels cannot finish, recomputed in double straight from the caller's
-// views with the oracle's arithmetic (docs/spec.md §3; core/dense_row.hpp on the host): a row whose
-// score passed f32's range (its maximum or sum is not finite), and an output or dq element that a
-// NaN or infinity of a key the row does not see reached through a zero weight of a tensor-core
-// product. Each thread repairs only the elements it owns, so no kernel synchronises for it; the
-// check costs a comparison per element and the repair runs only for such inputs. The repairs are out
-// of line (__noinline__): inlined, their double loops cost the fast path registers and time.
+// The oracle's arithmetic in double on the device, straight from the caller's views (docs/spec.md
+// §3; core/dense_row.hpp on the host), for the elements the f32 dense kernels cannot finish: a row
+// whose score passed f32's range, and an output or dq element that a NaN or infinity of a key the
+// row does not see reached through a zero weight of a tensor-core product. dense_repair.cu finds
+// them after each call; the generic kernel of dense.cu calls these itself.
 #pragma once
 
 #include <cmath>
@@ -84,17 +82,6 @@ __device__ __noinline__ float output(const DenseProblem& p, const TensorView& q,
     if (w != 0.0) o += w * element<T>(v, b, j, h / p.group(), d);
   }
   return float(o);
-}
-
-// Elements dims[0 .. n) of output row (b, i, h) and, when lse is given, the row's lse.
-template <typename T>
-__device__ __noinline__ void store_row(const DenseProblem& p, const TensorView& q, const TensorView& k,
-                                       const TensorView& v, const TensorView& out, float* lse, std::int64_t b,
-                                       std::int64_t h, std::int64_t i, const int* dims, int n) {
-  const RowStats r = row_stats<T>(p, q, k, b, h, i);
-  T* row = static_cast<T*>(out.data) + row_offset(out, b, i, h);
-  for (int e = 0; e < n; ++e) row[dims[e]] = from_float<T>(output<T>(p, q, k, v, r, b, h, i, dims[e]));
-  if (lse != nullptr) lse[(b * p.H + h) * p.Sq + i] = float(r.lse());
 }
 
 // dq element (b, i, h, d) of the backward: sum_j dS_ij k_j[d], dS = P (dP - D_i) scale with

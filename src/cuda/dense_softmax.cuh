@@ -10,7 +10,6 @@
 #include "core/hash3.hpp"
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
-#include "cuda/dense_repair.cuh"
 #include "flashtq/problem.hpp"
 
 namespace flashtq::cuda {
@@ -158,44 +157,34 @@ __device__ __forceinline__ void softmax_tile(const Tile& t, std::int64_t j0, boo
 }
 
 // O / l to `out` (rows past Sq dropped) and, when asked, LSE = m ln 2 + ln l (-inf for a row that sees
-// no key). docs/spec.md §3: a row whose every score is at most -1e30 sees nothing (the tiles skip no
-// such scores: the check is here, once per row); a row the tiles could not finish (its maximum or sum
-// not finite: a score past f32's range) and any element that is not finite (a NaN or infinity of a
-// key the row does not see, met through a zero weight) are recomputed in double (dense_repair.cuh).
+// no key, and for one whose every score is at most -1e30, docs/spec.md §3: the tiles do not skip such
+// scores, the check is here, once per row). A row the tiles cannot finish in f32 is left to
+// repair_dense_forward (dense_repair.cu).
 template <typename T, int A, int DT, typename Tile>
-__device__ __forceinline__ void store_rows(const Tile& t, const TensorView& qv, const TensorView& kv,
-                                           const TensorView& vv, const TensorView& ov, float* lse,
-                                           const float (&o)[A][DT][4], const float (&m)[A][2], const float (&l)[A][2]) {
+__device__ __forceinline__ void store_rows(const Tile& t, const TensorView& ov, float* lse, const float (&o)[A][DT][4],
+                                           const float (&m)[A][2], const float (&l)[A][2]) {
   const DenseProblem& p = t.p;
 #pragma unroll
   for (int a = 0; a < A; ++a) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float sum = row_sum<Tile::kRowLanes>(l[a][r]), mr = m[a][r];
+      const float sum = row_sum<Tile::kRowLanes>(l[a][r]);
       const std::int64_t i = t.row_of(a, r);
       if (i >= p.Sq) continue;
-      const bool unfinished = !(mr == -INFINITY && sum == 0.0f) && !(isfinite(mr) && isfinite(sum) && sum > 0.0f);
-      const bool sees_nothing = !unfinished && !(sum > 0.0f && mr > -1e30f * kLog2e);
-      const float inv = sees_nothing ? 0.0f : 1.0f / sum;
-      bool finished = !unfinished;
-#pragma unroll
-      for (int nt = 0; nt < DT; ++nt)
-        finished &= isfinite(o[a][nt][2 * r] * inv) && isfinite(o[a][nt][2 * r + 1] * inv);
-      const bool writes_lse = lse != nullptr && threadIdx.x % Tile::kRowLanes == 0;
-      if (!finished) {
-        int dims[2 * DT];
-#pragma unroll
-        for (int nt = 0; nt < DT; ++nt) dims[2 * nt] = t.dim_of(nt, 0), dims[2 * nt + 1] = t.dim_of(nt, 1);
-        repair::store_row<T>(p, qv, kv, vv, ov, writes_lse ? lse : nullptr, t.b, t.h, i, dims, 2 * DT);
-        continue;
-      }
+      const float mr = m[a][r];
+      const bool finished = isfinite(sum) && sum > 0.0f && isfinite(mr) && mr > -1e30f * kLog2e;
+      const bool empty = (mr == -INFINITY && sum == 0.0f) || (isfinite(sum) && isfinite(mr) && mr <= -1e30f * kLog2e);
+      // Neither (a score past f32's range): NaN, which repair_dense_forward finds and recomputes.
+      const float inv = finished ? 1.0f / sum : empty ? 0.0f : NAN;
       T* out = static_cast<T*>(ov.data) + row_offset(ov, t.b, i, t.h);
 #pragma unroll
       for (int nt = 0; nt < DT; ++nt) {
         out[t.dim_of(nt, 0)] = from_float<T>(o[a][nt][2 * r] * inv);
         out[t.dim_of(nt, 1)] = from_float<T>(o[a][nt][2 * r + 1] * inv);
       }
-      if (writes_lse) lse[(t.b * p.H + t.h) * p.Sq + i] = sees_nothing ? -INFINITY : mr * kLn2 + logf(sum);
+      if (lse != nullptr && threadIdx.x % Tile::kRowLanes == 0) {
+        lse[(t.b * p.H + t.h) * p.Sq + i] = finished ? mr * kLn2 + logf(sum) : empty ? -INFINITY : NAN;
+      }
     }
   }
 }

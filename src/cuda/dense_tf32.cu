@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
-  store_rows<float>(tile, qv, kv, vv, ov, lse, o, m, l);
+  store_rows<float>(tile, ov, lse, o, m, l);
 }
 
 template <int D, Tf32Mode M>

@@ -27,6 +27,11 @@ void launch_dense_backward(const BackwardCall& call);
 // not apply.
 bool launch_dense_backward_wgmma(const BackwardCall& call);
 
+// Rows the kernels above could not finish in f32, found and recomputed in double (dense_repair.cu);
+// launched after every forward and backward.
+void repair_dense_forward(const ForwardCall& call);
+void repair_dense_dq(const BackwardCall& call);
+
 void launch_tq_encode(const TqEncodeCall& call);
 // The first row (t * n_kv_heads + h) of the call's x whose norm f16 cannot hold, rows of at most
 // always_fits passing on their norm alone; waits for the call's stream (src/cuda/tq_norm_check.cu).

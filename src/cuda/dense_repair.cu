@@ -1,0 +1,88 @@
+// After every dense forward and backward, on the same stream: the rows the f32 kernels could not
+// finish (docs/spec.md §3; a score past f32's range leaves the row NaN at the store, a NaN or infinity
+// of a key the row does not see reaches it through a zero weight of a tensor-core product) are
+// found by their non-finite elements and recomputed in double (dense_repair.cuh). One warp per row;
+// a finite row costs the read of its elements. Kept out of the tiled kernels: inlined there, the
+// double loops cost the wgmma forward up to 40 % (bench/results/cuda_dense-0027194.json), and called
+// out of line from them, 15 % (cuda_dense-dfb17c5.json).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/dense_repair.cuh"
+#include "cuda/kernels.hpp"
+
+namespace flashtq::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+template <typename T>
+__device__ bool row_is_finite(const TensorView& t, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t D,
+                              int lane) {
+  bool finite = true;
+  const T* row = static_cast<const T*>(t.data) + row_offset(t, b, s, h);
+  for (std::int64_t d = lane; d < D; d += 32) finite &= isfinite(to_float(row[d]));
+  return finite;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarps) repair_forward_rows(ForwardCall c) {
+  const DenseProblem& p = c.p;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= p.B * p.Sq * p.H) return;
+  const std::int64_t b = row / (p.Sq * p.H), i = (row / p.H) % p.Sq, h = row % p.H;
+  bool finite = row_is_finite<T>(c.out, b, i, h, p.D, lane);
+  if (c.lse != nullptr && lane == 0) finite &= !isnan(c.lse[(b * p.H + h) * p.Sq + i]);
+  if (__all_sync(0xFFFFFFFFu, finite)) return;
+  const repair::RowStats stats = repair::row_stats<T>(p, c.q, c.k, b, h, i);
+  T* out = static_cast<T*>(c.out.data) + row_offset(c.out, b, i, h);
+  for (std::int64_t d = lane; d < p.D; d += 32)
+    out[d] = from_float<T>(repair::output<T>(p, c.q, c.k, c.v, stats, b, h, i, d));
+  if (c.lse != nullptr && lane == 0) c.lse[(b * p.H + h) * p.Sq + i] = float(stats.lse());
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarps) repair_dq_rows(BackwardCall c) {
+  const DenseProblem& p = c.p;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= p.B * p.Sq * p.H) return;
+  const std::int64_t b = row / (p.Sq * p.H), i = (row / p.H) % p.Sq, h = row % p.H;
+  if (__all_sync(0xFFFFFFFFu, row_is_finite<T>(c.dq, b, i, h, p.D, lane))) return;
+  T* dq = static_cast<T*>(c.dq.data) + row_offset(c.dq, b, i, h);
+  for (std::int64_t d = lane; d < p.D; d += 32) dq[d] = from_float<T>(repair::dq<T>(c, b, h, i, d));
+}
+
+template <typename F>
+void by_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: f(float{}); break;
+    case DType::f16: f(__half{}); break;
+    case DType::bf16: f(__nv_bfloat16{}); break;
+  }
+}
+
+unsigned blocks(const DenseProblem& p) { return unsigned((p.B * p.Sq * p.H + kWarps - 1) / kWarps); }
+
+}  // namespace
+
+void repair_dense_forward(const ForwardCall& c) {
+  if (c.p.B * c.p.Sq * c.p.H == 0) return;
+  by_dtype(c.p.dtype, [&](auto tag) {
+    repair_forward_rows<decltype(tag)><<<blocks(c.p), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(c);
+  });
+  FLASHTQ_CUDA_CHECK_LAUNCH("dense forward repair kernel");
+}
+
+void repair_dense_dq(const BackwardCall& c) {
+  if (c.p.B * c.p.Sq * c.p.H == 0) return;
+  by_dtype(c.p.dtype, [&](auto tag) {
+    repair_dq_rows<decltype(tag)><<<blocks(c.p), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(c);
+  });
+  FLASHTQ_CUDA_CHECK_LAUNCH("dense dq repair kernel");
+}
+
+}  // namespace flashtq::cuda
