@@ -8,6 +8,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/dense_repair.cuh"
@@ -27,33 +29,38 @@ __device__ bool row_is_finite(const TensorView& t, std::int64_t b, std::int64_t 
   return finite;
 }
 
+// Each warp walks rows at a stride of the grid's warps: the repair code makes the kernel heavy in
+// registers, and a block per 8 rows took about 1 ms in waves of a few blocks per SM
+// (bench/results/cuda_dense-2d35114.json); a grid of a few blocks per SM reads the rows at bandwidth.
 template <typename T>
 __global__ void __launch_bounds__(32 * kWarps) repair_forward_rows(ForwardCall c) {
   const DenseProblem& p = c.p;
   const int lane = threadIdx.x % 32;
-  const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (row >= p.B * p.Sq * p.H) return;
-  const std::int64_t b = row / (p.Sq * p.H), i = (row / p.H) % p.Sq, h = row % p.H;
-  bool finite = row_is_finite<T>(c.out, b, i, h, p.D, lane);
-  if (c.lse != nullptr && lane == 0) finite &= !isnan(c.lse[(b * p.H + h) * p.Sq + i]);
-  if (__all_sync(0xFFFFFFFFu, finite)) return;
-  const repair::RowStats stats = repair::row_stats<T>(p, c.q, c.k, b, h, i);
-  T* out = static_cast<T*>(c.out.data) + row_offset(c.out, b, i, h);
-  for (std::int64_t d = lane; d < p.D; d += 32)
-    out[d] = from_float<T>(repair::output<T>(p, c.q, c.k, c.v, stats, b, h, i, d));
-  if (c.lse != nullptr && lane == 0) c.lse[(b * p.H + h) * p.Sq + i] = float(stats.lse());
+  const std::int64_t warps = std::int64_t(gridDim.x) * kWarps;
+  for (std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; row < p.B * p.Sq * p.H; row += warps) {
+    const std::int64_t b = row / (p.Sq * p.H), i = (row / p.H) % p.Sq, h = row % p.H;
+    bool finite = row_is_finite<T>(c.out, b, i, h, p.D, lane);
+    if (c.lse != nullptr && lane == 0) finite &= !isnan(c.lse[(b * p.H + h) * p.Sq + i]);
+    if (__all_sync(0xFFFFFFFFu, finite)) continue;
+    const repair::RowStats stats = repair::row_stats<T>(p, c.q, c.k, b, h, i);
+    T* out = static_cast<T*>(c.out.data) + row_offset(c.out, b, i, h);
+    for (std::int64_t d = lane; d < p.D; d += 32)
+      out[d] = from_float<T>(repair::output<T>(p, c.q, c.k, c.v, stats, b, h, i, d));
+    if (c.lse != nullptr && lane == 0) c.lse[(b * p.H + h) * p.Sq + i] = float(stats.lse());
+  }
 }
 
 template <typename T>
 __global__ void __launch_bounds__(32 * kWarps) repair_dq_rows(BackwardCall c) {
   const DenseProblem& p = c.p;
   const int lane = threadIdx.x % 32;
-  const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (row >= p.B * p.Sq * p.H) return;
-  const std::int64_t b = row / (p.Sq * p.H), i = (row / p.H) % p.Sq, h = row % p.H;
-  if (__all_sync(0xFFFFFFFFu, row_is_finite<T>(c.dq, b, i, h, p.D, lane))) return;
-  T* dq = static_cast<T*>(c.dq.data) + row_offset(c.dq, b, i, h);
-  for (std::int64_t d = lane; d < p.D; d += 32) dq[d] = from_float<T>(repair::dq<T>(c, b, h, i, d));
+  const std::int64_t warps = std::int64_t(gridDim.x) * kWarps;
+  for (std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; row < p.B * p.Sq * p.H; row += warps) {
+    const std::int64_t b = row / (p.Sq * p.H), i = (row / p.H) % p.Sq, h = row % p.H;
+    if (__all_sync(0xFFFFFFFFu, row_is_finite<T>(c.dq, b, i, h, p.D, lane))) continue;
+    T* dq = static_cast<T*>(c.dq.data) + row_offset(c.dq, b, i, h);
+    for (std::int64_t d = lane; d < p.D; d += 32) dq[d] = from_float<T>(repair::dq<T>(c, b, h, i, d));
+  }
 }
 
 template <typename F>
@@ -65,7 +72,16 @@ void by_dtype(DType t, F&& f) {
   }
 }
 
-unsigned blocks(const DenseProblem& p) { return unsigned((p.B * p.Sq * p.H + kWarps - 1) / kWarps); }
+unsigned blocks(const DenseProblem& p) {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
+    FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }();
+  const std::int64_t needed = (p.B * p.Sq * p.H + kWarps - 1) / kWarps;
+  return unsigned(std::min<std::int64_t>(needed, 4 * std::int64_t(sms)));
+}
 
 }  // namespace
 
