@@ -9,6 +9,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
@@ -29,16 +31,40 @@ __device__ bool row_is_finite(const TensorView& t, std::int64_t b, std::int64_t 
   return finite;
 }
 
-// Each warp walks rows at a stride of the grid's warps: the repair code makes the kernel heavy in
-// registers, and a block per 8 rows took about 1 ms in waves of a few blocks per SM
-// (bench/results/cuda_dense-2d35114.json); a grid of a few blocks per SM reads the rows at bandwidth.
+// A light kernel finds whether any row is unfinished (few registers, so it reads the rows at
+// bandwidth) and raises a flag; the repair kernels, heavy in registers, return at once when it is
+// down. Each warp walks rows at a stride of the grid's warps (a block per 8 rows of the heavy kernel
+// took about 1 ms in waves: bench/results/cuda_dense-2d35114.json; the heavy kernel scanning every row
+// itself, 0.2 ms: cuda_dense-f5686d0.json).
+__device__ __forceinline__ void row_of(std::int64_t row, const DenseProblem& p, std::int64_t& b, std::int64_t& i,
+                                       std::int64_t& h) {
+  b = row / (p.Sq * p.H), i = (row / p.H) % p.Sq, h = row % p.H;
+}
+
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarps) repair_forward_rows(ForwardCall c) {
+__global__ void __launch_bounds__(32 * kWarps)
+    find_unfinished_rows(DenseProblem p, TensorView t, const float* lse, unsigned* flag) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warps = std::int64_t(gridDim.x) * kWarps;
+  bool finite = true;
+  for (std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; row < p.B * p.Sq * p.H; row += warps) {
+    std::int64_t b, i, h;
+    row_of(row, p, b, i, h);
+    finite &= row_is_finite<T>(t, b, i, h, p.D, lane);
+    if (lse != nullptr && lane == 0) finite &= !isnan(lse[(b * p.H + h) * p.Sq + i]);
+  }
+  if (!__all_sync(0xFFFFFFFFu, finite) && lane == 0) atomicOr(flag, 1u);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarps) repair_forward_rows(ForwardCall c, const unsigned* flag) {
+  if (*flag == 0) return;
   const DenseProblem& p = c.p;
   const int lane = threadIdx.x % 32;
   const std::int64_t warps = std::int64_t(gridDim.x) * kWarps;
   for (std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; row < p.B * p.Sq * p.H; row += warps) {
-    const std::int64_t b = row / (p.Sq * p.H), i = (row / p.H) % p.Sq, h = row % p.H;
+    std::int64_t b, i, h;
+    row_of(row, p, b, i, h);
     bool finite = row_is_finite<T>(c.out, b, i, h, p.D, lane);
     if (c.lse != nullptr && lane == 0) finite &= !isnan(c.lse[(b * p.H + h) * p.Sq + i]);
     if (__all_sync(0xFFFFFFFFu, finite)) continue;
@@ -51,16 +77,30 @@ __global__ void __launch_bounds__(32 * kWarps) repair_forward_rows(ForwardCall c
 }
 
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarps) repair_dq_rows(BackwardCall c) {
+__global__ void __launch_bounds__(32 * kWarps) repair_dq_rows(BackwardCall c, const unsigned* flag) {
+  if (*flag == 0) return;
   const DenseProblem& p = c.p;
   const int lane = threadIdx.x % 32;
   const std::int64_t warps = std::int64_t(gridDim.x) * kWarps;
   for (std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; row < p.B * p.Sq * p.H; row += warps) {
-    const std::int64_t b = row / (p.Sq * p.H), i = (row / p.H) % p.Sq, h = row % p.H;
+    std::int64_t b, i, h;
+    row_of(row, p, b, i, h);
     if (__all_sync(0xFFFFFFFFu, row_is_finite<T>(c.dq, b, i, h, p.D, lane))) continue;
     T* dq = static_cast<T*>(c.dq.data) + row_offset(c.dq, b, i, h);
     for (std::int64_t d = lane; d < p.D; d += 32) dq[d] = from_float<T>(repair::dq<T>(c, b, h, i, d));
   }
+}
+
+// The flag of the current device, allocated once per device.
+unsigned* device_flag() {
+  static std::mutex mutex;
+  static std::map<int, unsigned*> flags;
+  int device = 0;
+  FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  unsigned*& flag = flags[device];
+  if (flag == nullptr) FLASHTQ_CUDA_CHECK(cudaMalloc(&flag, sizeof(unsigned)));
+  return flag;
 }
 
 template <typename F>
@@ -87,18 +127,28 @@ unsigned blocks(const DenseProblem& p) {
 
 void repair_dense_forward(const ForwardCall& c) {
   if (c.p.B * c.p.Sq * c.p.H == 0) return;
+  auto stream = static_cast<cudaStream_t>(c.stream);
+  unsigned* flag = device_flag();
+  FLASHTQ_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(unsigned), stream));
   by_dtype(c.p.dtype, [&](auto tag) {
-    repair_forward_rows<decltype(tag)><<<blocks(c.p), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(c);
+    using T = decltype(tag);
+    find_unfinished_rows<T><<<blocks(c.p), 32 * kWarps, 0, stream>>>(c.p, c.out, c.lse, flag);
+    repair_forward_rows<T><<<blocks(c.p), 32 * kWarps, 0, stream>>>(c, flag);
   });
-  FLASHTQ_CUDA_CHECK_LAUNCH("dense forward repair kernel");
+  FLASHTQ_CUDA_CHECK_LAUNCH("dense forward repair kernels");
 }
 
 void repair_dense_dq(const BackwardCall& c) {
   if (c.p.B * c.p.Sq * c.p.H == 0) return;
+  auto stream = static_cast<cudaStream_t>(c.stream);
+  unsigned* flag = device_flag();
+  FLASHTQ_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(unsigned), stream));
   by_dtype(c.p.dtype, [&](auto tag) {
-    repair_dq_rows<decltype(tag)><<<blocks(c.p), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(c);
+    using T = decltype(tag);
+    find_unfinished_rows<T><<<blocks(c.p), 32 * kWarps, 0, stream>>>(c.p, c.dq, nullptr, flag);
+    repair_dq_rows<T><<<blocks(c.p), 32 * kWarps, 0, stream>>>(c, flag);
   });
-  FLASHTQ_CUDA_CHECK_LAUNCH("dense dq repair kernel");
+  FLASHTQ_CUDA_CHECK_LAUNCH("dense dq repair kernels");
 }
 
 }  // namespace flashtq::cuda
