@@ -115,7 +115,7 @@ void TqKvCache::overwrite(std::int64_t layer, const TensorView& k, const TensorV
   if (config_.layout.recent_tokens > 0) {
     throw Error("start_pos", "a cache with recent_tokens cannot overwrite (its recent window is the last timesteps)");
   }
-  if (start_pos < 0 || k.shape[1] > length || start_pos > length - k.shape[1]) {
+  if (start_pos < 0 || k.shape[1] < 0 || k.shape[1] > length || start_pos > length - k.shape[1]) {
     throw Error("start_pos",
                 "overwrite() rewrites timesteps already appended: [start_pos, start_pos + T) must lie in "
                 "[0, " +

@@ -1,0 +1,35 @@
+// Regression tests of what the fuzzers (tests/fuzz/) found, one per finding, each named for what
+// went wrong; the input that found it is in the harness's corpus (tests/fuzz/corpus/), which every
+// fuzz run replays. The sanitize preset runs these under ASan + UBSan, where most of them failed.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "flashtq/flashtq.hpp"
+
+namespace flashtq {
+namespace {
+
+// fuzz_tq_cache: an overwrite whose rows claimed a negative count of timesteps computed
+// length - T with T = -(2^63 - 1), a signed overflow (UBSan), before any argument was refused.
+TEST(FuzzFindings, OverwriteWithANegativeTimestepCountIsRefused) {
+  TqKvCache cache({1, {32, 1, 8, 2, 2}, 0}, &backend("reference"));
+  std::vector<float> rows(8 * 32, 0.5f);
+  const TensorView k = TensorView::bshd(rows.data(), DType::f32, 1, 8, 1, 32);
+  cache.append(0, k, k, 0);
+  const std::vector<std::uint32_t> words = cache.key_words(0);
+  for (std::int64_t T :
+       {std::int64_t(-1), -std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min()}) {
+    TensorView bad = k;
+    bad.shape[1] = T;
+    EXPECT_THROW(cache.overwrite(0, bad, bad, 0), Error) << "T = " << T;
+    EXPECT_THROW(cache.overwrite(0, bad, bad, 8), Error) << "T = " << T;
+  }
+  EXPECT_EQ(cache.length(0), 8);
+  EXPECT_EQ(cache.key_words(0), words);
+}
+
+}  // namespace
+}  // namespace flashtq
