@@ -31,5 +31,32 @@ TEST(FuzzFindings, OverwriteWithANegativeTimestepCountIsRefused) {
   EXPECT_EQ(cache.key_words(0), words);
 }
 
+// attend grew its query scratch for the rows and heads q claimed before it checked q: a q of 2^31
+// heads (with a null pointer, or an out of another shape) asked for a 558 GB scratch, which threw
+// std::bad_alloc (ASan: out of memory) instead of the Error naming the argument.
+TEST(FuzzFindings, AttendChecksItsViewsBeforeGrowingTheScratch) {
+  for (const char* name : {"reference", "cpu"}) {
+    TqKvCache cache({1, {32, 1, 8, 2, 2}, 0}, &backend(name));
+    std::vector<float> rows(4 * 32, 0.5f), q(32), out(32);
+    const TensorView k = TensorView::bshd(rows.data(), DType::f32, 1, 4, 1, 32);
+    cache.append(0, k, k, 0);
+    const TensorView out_view = TensorView::bshd(out.data(), DType::f32, 1, 1, 1, 32);
+    TensorView many_heads = TensorView::bshd(q.data(), DType::f32, 1, 1, std::int64_t(1) << 31, 32);
+    EXPECT_THROW(cache.attend(0, many_heads, 3, out_view), Error) << name;  // out has 1 head
+    many_heads.data = nullptr;
+    TensorView out_many = out_view;
+    out_many.shape[2] = many_heads.shape[2];
+    out_many.strides = many_heads.strides;
+    try {
+      cache.attend(0, many_heads, 3, out_many);
+      ADD_FAILURE() << name << ": a null q was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "q") << name;
+    }
+    // The cache still attends normally afterwards.
+    cache.attend(0, TensorView::bshd(q.data(), DType::f32, 1, 1, 1, 32), 3, out_view);
+  }
+}
+
 }  // namespace
 }  // namespace flashtq
