@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "flashtq/flashtq.hpp"
@@ -55,6 +56,29 @@ TEST(FuzzFindings, AttendChecksItsViewsBeforeGrowingTheScratch) {
     }
     // The cache still attends normally afterwards.
     cache.attend(0, TensorView::bshd(q.data(), DType::f32, 1, 1, 1, 32), 3, out_view);
+  }
+}
+
+// fuzz_dense: mask strides that reach exactly element 2^63 - 1 were refused with a message that
+// computed "needs last + 1" in int64, a signed overflow (UBSan) while building the Error.
+TEST(FuzzFindings, MaskStridesReachingInt64MaxAreRefusedWithoutOverflow) {
+  std::vector<float> q(2 * 4, 0.5f), k(q), v(q), out(q), mask(4, 0.0f);
+  AttentionParams p;
+  p.mask = mask.data();
+  p.mask_strides = {0, 0, 0, std::numeric_limits<std::int64_t>::max()};  // Sk = 2: the last key at 2^63 - 1
+  p.mask_elements = std::int64_t(mask.size());
+  const ForwardArgs args{TensorView::bshd(q.data(), DType::f32, 1, 2, 1, 4),
+                         TensorView::bshd(k.data(), DType::f32, 1, 2, 1, 4),
+                         TensorView::bshd(v.data(), DType::f32, 1, 2, 1, 4),
+                         TensorView::bshd(out.data(), DType::f32, 1, 2, 1, 4),
+                         nullptr,
+                         nullptr};
+  try {
+    attention_forward(backend("reference"), args, p);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "mask_elements");
+    EXPECT_NE(std::string(e.what()).find("needs 9223372036854775808"), std::string::npos) << e.what();
   }
 }
 
