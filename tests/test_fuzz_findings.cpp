@@ -82,5 +82,23 @@ TEST(FuzzFindings, MaskStridesReachingInt64MaxAreRefusedWithoutOverflow) {
   }
 }
 
+// Seen while fixing the one above, in the same pattern: an encode at start_pos 2^63 - 1 is refused
+// (cache full) with a message that computed start_pos + T - 1 in int64, a signed overflow for T >= 2.
+// The harnesses reach the cache object, whose appends are contiguous, not this low-level call.
+TEST(FuzzFindings, EncodeAtTheLargestStartPositionIsRefusedWithoutOverflow) {
+  const TqLayout layout{32, 1, 8, 2, 2};
+  const TqTables tables = make_tq_tables(layout, 0, 0);
+  std::vector<float> rows(2 * 32, 0.5f);
+  std::vector<std::uint32_t> cache(std::size_t(layout.key_words()), 0u);
+  try {
+    tq_encode_keys(backend("reference"), {tables, TensorView::bshd(rows.data(), DType::f32, 1, 2, 1, 32),
+                                          std::numeric_limits<std::int64_t>::max(), cache.data(), nullptr});
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "start_pos");
+    EXPECT_NE(std::string(e.what()).find("9223372036854775808"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace flashtq

@@ -237,7 +237,8 @@ TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& a, b
   if (a.start_pos < 0) throw Error("start_pos", "must be >= 0");
   if (a.start_pos > l.capacity - T) {
     throw Error("start_pos", "cache full: timesteps " + std::to_string(a.start_pos) + ".." +
-                                 std::to_string(a.start_pos + T - 1) + " pass capacity " + std::to_string(l.capacity));
+                                 std::to_string(std::uint64_t(a.start_pos) + std::uint64_t(T) - 1) + " pass capacity " +
+                                 std::to_string(l.capacity));
   }
   check_pointer("cache", a.cache, alignof(std::uint32_t));
   if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
