@@ -115,8 +115,8 @@ void TqKvCache::overwrite(std::int64_t layer, const TensorView& k, const TensorV
   if (config_.layout.recent_tokens > 0) {
     throw Error("start_pos", "a cache with recent_tokens cannot overwrite (its recent window is the last timesteps)");
   }
-  // start_pos first, so that length - start_pos cannot overflow whatever T is (the validator refuses T < 1).
-  if (start_pos < 0 || start_pos > length || k.shape[1] > length - start_pos) {
+  // start_pos first, so that length - start_pos cannot overflow whatever T is.
+  if (start_pos < 0 || k.shape[1] < 0 || start_pos > length || k.shape[1] > length - start_pos) {
     throw Error("start_pos",
                 "overwrite() rewrites timesteps already appended: [start_pos, start_pos + T) must lie in "
                 "[0, " +
@@ -155,11 +155,13 @@ void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t sta
                                  " (the recent window holds that sequence's last timesteps)");
   }
   const std::int64_t floats = core::checked_mul(core::checked_mul(n, heads, "q"), 2 * config_.layout.head_dim + 1, "q");
-  float* scratch = static_cast<float*>(storage_->scratch.at_least(*backend_, std::size_t(floats) * sizeof(float)));
   const TqTables& tables = tables_[std::size_t(layer)];
   TqAttendArgs a;
   a.tables = tables;
-  a.scratch = scratch;
+  // Every argument is checked before the scratch grows for what q claims (2^31 heads, say): first
+  // with a stand-in for the scratch, which only the pointer checks look at.
+  static float stand_in;
+  a.scratch = &stand_in;
   a.q_cap = n;
   a.n_heads = heads;
   a.n_queries = n;
@@ -170,6 +172,10 @@ void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t sta
   a.v_cache = static_cast<const std::uint32_t*>(storage_->values[std::size_t(layer)].get());
   a.out = out;
   a.stream = stream_;
+  core::validate_tq_rotate(*backend_, {tables, q, n, &stand_in, stream_});
+  core::validate_tq_attend(*backend_, a, false);
+  float* scratch = static_cast<float*>(storage_->scratch.at_least(*backend_, std::size_t(floats) * sizeof(float)));
+  a.scratch = scratch;
   const TqRotateCall rotate = core::validate_tq_rotate(*backend_, {tables, q, n, scratch, stream_});
   const std::size_t need = backend_->tq_attend_workspace(core::validate_tq_attend(*backend_, a, false));
   if (need > 0) {

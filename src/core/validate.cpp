@@ -147,8 +147,8 @@ DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const 
     }
     if (params.mask_elements <= last) {
       throw Error("mask_elements", "mask of " + std::to_string(params.mask_elements) +
-                                       " elements is too small for its strides (needs " + std::to_string(last + 1) +
-                                       ")");
+                                       " elements is too small for its strides (needs " +
+                                       std::to_string(std::uint64_t(last) + 1) + ")");
     }
     p.mask = params.mask;
     p.mask_strides = params.mask_strides;

@@ -1,0 +1,104 @@
+// Regression tests of what the fuzzers (tests/fuzz/) found, one per finding, each named for what
+// went wrong; the input that found it is in the harness's corpus (tests/fuzz/corpus/), which every
+// fuzz run replays. The sanitize preset runs these under ASan + UBSan, where most of them failed.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "flashtq/flashtq.hpp"
+
+namespace flashtq {
+namespace {
+
+// fuzz_tq_cache: an overwrite whose rows claimed a negative count of timesteps computed
+// length - T with T = -(2^63 - 1), a signed overflow (UBSan), before any argument was refused.
+TEST(FuzzFindings, OverwriteWithANegativeTimestepCountIsRefused) {
+  TqKvCache cache({1, {32, 1, 8, 2, 2}, 0}, &backend("reference"));
+  std::vector<float> rows(8 * 32, 0.5f);
+  const TensorView k = TensorView::bshd(rows.data(), DType::f32, 1, 8, 1, 32);
+  cache.append(0, k, k, 0);
+  const std::vector<std::uint32_t> words = cache.key_words(0);
+  for (std::int64_t T :
+       {std::int64_t(-1), -std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min()}) {
+    TensorView bad = k;
+    bad.shape[1] = T;
+    EXPECT_THROW(cache.overwrite(0, bad, bad, 0), Error) << "T = " << T;
+    EXPECT_THROW(cache.overwrite(0, bad, bad, 8), Error) << "T = " << T;
+  }
+  EXPECT_EQ(cache.length(0), 8);
+  EXPECT_EQ(cache.key_words(0), words);
+}
+
+// attend grew its query scratch for the rows and heads q claimed before it checked q: a q of 2^31
+// heads (with a null pointer, or an out of another shape) asked for a 558 GB scratch, which threw
+// std::bad_alloc (ASan: out of memory) instead of the Error naming the argument.
+TEST(FuzzFindings, AttendChecksItsViewsBeforeGrowingTheScratch) {
+  for (const char* name : {"reference", "cpu"}) {
+    TqKvCache cache({1, {32, 1, 8, 2, 2}, 0}, &backend(name));
+    std::vector<float> rows(4 * 32, 0.5f), q(32), out(32);
+    const TensorView k = TensorView::bshd(rows.data(), DType::f32, 1, 4, 1, 32);
+    cache.append(0, k, k, 0);
+    const TensorView out_view = TensorView::bshd(out.data(), DType::f32, 1, 1, 1, 32);
+    TensorView many_heads = TensorView::bshd(q.data(), DType::f32, 1, 1, std::int64_t(1) << 31, 32);
+    EXPECT_THROW(cache.attend(0, many_heads, 3, out_view), Error) << name;  // out has 1 head
+    many_heads.data = nullptr;
+    TensorView out_many = out_view;
+    out_many.shape[2] = many_heads.shape[2];
+    out_many.strides = many_heads.strides;
+    try {
+      cache.attend(0, many_heads, 3, out_many);
+      ADD_FAILURE() << name << ": a null q was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "q") << name;
+    }
+    // The cache still attends normally afterwards.
+    cache.attend(0, TensorView::bshd(q.data(), DType::f32, 1, 1, 1, 32), 3, out_view);
+  }
+}
+
+// fuzz_dense: mask strides that reach exactly element 2^63 - 1 were refused with a message that
+// computed "needs last + 1" in int64, a signed overflow (UBSan) while building the Error.
+TEST(FuzzFindings, MaskStridesReachingInt64MaxAreRefusedWithoutOverflow) {
+  std::vector<float> q(2 * 4, 0.5f), k(q), v(q), out(q), mask(4, 0.0f);
+  AttentionParams p;
+  p.mask = mask.data();
+  p.mask_strides = {0, 0, 0, std::numeric_limits<std::int64_t>::max()};  // Sk = 2: the last key at 2^63 - 1
+  p.mask_elements = std::int64_t(mask.size());
+  const ForwardArgs args{TensorView::bshd(q.data(), DType::f32, 1, 2, 1, 4),
+                         TensorView::bshd(k.data(), DType::f32, 1, 2, 1, 4),
+                         TensorView::bshd(v.data(), DType::f32, 1, 2, 1, 4),
+                         TensorView::bshd(out.data(), DType::f32, 1, 2, 1, 4),
+                         nullptr,
+                         nullptr};
+  try {
+    attention_forward(backend("reference"), args, p);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "mask_elements");
+    EXPECT_NE(std::string(e.what()).find("needs 9223372036854775808"), std::string::npos) << e.what();
+  }
+}
+
+// Seen while fixing the one above, in the same pattern: an encode at start_pos 2^63 - 1 is refused
+// (cache full) with a message that computed start_pos + T - 1 in int64, a signed overflow for T >= 2.
+// The harnesses reach the cache object, whose appends are contiguous, not this low-level call.
+TEST(FuzzFindings, EncodeAtTheLargestStartPositionIsRefusedWithoutOverflow) {
+  const TqLayout layout{32, 1, 8, 2, 2};
+  const TqTables tables = make_tq_tables(layout, 0, 0);
+  std::vector<float> rows(2 * 32, 0.5f);
+  std::vector<std::uint32_t> cache(std::size_t(layout.key_words()), 0u);
+  try {
+    tq_encode_keys(backend("reference"), {tables, TensorView::bshd(rows.data(), DType::f32, 1, 2, 1, 32),
+                                          std::numeric_limits<std::int64_t>::max(), cache.data(), nullptr});
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "start_pos");
+    EXPECT_NE(std::string(e.what()).find("9223372036854775808"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace flashtq
