@@ -2,6 +2,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/entry_guard.hpp"
 #include "flashtq/backend.hpp"
 #include "flashtq/error.hpp"
 #include "cpu/backend.hpp"
@@ -50,50 +51,60 @@ Registry& registry() {
 }  // namespace
 
 std::vector<Backend*> all_backends() {
-  // A copy taken under the lock: a caller iterating it races with no register_backend.
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  return registry().view;
+  return core::guarded("backend", [&] {
+    // A copy taken under the lock: a caller iterating it races with no register_backend.
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    return registry().view;
+  });
 }
 
 std::vector<Backend*> available_backends() {
-  std::vector<Backend*> list;
-  for (Backend* b : all_backends()) {
-    if (b->available()) list.push_back(b);
-  }
-  return list;
+  return core::guarded("backend", [&] {
+    std::vector<Backend*> list;
+    for (Backend* b : all_backends()) {
+      if (b->available()) list.push_back(b);
+    }
+    return list;
+  });
 }
 
 Backend& backend(const std::string& name) {
-  std::string names;
-  for (Backend* b : all_backends()) {
-    if (b->name() == name) {
-      if (!b->available()) {
-        const std::string why = b->unavailable_reason();
-        throw Error("backend", "'" + name + "' is compiled in but not available on this machine" +
-                                   (why.empty() ? "" : ": " + why));
+  return core::guarded("backend", [&]() -> Backend& {
+    std::string names;
+    for (Backend* b : all_backends()) {
+      if (b->name() == name) {
+        if (!b->available()) {
+          const std::string why = b->unavailable_reason();
+          throw Error("backend", "'" + name + "' is compiled in but not available on this machine" +
+                                     (why.empty() ? "" : ": " + why));
+        }
+        return *b;
       }
-      return *b;
+      names += (names.empty() ? "" : ", ") + b->name();
     }
-    names += (names.empty() ? "" : ", ") + b->name();
-  }
-  throw Error("backend", "unknown name '" + name + "' (compiled in: " + names + ")");
+    throw Error("backend", "unknown name '" + name + "' (compiled in: " + names + ")");
+  });
 }
 
 Backend& default_backend() {
-  for (Backend* b : all_backends()) {
-    if (b->name() == "cpu" && b->available()) return *b;
-  }
-  return backend("reference");
+  return core::guarded("backend", [&]() -> Backend& {
+    for (Backend* b : all_backends()) {
+      if (b->name() == "cpu" && b->available()) return *b;
+    }
+    return backend("reference");
+  });
 }
 
 void register_backend(std::unique_ptr<Backend> b) {
-  if (!b) throw Error("backend", "must not be null");
-  const std::string name = b->name();
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  for (Backend* existing : registry().view) {
-    if (existing->name() == name) throw Error("backend", "name '" + name + "' is already registered");
-  }
-  registry().add(std::move(b));
+  core::guarded("backend", [&] {
+    if (!b) throw Error("backend", "must not be null");
+    const std::string name = b->name();
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    for (Backend* existing : registry().view) {
+      if (existing->name() == name) throw Error("backend", "name '" + name + "' is already registered");
+    }
+    registry().add(std::move(b));
+  });
 }
 
 }  // namespace flashtq

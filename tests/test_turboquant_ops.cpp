@@ -632,8 +632,63 @@ TEST_P(TqNormRule, TheFirstOfSeveralBadRowsIsNamed) {
   }
 }
 
+// Every dtype and head_dim (each a kernel instance on cuda): a row above the bound is refused, one just
+// below is stored with the oracle's norm word, finite.
+void check_every_dtype_and_head_dim(Backend& b) {
+  std::mt19937_64 rng = test_rng();
+  for (std::int64_t D : {32, 64, 128, 256}) {
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+      for (const TqLayout& l : {TqLayout{D, 2, 40, 2, 2}, norm_corrected(D, 2, 40, 4)}) {
+        const TqTables t = make_tq_tables(l, rng(), 0);
+        const std::string what =
+            "D " + std::to_string(D) + " " + dtype_name(dtype) + (l.norm_correction ? " norm correction" : "");
+        HostTensor x({1, 37, 2, D}, dtype, false);
+        x.fill_normal(rng);
+        HostTensor big(x);
+        scale_row(big, 29, 1, 7e4);
+        for (bool keys : {true, false}) {
+          const auto [words, error] = encode_on(b, t, big, keys);
+          ASSERT_TRUE(error.has_value()) << what << ": accepted";
+          EXPECT_NE(std::string(error->what()).find("row (0, 29, 1)"), std::string::npos) << error->what();
+          for (std::uint32_t w : words) ASSERT_EQ(w, kUntouched) << what;
+        }
+        // Just below: about 1% under 65504 in what the row stores (rounding the scaled row into a 16-bit
+        // dtype moves its codes, and so |c[idx]|, a little: rescaled until it is under).
+        HostTensor near(x);
+        for (double target = kF16MaxForTests / 1.01, stored = kF16MaxForTests; stored >= kF16MaxForTests;
+             target /= 1.01) {
+          const core::EncodedRow now = core::encode_row(row_of(near, 29, 1), t, false);
+          scale_row(near, 29, 1, target * now.norm / now.stored_norm);
+          stored = core::encode_row(row_of(near, 29, 1), t, false).stored_norm;
+        }
+        const auto [words, error] = encode_on(b, t, near, false);
+        ASSERT_FALSE(error.has_value()) << what << ": " << error->what();
+        const auto [want, no_error] = encode_on(backend("reference"), t, near, false);
+        const std::size_t at = std::size_t(l.value_norm_offset() + l.capacity + 29);  // kv head 1, timestep 29
+        EXPECT_EQ(words[at], want[at]) << what;
+        EXPECT_TRUE(f16_finite(words[at])) << what;
+      }
+    }
+  }
+}
+
+TEST_P(TqNormRule, EveryDtypeAndHeadDimNearTheBound) {
+  Backend& b = under_test();
+  SKIP_UNAVAILABLE(b);
+  check_every_dtype_and_head_dim(b);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, TqNormRule, ::testing::ValuesIn(backend_names()),
                          [](const auto& info) { return info.param; });
+
+// The cuda check kernel (src/cuda/tq_norm_check.cu) for each of its instances: needs a GPU.
+TEST(TqNormsOnCuda, TheCheckKernelRefusesBeforeTheEncodeKernel) {
+  Backend* cuda = nullptr;
+  for (Backend* x : all_backends())
+    if (x->name() == "cuda" && x->available()) cuda = x;
+  if (cuda == nullptr) GTEST_SKIP() << "no usable cuda backend here (no GPU, or built without CUDA)";
+  check_every_dtype_and_head_dim(*cuda);
+}
 
 // TqKvCache names k or v, and a rejected append or overwrite leaves every word and the length as they were.
 TEST_P(TqNormRule, CacheAppendNamesKOrVAndChangesNothing) {

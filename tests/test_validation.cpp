@@ -5,7 +5,13 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <new>
+#include <optional>
+#include <random>
+#include <stdexcept>
 #include <thread>
+#include <typeinfo>
+#include <utility>
 
 #include "conformance/conformance.hpp"
 #include "conformance/device_buffer.hpp"
@@ -260,6 +266,127 @@ TEST(DeviceMemory, HostPointerInACudaViewIsRefused) {
                      d.out.on(out.get(), Memory::cuda), nullptr, nullptr},
                     d.params);
   cuda->synchronize();
+}
+
+// ---- No std:: exception but flashtq::Error leaves an entry point (issue 18) ----
+
+// A backend whose every compute method throws the std:: exception it is given, as a registered
+// backend's own code or an allocation inside a backend might.
+class Throwing final : public ReferenceWrapper {
+ public:
+  explicit Throwing(std::function<void()> thrower) : thrower_(std::move(thrower)) {}
+  std::string name() const override { return "throwing"; }
+  void forward(const ForwardCall&) override { thrower_(); }
+  void backward(const BackwardCall&) override { thrower_(); }
+  void tq_encode(const TqEncodeCall&) override { thrower_(); }
+  void tq_rotate_queries(const TqRotateCall&) override { thrower_(); }
+  void tq_attend(const TqAttendCall&) override { thrower_(); }
+  std::size_t tq_attend_workspace(const TqAttendCall&) const override {
+    thrower_();
+    return 0;
+  }
+
+ private:
+  std::function<void()> thrower_;
+};
+
+// Runs f, which must throw a flashtq::Error naming `argument` (not the std:: exception inside).
+template <typename F>
+void expect_library_error(F&& f, const std::string& argument, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << what << ": no exception";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << what << ": " << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << ": a " << typeid(e).name() << " escaped: " << e.what();
+  }
+}
+
+TEST(EntryPoints, StdExceptionsFromABackendBecomeErrors) {
+  const std::vector<std::pair<std::string, std::function<void()>>> throwers = {
+      {"bad_alloc", [] { throw std::bad_alloc(); }},
+      {"length_error", [] { throw std::length_error("vector"); }},
+      {"out_of_range", [] { throw std::out_of_range("at"); }},
+      {"bad_optional_access", [] { throw std::bad_optional_access(); }},
+      {"runtime_error", [] { throw std::runtime_error("a registered backend's own"); }}};
+  for (const auto& [kind, thrower] : throwers) {
+    Throwing b(thrower);
+    Dense d;
+    expect_library_error([&] { attention_forward(b, d.fwd(), d.params); }, "backend", "forward, " + kind);
+    expect_library_error([&] { attention_backward(b, d.bwd(), d.params); }, "backend", "backward, " + kind);
+    const TqLayout l{64, 1, 8, 2, 2};
+    const TqTables t = make_tq_tables(l, 1, 0);
+    HostTensor x({1, 2, 1, 64}, DType::f32, false), q({1, 1, 2, 64}, DType::f32, false), out(q);
+    std::vector<std::uint32_t> words(std::size_t(l.key_words() + l.value_words()), 0u);
+    std::vector<float> scratch(std::size_t(tq_scratch_floats(1, 2, 64)), 0.0f);
+    expect_library_error(
+        [&] {
+          tq_encode_keys(b, {t, x.view, 0, words.data(), nullptr});
+        },
+        "backend", "encode, " + kind);
+    expect_library_error(
+        [&] {
+          tq_rotate_queries(b, {t, q.view, 1, scratch.data(), nullptr});
+        },
+        "backend", "rotate, " + kind);
+    TqAttendArgs a;
+    a.tables = t;
+    a.scratch = scratch.data();
+    a.n_heads = 2;
+    a.k_cache = words.data();
+    a.v_cache = words.data();
+    a.out = out.view;
+    expect_library_error([&] { tq_attend(b, a); }, "backend", "attend, " + kind);
+    expect_library_error([&] { tq_attend_workspace_bytes(b, a); }, "backend", "workspace, " + kind);
+    TqKvCache cache({1, l, 0}, &b);
+    expect_library_error([&] { cache.append(0, x.view, x.view, 0); }, "backend", "cache append, " + kind);
+  }
+}
+
+// Host memory of 1 MiB: a larger allocation throws std::bad_alloc, as a full device or host would.
+class SmallMemory final : public ReferenceWrapper {
+ public:
+  std::string name() const override { return "small-memory"; }
+  void* allocate(std::size_t bytes) override {
+    if (bytes > (1u << 20)) throw std::bad_alloc();
+    return ReferenceWrapper::allocate(bytes);
+  }
+};
+
+// Hostile arguments to the cache: refused by rule, or an Error naming what asked for the memory. q of
+// 2^20 heads once went to the allocator before it was validated, and its std::bad_alloc escaped.
+TEST(EntryPoints, HostileCacheArgumentsGiveErrors) {
+  SmallMemory small;
+  expect_library_error([&] { TqKvCache({1, {128, 8, 4096, 2, 2}, 0}, &small); }, "capacity", "a cache past 1 MiB");
+  TqKvCache cache({1, {64, 1, 16, 2, 2}, 0}, &small);
+  HostTensor k({1, 4, 1, 64}, DType::f32, false), q({1, 1, 4, 64}, DType::f32, false), out(q);
+  std::mt19937_64 rng = test_rng();
+  k.fill_normal(rng);
+  cache.append(0, k.view, k.view, 0);
+  const std::int64_t many = std::int64_t(1) << 20;  // a consistent view of 2^20 heads; never read
+  TensorView wide = TensorView::bshd(q.view.data, DType::f32, 1, 1, many, 64);
+  expect_library_error([&] { cache.attend(0, wide, 3, TensorView::bshd(out.view.data, DType::f32, 1, 1, many, 64)); },
+                       "q", "2^20 query heads");
+  for (std::int64_t heads : {std::int64_t(-1), std::int64_t(0)}) {
+    TensorView bad = q.view;
+    bad.shape[2] = heads;
+    expect_library_error([&] { cache.attend(0, bad, 3, out.view); }, "q", "heads " + std::to_string(heads));
+  }
+  TensorView ragged = q.view;
+  ragged.shape[3] = 32;
+  expect_library_error([&] { cache.attend(0, ragged, 3, out.view); }, "q", "head_dim 32 against 64");
+  EXPECT_NO_THROW(cache.attend(0, q.view, 3, out.view));  // the cache still works
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "2^40 layers: AddressSanitizer aborts on an allocation that large instead of failing it";
+#else
+  // 2^40 layers: the host bookkeeping is refused at once (it once grew layer by layer until memory ran out).
+  expect_library_error(
+      [&] {
+        TqKvCache({std::int64_t(1) << 40, {32, 1, 1, 1, 2}, 0}, &backend("reference"));
+      },
+      "layers", "2^40 layers");
+#endif
 }
 
 TEST(Registry, UnknownBackendNamesTheChoices) {
