@@ -196,16 +196,24 @@ std::vector<float> read_all(const Tensor& t) {
   return x;
 }
 
-// docs/spec.md §3's bar: ||x - ref|| <= tol * ||ref||.
-void compare(const std::vector<float>& x, const std::vector<float>& ref, DType dtype, const char* what) {
+// docs/spec.md §3's bar: ||x - ref|| <= tol * max(||ref||, floor), over the finite entries; an entry
+// that is -inf in the reference is -inf exactly.
+void compare(const std::vector<float>& x, const std::vector<float>& ref, DType dtype, const char* what,
+             double floor = 0) {
   const double tol = dtype == DType::f32 ? 1e-5 : dtype == DType::f16 ? 2e-3 : 1e-2;
   double err = 0, norm = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
+    if (ref[i] == -INFINITY || x[i] == -INFINITY) {
+      if (x[i] != ref[i]) finding("cpu %s[%zu] = %g, the reference's %g", what, i, x[i], ref[i]);
+      continue;
+    }
     err += (double(x[i]) - ref[i]) * (double(x[i]) - ref[i]);
     norm += double(ref[i]) * ref[i];
   }
-  if (std::sqrt(err) > tol * std::sqrt(norm) + 1e-30)
-    finding("cpu %s differs from the reference: relative error %g > %g", what, std::sqrt(err / norm), tol);
+  const double denominator = std::max(std::sqrt(norm), floor);
+  if (std::sqrt(err) > tol * denominator + 1e-30)
+    finding("cpu %s differs from the reference: error %g, relative to %g: %g > %g", what, std::sqrt(err), denominator,
+            std::sqrt(err) / denominator, tol);
 }
 
 Problem draw(FuzzedDataProvider& fdp) {
@@ -342,7 +350,10 @@ void run(const uint8_t* data, size_t size) {
   if (!why.empty()) fuzz::stats.count(3, "forward refused");
 
   // The reference first (its out kept for the comparison), then the cpu backend on the same views.
-  std::vector<float> ref_out;
+  std::vector<float> ref_out, ref_lse;
+  const std::size_t lse_size = std::size_t(std::max<std::int64_t>(0, pr.t[Q].view.shape[0])) *
+                               std::size_t(std::max<std::int64_t>(0, pr.t[Q].view.shape[1])) *
+                               std::size_t(std::max<std::int64_t>(0, pr.t[Q].view.shape[2]));
   for (Backend* be : {&reference, &cpu}) {
     if (why.empty()) {
       pr.t[OUT].poison();
@@ -360,8 +371,10 @@ void run(const uint8_t* data, size_t size) {
     if (comparable) check_forward(pr, be->name());
     if (be == &reference) {
       ref_out = read_all(pr.t[OUT]);
+      if (pr.lse) ref_lse.assign(pr.lse, pr.lse + lse_size);
     } else if (comparable) {
       compare(read_all(pr.t[OUT]), ref_out, pr.t[Q].view.dtype, "out");
+      if (pr.lse) compare(std::vector<float>(pr.lse, pr.lse + lse_size), ref_lse, pr.t[Q].view.dtype, "lse");
     }
   }
   if (!why.empty()) return;
@@ -399,6 +412,12 @@ void run(const uint8_t* data, size_t size) {
   fuzz::context = describe(pr, true) + " (" + (bwhy.empty() ? "valid" : "refused: " + bwhy) + ")";
   if (bwhy.empty() && !runnable(pr, true)) return;
   const bool check = moderate && !params_changed && (pr.t[Q].view.dtype != DType::f16 || pr.gradient_bound < 6e4);
+  // Gradients that overlap themselves hold whichever write came last: finite, not comparable.
+  const bool comparable =
+      !fuzz::overlaps(pr.t[DQ].view) && !fuzz::overlaps(pr.t[DK].view) && !fuzz::overlaps(pr.t[DV].view);
+  const std::int64_t D = pr.t[Q].view.shape[3];
+  const double scale = pr.params.scale ? std::abs(double(*pr.params.scale)) : 1.0 / std::sqrt(double(D));
+  std::array<std::vector<float>, 3> ref_grads;
   if (bwhy.empty()) fuzz::stats.count(check ? 4 : 5, check ? "backward valid, outputs checked" : "backward valid");
   if (!bwhy.empty()) fuzz::stats.count(6, "backward refused");
   for (Backend* be : {&reference, &cpu}) {
@@ -422,6 +441,17 @@ void run(const uint8_t* data, size_t size) {
     check_finite(pr.t[DQ], "dq", be->name());
     check_finite(pr.t[DK], "dk", be->name());
     check_finite(pr.t[DV], "dv", be->name());
+    if (!comparable) continue;
+    for (int i : {DQ, DK, DV}) {
+      if (be == &reference) {
+        ref_grads[i - DQ] = read_all(pr.t[i]);
+        continue;
+      }
+      // §3's floor for a gradient: 0.1 * scale * D * sqrt(n), its natural size for inputs of unit size.
+      const double n = double(ref_grads[i - DQ].size());
+      compare(read_all(pr.t[i]), ref_grads[i - DQ], pr.t[Q].view.dtype, kNames[i],
+              0.1 * scale * double(D) * std::sqrt(n));
+    }
   }
 }
 

@@ -167,7 +167,7 @@ inline std::int64_t tuples(const TensorView& t) {
   return std::int64_t(n);
 }
 
-// Whether two index tuples of a (valid) view address one element: then what a call writes there
+// Whether two index tuples of a view address one element: then what a call writes there
 // depends on the order of its writes, and the value checks do not apply.
 inline bool overlaps(const TensorView& t) {
   std::array<int, 4> dims{0, 1, 2, 3};
@@ -176,6 +176,7 @@ inline bool overlaps(const TensorView& t) {
   // a view failing that may still be one-to-one, and merely goes unchecked.
   unsigned __int128 span = 0;
   for (int d : dims) {
+    if (t.shape[d] < 1) return true;  // not a valid view: nothing to compare either
     if (t.shape[d] == 1) continue;
     if (t.strides[d] < 1 || (unsigned __int128)t.strides[d] <= span) return true;
     span += (unsigned __int128)(t.shape[d] - 1) * (unsigned __int128)t.strides[d];
