@@ -133,18 +133,49 @@ void check_unchanged(const Side& s, const Snapshot& before, const char* op, cons
     finding("%s: a refused %s (%s) changed the cache", s.backend->name().c_str(), op, why.c_str());
 }
 
-// Runs op on both sides and holds each outcome to the expectation (why empty: must succeed).
+// What docs/spec.md §2.2 (step 4) and §4 say of the rows of an append: every row's norm n must be finite
+// and its norm word at most 65504, else the call is refused. The word is n itself, or n / |c[idx]| with
+// norm correction, which depends on the codes: there the harness holds only what |c[idx]| cannot change
+// (|c[idx]| is at least sqrt(head_dim) times the smallest centroid, above 1/20 for the widths allowed),
+// and near 65504 it leaves room for the f32 rounding of n.
+enum class NormVerdict { fits, refused, either };
+
+NormVerdict norm_verdict(const Tensor& t, bool norm_correction) {
+  if (!t.fits || t.view.data == nullptr) return NormVerdict::fits;  // refused for its view first
+  NormVerdict verdict = NormVerdict::fits;
+  for (std::int64_t s = 0; s < t.view.shape[1]; ++s)
+    for (std::int64_t h = 0; h < t.view.shape[2]; ++h) {
+      double sum = 0;
+      for (std::int64_t d = 0; d < t.view.shape[3]; ++d) {
+        const double x = t.get(s * t.view.strides[1] + h * t.view.strides[2] + d * t.view.strides[3]);
+        sum += x * x;
+      }
+      const double n = std::sqrt(sum);
+      const double sure_fit = norm_correction ? 65504.0 / 20 : 65504.0 * (1 - 1e-3);
+      if (!std::isfinite(n) || (!norm_correction && n > 65504.0 * (1 + 1e-3))) return NormVerdict::refused;
+      if (n > sure_fit) verdict = NormVerdict::either;
+    }
+  return verdict;
+}
+
+// Runs op on both sides and holds each outcome to the expectation (why empty: must succeed; `either`:
+// may be refused, the same way on both sides).
 template <typename Op>
-bool on_both(std::array<Side, 2>& sides, const char* name, const std::string& why, Op&& op) {
+bool on_both(std::array<Side, 2>& sides, const char* name, const std::string& why, Op&& op, bool either = false) {
   bool ok = true;
+  std::optional<bool> first_refused;
   for (Side& s : sides) {
-    const Snapshot before = why.empty() ? Snapshot{} : snapshot(*s.cache);
+    const Snapshot before = why.empty() && !either ? Snapshot{} : snapshot(*s.cache);
     const auto error = fuzz::refused([&] { op(s); });
-    if (error && why.empty())
+    if (error && why.empty() && !either)
       finding("%s: %s refused a valid call (argument '%s')", s.backend->name().c_str(), name, error->c_str());
     if (!error && !why.empty())
       finding("%s: %s accepted a call the spec refuses (%s)", s.backend->name().c_str(), name, why.c_str());
-    if (error) check_unchanged(s, before, name, why);
+    if (first_refused && *first_refused != bool(error))
+      finding("%s: %s %s a call the other backend %s", s.backend->name().c_str(), name,
+              error ? "refused" : "accepted", error ? "accepted" : "refused");
+    first_refused = bool(error);
+    if (error) check_unchanged(s, before, name, why.empty() ? "a norm past f16" : why);
     ok = !error;
   }
   return ok;
@@ -239,12 +270,21 @@ void run(const uint8_t* data, size_t size) {
             why = "past capacity";
         }
         if (why.empty() && !(k.t.fits && v.t.fits)) break;  // valid, but larger than its buffers
+        bool norm_either = false;
+        if (why.empty()) {
+          const NormVerdict kv[] = {norm_verdict(k.t, l.norm_correction && !l.qjl), norm_verdict(v.t, l.norm_correction)};
+          for (NormVerdict n : kv) {
+            if (n == NormVerdict::refused) why = "a norm past f16";
+            norm_either = norm_either || n == NormVerdict::either;
+          }
+          if (!why.empty()) norm_either = false;
+        }
         const bool ok = on_both(sides, overwrite ? "overwrite" : "append", why, [&](Side& s) {
           if (overwrite)
             s.cache->overwrite(layer, k.t.view, v.t.view, start);
           else
             s.cache->append(layer, k.t.view, v.t.view, start);
-        });
+        }, norm_either);
         fuzz::stats.count(ok ? 1 : 2, ok ? "appends/overwrites" : "appends/overwrites refused");
         if (!ok) break;
         if (values != Values::moderate && values != Values::zeros) moderate = false;
@@ -289,7 +329,7 @@ void run(const uint8_t* data, size_t size) {
           why = "q head_dim";
         else if (qh % Hkv != 0)
           why = "heads not a multiple of kv heads";
-        else if (window < 0)
+        else if (window < 0 || window > 2147483647)  // docs/spec.md §4: a window outside [0, 2^31 - 1]
           why = "window";
         else if (auto w3 = view_wrong(out.t.view, {1, qn, qh, D}); !w3.empty())
           why = "out: " + w3;
