@@ -172,8 +172,8 @@ bool on_both(std::array<Side, 2>& sides, const char* name, const std::string& wh
     if (!error && !why.empty())
       finding("%s: %s accepted a call the spec refuses (%s)", s.backend->name().c_str(), name, why.c_str());
     if (first_refused && *first_refused != bool(error))
-      finding("%s: %s %s a call the other backend %s", s.backend->name().c_str(), name,
-              error ? "refused" : "accepted", error ? "accepted" : "refused");
+      finding("%s: %s %s a call the other backend %s", s.backend->name().c_str(), name, error ? "refused" : "accepted",
+              error ? "accepted" : "refused");
     first_refused = bool(error);
     if (error) check_unchanged(s, before, name, why.empty() ? "a norm past f16" : why);
     ok = !error;
@@ -272,19 +272,23 @@ void run(const uint8_t* data, size_t size) {
         if (why.empty() && !(k.t.fits && v.t.fits)) break;  // valid, but larger than its buffers
         bool norm_either = false;
         if (why.empty()) {
-          const NormVerdict kv[] = {norm_verdict(k.t, l.norm_correction && !l.qjl), norm_verdict(v.t, l.norm_correction)};
+          const NormVerdict kv[] = {norm_verdict(k.t, l.norm_correction && !l.qjl),
+                                    norm_verdict(v.t, l.norm_correction)};
           for (NormVerdict n : kv) {
             if (n == NormVerdict::refused) why = "a norm past f16";
             norm_either = norm_either || n == NormVerdict::either;
           }
           if (!why.empty()) norm_either = false;
         }
-        const bool ok = on_both(sides, overwrite ? "overwrite" : "append", why, [&](Side& s) {
-          if (overwrite)
-            s.cache->overwrite(layer, k.t.view, v.t.view, start);
-          else
-            s.cache->append(layer, k.t.view, v.t.view, start);
-        }, norm_either);
+        const bool ok = on_both(
+            sides, overwrite ? "overwrite" : "append", why,
+            [&](Side& s) {
+              if (overwrite)
+                s.cache->overwrite(layer, k.t.view, v.t.view, start);
+              else
+                s.cache->append(layer, k.t.view, v.t.view, start);
+            },
+            norm_either);
         fuzz::stats.count(ok ? 1 : 2, ok ? "appends/overwrites" : "appends/overwrites refused");
         if (!ok) break;
         if (values != Values::moderate && values != Values::zeros) moderate = false;
