@@ -50,61 +50,61 @@ Registry& registry() {
 
 }  // namespace
 
-std::vector<Backend*> all_backends() {
-  return core::guarded("backend", [&] {
-    // A copy taken under the lock: a caller iterating it races with no register_backend.
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    return registry().view;
-  });
+std::vector<Backend*> all_backends() try {
+  // A copy taken under the lock: a caller iterating it races with no register_backend.
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return registry().view;
+} catch (...) {
+  core::rethrow_as_error("backend");
 }
 
-std::vector<Backend*> available_backends() {
-  return core::guarded("backend", [&] {
-    std::vector<Backend*> list;
-    for (Backend* b : all_backends()) {
-      if (b->available()) list.push_back(b);
-    }
-    return list;
-  });
+std::vector<Backend*> available_backends() try {
+  std::vector<Backend*> list;
+  for (Backend* b : all_backends()) {
+    if (b->available()) list.push_back(b);
+  }
+  return list;
+} catch (...) {
+  core::rethrow_as_error("backend");
 }
 
-Backend& backend(const std::string& name) {
-  return core::guarded("backend", [&]() -> Backend& {
-    std::string names;
-    for (Backend* b : all_backends()) {
-      if (b->name() == name) {
-        if (!b->available()) {
-          const std::string why = b->unavailable_reason();
-          throw Error("backend", "'" + name + "' is compiled in but not available on this machine" +
-                                     (why.empty() ? "" : ": " + why));
-        }
-        return *b;
+Backend& backend(const std::string& name) try {
+  std::string names;
+  for (Backend* b : all_backends()) {
+    if (b->name() == name) {
+      if (!b->available()) {
+        const std::string why = b->unavailable_reason();
+        throw Error("backend", "'" + name + "' is compiled in but not available on this machine" +
+                                   (why.empty() ? "" : ": " + why));
       }
-      names += (names.empty() ? "" : ", ") + b->name();
+      return *b;
     }
-    throw Error("backend", "unknown name '" + name + "' (compiled in: " + names + ")");
-  });
+    names += (names.empty() ? "" : ", ") + b->name();
+  }
+  throw Error("backend", "unknown name '" + name + "' (compiled in: " + names + ")");
+} catch (...) {
+  core::rethrow_as_error("backend");
 }
 
-Backend& default_backend() {
-  return core::guarded("backend", [&]() -> Backend& {
-    for (Backend* b : all_backends()) {
-      if (b->name() == "cpu" && b->available()) return *b;
-    }
-    return backend("reference");
-  });
+Backend& default_backend() try {
+  for (Backend* b : all_backends()) {
+    if (b->name() == "cpu" && b->available()) return *b;
+  }
+  return backend("reference");
+} catch (...) {
+  core::rethrow_as_error("backend");
 }
 
-void register_backend(std::unique_ptr<Backend> b) {
-  core::guarded("backend", [&] {
-    if (!b) throw Error("backend", "must not be null");
-    const std::string name = b->name();
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    for (Backend* existing : registry().view) {
-      if (existing->name() == name) throw Error("backend", "name '" + name + "' is already registered");
-    }
-    registry().add(std::move(b));
-  });
+void register_backend(std::unique_ptr<Backend> b) try {
+  if (!b) throw Error("backend", "must not be null");
+  const std::string name = b->name();
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (Backend* existing : registry().view) {
+    if (existing->name() == name) throw Error("backend", "name '" + name + "' is already registered");
+  }
+  registry().add(std::move(b));
+} catch (...) {
+  core::rethrow_as_error("backend");
 }
 
 }  // namespace flashtq

@@ -107,37 +107,37 @@ void TqKvCache::check_layer(std::int64_t layer) const {
   }
 }
 
-void TqKvCache::append(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {
-  core::guarded("backend", [&] {
-    check_layer(layer);
-    std::lock_guard<std::mutex> lock(storage_->mutex);
-    const std::int64_t length = length_[std::size_t(layer)];
-    if (start_pos != length) {
-      // A gap would leave slots that attention reads as keys of score 0; an overlap would silently rewrite.
-      throw Error("start_pos", "must equal the layer's length " + std::to_string(length) +
-                                   " (appends are contiguous; overwrite() rewrites timesteps already appended)");
-    }
-    encode(layer, k, v, start_pos);
-  });
+void TqKvCache::append(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) try {
+  check_layer(layer);
+  std::lock_guard<std::mutex> lock(storage_->mutex);
+  const std::int64_t length = length_[std::size_t(layer)];
+  if (start_pos != length) {
+    // A gap would leave slots that attention reads as keys of score 0; an overlap would silently rewrite.
+    throw Error("start_pos", "must equal the layer's length " + std::to_string(length) +
+                                 " (appends are contiguous; overwrite() rewrites timesteps already appended)");
+  }
+  encode(layer, k, v, start_pos);
+} catch (...) {
+  core::rethrow_as_error("backend");
 }
 
-void TqKvCache::overwrite(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {
-  core::guarded("backend", [&] {
-    check_layer(layer);
-    std::lock_guard<std::mutex> lock(storage_->mutex);
-    const std::int64_t length = length_[std::size_t(layer)];
-    if (config_.layout.recent_tokens > 0) {
-      throw Error("start_pos", "a cache with recent_tokens cannot overwrite (its recent window is the last timesteps)");
-    }
-    // start_pos first, so that length - start_pos cannot overflow whatever T is (the validator refuses T < 1).
-    if (start_pos < 0 || k.shape[1] < 0 || start_pos > length || k.shape[1] > length - start_pos) {
-      throw Error("start_pos",
-                  "overwrite() rewrites timesteps already appended: [start_pos, start_pos + T) must lie in "
-                  "[0, " +
-                      std::to_string(length) + ")");
-    }
-    encode(layer, k, v, start_pos);
-  });
+void TqKvCache::overwrite(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) try {
+  check_layer(layer);
+  std::lock_guard<std::mutex> lock(storage_->mutex);
+  const std::int64_t length = length_[std::size_t(layer)];
+  if (config_.layout.recent_tokens > 0) {
+    throw Error("start_pos", "a cache with recent_tokens cannot overwrite (its recent window is the last timesteps)");
+  }
+  // start_pos first, so that length - start_pos cannot overflow whatever T is (the validator refuses T < 1).
+  if (start_pos < 0 || k.shape[1] < 0 || start_pos > length || k.shape[1] > length - start_pos) {
+    throw Error("start_pos",
+                "overwrite() rewrites timesteps already appended: [start_pos, start_pos + T) must lie in "
+                "[0, " +
+                    std::to_string(length) + ")");
+  }
+  encode(layer, k, v, start_pos);
+} catch (...) {
+  core::rethrow_as_error("backend");
 }
 
 void TqKvCache::encode(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {
@@ -154,67 +154,67 @@ void TqKvCache::encode(std::int64_t layer, const TensorView& k, const TensorView
 }
 
 void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out,
-                       std::int64_t window) {
-  core::guarded("backend", [&] {
-    check_layer(layer);
-    std::lock_guard<std::mutex> lock(storage_->mutex);
-    const std::int64_t n = q.shape[1], heads = q.shape[2];
-    if (n < 1 || heads < 1) throw Error("q", "must have at least one query row and one head");
-    const std::int64_t length = length_[std::size_t(layer)];
-    if (start_pos < 0 || start_pos > length - n) {
-      throw Error("start_pos", "query rows from " + std::to_string(start_pos) + " (" + std::to_string(n) +
-                                   " of them) must lie within the " + std::to_string(length) +
-                                   " timesteps appended to this layer");
+                       std::int64_t window) try {
+  check_layer(layer);
+  std::lock_guard<std::mutex> lock(storage_->mutex);
+  const std::int64_t n = q.shape[1], heads = q.shape[2];
+  if (n < 1 || heads < 1) throw Error("q", "must have at least one query row and one head");
+  const std::int64_t length = length_[std::size_t(layer)];
+  if (start_pos < 0 || start_pos > length - n) {
+    throw Error("start_pos", "query rows from " + std::to_string(start_pos) + " (" + std::to_string(n) +
+                                 " of them) must lie within the " + std::to_string(length) +
+                                 " timesteps appended to this layer");
+  }
+  if (config_.layout.recent_tokens > 0 && start_pos + n != length) {
+    throw Error("start_pos", "query rows must end at the layer's length " + std::to_string(length) +
+                                 " (the recent window holds that sequence's last timesteps)");
+  }
+  const TqTables& tables = tables_[std::size_t(layer)];
+  TqAttendArgs a;
+  a.tables = tables;
+  a.q_cap = n;
+  a.n_heads = heads;
+  a.n_queries = n;
+  a.start_pos = start_pos;
+  a.max_seq = start_pos + n;
+  a.window = window;
+  a.k_cache = static_cast<const std::uint32_t*>(storage_->keys[std::size_t(layer)].get());
+  a.v_cache = static_cast<const std::uint32_t*>(storage_->values[std::size_t(layer)].get());
+  a.out = out;
+  a.stream = stream_;
+  // Every argument is validated before anything is sized by it: first with a stand-in where the scratch
+  // will be (q of 2^20 heads once went straight to the allocator), then again with the buffers.
+  alignas(16) static float stand_in[4];
+  a.scratch = stand_in;
+  const TqRotateCall probe = core::validate_tq_rotate(*backend_, {tables, q, n, stand_in, stream_});
+  const std::size_t need = backend_->tq_attend_workspace(core::validate_tq_attend(*backend_, a, false));
+  float* scratch = nullptr;
+  try {
+    scratch = static_cast<float*>(
+        storage_->scratch.at_least(*backend_, std::size_t(probe.scratch_layout.floats()) * sizeof(float)));
+    if (need > 0) {
+      a.workspace = storage_->workspace.at_least(*backend_, need);
+      a.workspace_bytes = need;
     }
-    if (config_.layout.recent_tokens > 0 && start_pos + n != length) {
-      throw Error("start_pos", "query rows must end at the layer's length " + std::to_string(length) +
-                                   " (the recent window holds that sequence's last timesteps)");
-    }
-    const TqTables& tables = tables_[std::size_t(layer)];
-    TqAttendArgs a;
-    a.tables = tables;
-    a.q_cap = n;
-    a.n_heads = heads;
-    a.n_queries = n;
-    a.start_pos = start_pos;
-    a.max_seq = start_pos + n;
-    a.window = window;
-    a.k_cache = static_cast<const std::uint32_t*>(storage_->keys[std::size_t(layer)].get());
-    a.v_cache = static_cast<const std::uint32_t*>(storage_->values[std::size_t(layer)].get());
-    a.out = out;
-    a.stream = stream_;
-    // Every argument is validated before anything is sized by it: first with a stand-in where the scratch
-    // will be (q of 2^40 heads once went straight to the allocator), then again with the buffers.
-    alignas(16) static float stand_in[4];
-    a.scratch = stand_in;
-    const TqRotateCall probe = core::validate_tq_rotate(*backend_, {tables, q, n, stand_in, stream_});
-    const std::size_t need = backend_->tq_attend_workspace(core::validate_tq_attend(*backend_, a, false));
-    float* scratch = nullptr;
-    try {
-      scratch = static_cast<float*>(
-          storage_->scratch.at_least(*backend_, std::size_t(probe.scratch_layout.floats()) * sizeof(float)));
-      if (need > 0) {
-        a.workspace = storage_->workspace.at_least(*backend_, need);
-        a.workspace_bytes = need;
-      }
-    } catch (const std::bad_alloc&) {
-      throw Error("q", "the rotated queries and workspace of " + std::to_string(n) + " rows of " +
-                           std::to_string(heads) + " heads cannot be allocated on '" + backend_->name() + "'");
-    }
-    a.scratch = scratch;
-    const TqRotateCall rotate = core::validate_tq_rotate(*backend_, {tables, q, n, scratch, stream_});
-    const TqAttendCall attend = core::validate_tq_attend(*backend_, a);
-    backend_->tq_rotate_queries(rotate);
-    backend_->tq_attend(attend);
-  });
+  } catch (const std::bad_alloc&) {
+    throw Error("q", "the rotated queries and workspace of " + std::to_string(n) + " rows of " + std::to_string(heads) +
+                         " heads cannot be allocated on '" + backend_->name() + "'");
+  }
+  a.scratch = scratch;
+  const TqRotateCall rotate = core::validate_tq_rotate(*backend_, {tables, q, n, scratch, stream_});
+  const TqAttendCall attend = core::validate_tq_attend(*backend_, a);
+  backend_->tq_rotate_queries(rotate);
+  backend_->tq_attend(attend);
+} catch (...) {
+  core::rethrow_as_error("backend");
 }
 
-std::int64_t TqKvCache::length(std::int64_t layer) const {
-  return core::guarded("backend", [&] {
-    check_layer(layer);
-    std::lock_guard<std::mutex> lock(storage_->mutex);
-    return length_[std::size_t(layer)];
-  });
+std::int64_t TqKvCache::length(std::int64_t layer) const try {
+  check_layer(layer);
+  std::lock_guard<std::mutex> lock(storage_->mutex);
+  return length_[std::size_t(layer)];
+} catch (...) {
+  core::rethrow_as_error("backend");
 }
 
 std::int64_t TqKvCache::bytes_per_token() const {
@@ -229,130 +229,130 @@ std::int64_t TqKvCache::memory_bytes() const {
   return 4 * (config_.layout.key_words() + config_.layout.value_words()) * config_.layers;
 }
 
-std::vector<std::uint32_t> TqKvCache::key_words(std::int64_t layer) const {
-  return core::guarded("backend", [&] {
-    check_layer(layer);
-    std::lock_guard<std::mutex> lock(storage_->mutex);
-    return storage_->keys[std::size_t(layer)].read<std::uint32_t>();
-  });
+std::vector<std::uint32_t> TqKvCache::key_words(std::int64_t layer) const try {
+  check_layer(layer);
+  std::lock_guard<std::mutex> lock(storage_->mutex);
+  return storage_->keys[std::size_t(layer)].read<std::uint32_t>();
+} catch (...) {
+  core::rethrow_as_error("backend");
 }
 
-std::vector<std::uint32_t> TqKvCache::value_words(std::int64_t layer) const {
-  return core::guarded("backend", [&] {
-    check_layer(layer);
-    std::lock_guard<std::mutex> lock(storage_->mutex);
-    return storage_->values[std::size_t(layer)].read<std::uint32_t>();
-  });
+std::vector<std::uint32_t> TqKvCache::value_words(std::int64_t layer) const try {
+  check_layer(layer);
+  std::lock_guard<std::mutex> lock(storage_->mutex);
+  return storage_->values[std::size_t(layer)].read<std::uint32_t>();
+} catch (...) {
+  core::rethrow_as_error("backend");
 }
 
-void TqKvCache::save(const std::string& path) const {
-  core::guarded("path", [&] {
-    std::lock_guard<std::mutex> lock(storage_->mutex);
-    FileHeader h{};
-    std::memcpy(h.magic, kMagic, sizeof kMagic);
-    h.version = kFileVersion;
-    h.header_bytes = sizeof(FileHeader);
-    std::memcpy(&h.config, &config_, sizeof config_);
-    core::AtomicFile f(path);
-    std::uint32_t crc = 0;
-    auto put = [&](const void* data, std::size_t bytes) {
-      f.write(data, bytes);
-      crc = core::crc32c(crc, data, bytes);
-    };
-    put(&h, sizeof h);
-    put(length_.data(), length_.size() * sizeof(std::int64_t));
-    for (std::int64_t layer = 0; layer < config_.layers; ++layer) {
-      const std::vector<std::uint32_t> k = storage_->keys[std::size_t(layer)].read<std::uint32_t>(),
-                                       v = storage_->values[std::size_t(layer)].read<std::uint32_t>();
-      put(k.data(), k.size() * 4);
-      put(v.data(), v.size() * 4);
-    }
-    f.write(&crc, sizeof crc);
-    f.commit();
-  });
+void TqKvCache::save(const std::string& path) const try {
+  std::lock_guard<std::mutex> lock(storage_->mutex);
+  FileHeader h{};
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  h.version = kFileVersion;
+  h.header_bytes = sizeof(FileHeader);
+  std::memcpy(&h.config, &config_, sizeof config_);
+  core::AtomicFile f(path);
+  std::uint32_t crc = 0;
+  auto put = [&](const void* data, std::size_t bytes) {
+    f.write(data, bytes);
+    crc = core::crc32c(crc, data, bytes);
+  };
+  put(&h, sizeof h);
+  put(length_.data(), length_.size() * sizeof(std::int64_t));
+  for (std::int64_t layer = 0; layer < config_.layers; ++layer) {
+    const std::vector<std::uint32_t> k = storage_->keys[std::size_t(layer)].read<std::uint32_t>(),
+                                     v = storage_->values[std::size_t(layer)].read<std::uint32_t>();
+    put(k.data(), k.size() * 4);
+    put(v.data(), v.size() * 4);
+  }
+  f.write(&crc, sizeof crc);
+  f.commit();
+} catch (...) {
+  core::rethrow_as_error("path");
 }
 
-TqKvCache TqKvCache::load(const std::string& path, Backend* backend) {
-  return core::guarded("path", [&] {
-    std::ifstream f(path, std::ios::binary | std::ios::ate);
-    if (!f) throw Error("path", "cannot open '" + path + "' for reading");
-    const std::int64_t file_bytes = std::int64_t(f.tellg());
-    f.seekg(0);
-    FileHeader h{};
-    unsigned char raw[sizeof h];
-    constexpr std::size_t version_end = offsetof(FileHeader, version) + sizeof h.version;
-    if (file_bytes < std::int64_t(version_end) || !f.read(reinterpret_cast<char*>(raw), version_end) ||
-        std::memcmp(raw, kMagic, sizeof kMagic) != 0) {
-      throw Error("path", "'" + path + "' is not a flashtq cache file");
+TqKvCache TqKvCache::load(const std::string& path, Backend* backend) try {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) throw Error("path", "cannot open '" + path + "' for reading");
+  const std::int64_t file_bytes = std::int64_t(f.tellg());
+  f.seekg(0);
+  FileHeader h{};
+  unsigned char raw[sizeof h];
+  constexpr std::size_t version_end = offsetof(FileHeader, version) + sizeof h.version;
+  if (file_bytes < std::int64_t(version_end) || !f.read(reinterpret_cast<char*>(raw), version_end) ||
+      std::memcmp(raw, kMagic, sizeof kMagic) != 0) {
+    throw Error("path", "'" + path + "' is not a flashtq cache file");
+  }
+  std::memcpy(&h.version, raw + offsetof(FileHeader, version), sizeof h.version);
+  if (h.version != kFileVersion) {  // before the rest of the header, whose size depends on the version
+    throw Error("path", "'" + path + "' has file version " + std::to_string(h.version) + "; this build reads version " +
+                            std::to_string(kFileVersion) + " only");
+  }
+  if (file_bytes < std::int64_t(sizeof h) ||
+      !f.read(reinterpret_cast<char*>(raw + version_end), std::streamsize(sizeof h - version_end))) {
+    throw Error("path", "'" + path + "' is truncated: shorter than its header");
+  }
+  // The bytes become a FileHeader only once every field is a valid value of its type (a bool is 0 or 1).
+  constexpr std::size_t qjl_at =
+      offsetof(FileHeader, config) + offsetof(TqCacheConfig, layout) + offsetof(TqLayout, qjl);
+  constexpr std::size_t nc_at =
+      offsetof(FileHeader, config) + offsetof(TqCacheConfig, layout) + offsetof(TqLayout, norm_correction);
+  if (raw[qjl_at] > 1 || raw[nc_at] > 1) {
+    throw Error("path", "'" + path + "' is damaged: its header is not a valid configuration");
+  }
+  std::memcpy(&h, raw, sizeof h);
+  if (h.header_bytes != sizeof h) throw Error("path", "'" + path + "' is damaged: its header size is wrong");
+  // Everything the header implies is checked against the file before anything is allocated.
+  const TqCacheConfig& c = h.config;
+  if (c.layers < 1) throw Error("path", "'" + path + "' names a cache of no layers");
+  try {
+    core::validate_tq_layout(c.layout);
+  } catch (const Error& e) {
+    throw Error("path", "'" + path + "' holds an invalid configuration (" + e.what() + ")");
+  }
+  const std::int64_t layer_bytes = core::checked_mul(4, c.layout.key_words() + c.layout.value_words(), "path");
+  const std::int64_t expected =
+      core::checked_add(core::checked_add(std::int64_t(sizeof h) + 4, core::checked_mul(8, c.layers, "path"), "path"),
+                        core::checked_mul(layer_bytes, c.layers, "path"), "path");
+  if (file_bytes != expected) {
+    throw Error("path", "'" + path + "' holds " + std::to_string(file_bytes) + " bytes; its header implies " +
+                            std::to_string(expected));
+  }
+  {  // The checksum of all that precedes it, before the file's contents are trusted.
+    std::uint32_t crc = core::crc32c(0, &h, sizeof h), stored = 0;
+    std::vector<char> chunk(1 << 20);
+    for (std::int64_t left = expected - std::int64_t(sizeof h) - 4; left > 0;) {
+      const std::size_t n = std::size_t(std::min<std::int64_t>(left, std::int64_t(chunk.size())));
+      if (!f.read(chunk.data(), std::streamsize(n))) throw Error("path", "reading '" + path + "' failed");
+      crc = core::crc32c(crc, chunk.data(), n);
+      left -= std::int64_t(n);
     }
-    std::memcpy(&h.version, raw + offsetof(FileHeader, version), sizeof h.version);
-    if (h.version != kFileVersion) {  // before the rest of the header, whose size depends on the version
-      throw Error("path", "'" + path + "' has file version " + std::to_string(h.version) +
-                              "; this build reads version " + std::to_string(kFileVersion) + " only");
+    if (!f.read(reinterpret_cast<char*>(&stored), sizeof stored) || stored != crc) {
+      throw Error("path", "'" + path + "' is damaged: its checksum does not match its contents");
     }
-    if (file_bytes < std::int64_t(sizeof h) ||
-        !f.read(reinterpret_cast<char*>(raw + version_end), std::streamsize(sizeof h - version_end))) {
-      throw Error("path", "'" + path + "' is truncated: shorter than its header");
+  }
+  f.seekg(std::streamoff(sizeof h));
+  std::vector<std::int64_t> lengths(std::size_t(c.layers));
+  f.read(reinterpret_cast<char*>(lengths.data()), std::streamsize(8 * c.layers));
+  for (std::int64_t length : lengths) {
+    if (length < 0 || length > c.layout.capacity) {
+      throw Error("path", "'" + path + "' has a layer length outside [0, capacity]");
     }
-    // The bytes become a FileHeader only once every field is a valid value of its type (a bool is 0 or 1).
-    constexpr std::size_t qjl_at =
-        offsetof(FileHeader, config) + offsetof(TqCacheConfig, layout) + offsetof(TqLayout, qjl);
-    constexpr std::size_t nc_at =
-        offsetof(FileHeader, config) + offsetof(TqCacheConfig, layout) + offsetof(TqLayout, norm_correction);
-    if (raw[qjl_at] > 1 || raw[nc_at] > 1) {
-      throw Error("path", "'" + path + "' is damaged: its header is not a valid configuration");
-    }
-    std::memcpy(&h, raw, sizeof h);
-    if (h.header_bytes != sizeof h) throw Error("path", "'" + path + "' is damaged: its header size is wrong");
-    // Everything the header implies is checked against the file before anything is allocated.
-    const TqCacheConfig& c = h.config;
-    if (c.layers < 1) throw Error("path", "'" + path + "' names a cache of no layers");
-    try {
-      core::validate_tq_layout(c.layout);
-    } catch (const Error& e) {
-      throw Error("path", "'" + path + "' holds an invalid configuration (" + e.what() + ")");
-    }
-    const std::int64_t layer_bytes = core::checked_mul(4, c.layout.key_words() + c.layout.value_words(), "path");
-    const std::int64_t expected =
-        core::checked_add(core::checked_add(std::int64_t(sizeof h) + 4, core::checked_mul(8, c.layers, "path"), "path"),
-                          core::checked_mul(layer_bytes, c.layers, "path"), "path");
-    if (file_bytes != expected) {
-      throw Error("path", "'" + path + "' holds " + std::to_string(file_bytes) + " bytes; its header implies " +
-                              std::to_string(expected));
-    }
-    {  // The checksum of all that precedes it, before the file's contents are trusted.
-      std::uint32_t crc = core::crc32c(0, &h, sizeof h), stored = 0;
-      std::vector<char> chunk(1 << 20);
-      for (std::int64_t left = expected - std::int64_t(sizeof h) - 4; left > 0;) {
-        const std::size_t n = std::size_t(std::min<std::int64_t>(left, std::int64_t(chunk.size())));
-        if (!f.read(chunk.data(), std::streamsize(n))) throw Error("path", "reading '" + path + "' failed");
-        crc = core::crc32c(crc, chunk.data(), n);
-        left -= std::int64_t(n);
-      }
-      if (!f.read(reinterpret_cast<char*>(&stored), sizeof stored) || stored != crc) {
-        throw Error("path", "'" + path + "' is damaged: its checksum does not match its contents");
-      }
-    }
-    f.seekg(std::streamoff(sizeof h));
-    std::vector<std::int64_t> lengths(std::size_t(c.layers));
-    f.read(reinterpret_cast<char*>(lengths.data()), std::streamsize(8 * c.layers));
-    for (std::int64_t length : lengths) {
-      if (length < 0 || length > c.layout.capacity) {
-        throw Error("path", "'" + path + "' has a layer length outside [0, capacity]");
-      }
-    }
-    TqKvCache cache(c, backend);
-    cache.length_ = lengths;
-    for (std::int64_t layer = 0; layer < c.layers; ++layer) {
-      std::vector<std::uint32_t> k(std::size_t(c.layout.key_words())), v(std::size_t(c.layout.value_words()));
-      f.read(reinterpret_cast<char*>(k.data()), std::streamsize(k.size() * 4));
-      f.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4));
-      if (!f) throw Error("path", "reading '" + path + "' failed");
-      cache.storage_->keys[std::size_t(layer)].write(k);
-      cache.storage_->values[std::size_t(layer)].write(v);
-    }
-    return cache;
-  });
+  }
+  TqKvCache cache(c, backend);
+  cache.length_ = lengths;
+  for (std::int64_t layer = 0; layer < c.layers; ++layer) {
+    std::vector<std::uint32_t> k(std::size_t(c.layout.key_words())), v(std::size_t(c.layout.value_words()));
+    f.read(reinterpret_cast<char*>(k.data()), std::streamsize(k.size() * 4));
+    f.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4));
+    if (!f) throw Error("path", "reading '" + path + "' failed");
+    cache.storage_->keys[std::size_t(layer)].write(k);
+    cache.storage_->values[std::size_t(layer)].write(v);
+  }
+  return cache;
+} catch (...) {
+  core::rethrow_as_error("path");
 }
 
 }  // namespace flashtq

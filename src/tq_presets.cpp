@@ -25,28 +25,28 @@ const std::vector<TqPreset>& tq_presets() {
 }
 
 TqLayout tq_preset_layout(const std::string& name, std::int64_t head_dim, std::int64_t n_kv_heads,
-                          std::int64_t capacity) {
-  return core::guarded("preset", [&] {
-    std::string names;
-    for (const TqPreset& p : tq_presets()) {
-      if (name == p.name) {
-        TqLayout l;
-        l.head_dim = head_dim;
-        l.n_kv_heads = n_kv_heads;
-        l.capacity = capacity;
-        l.key_bits = head_dim <= 64 ? p.key_bits_at_64 : p.key_bits;
-        l.value_bits = p.value_bits;
-        l.qjl = p.qjl;
-        l.sink_tokens = p.sink_tokens;
-        l.recent_tokens = p.recent_tokens;
-        l.norm_correction = p.norm_correction;
-        core::validate_tq_layout(l);
-        return l;
-      }
-      names += (names.empty() ? "" : ", ") + std::string(p.name);
+                          std::int64_t capacity) try {
+  std::string names;
+  for (const TqPreset& p : tq_presets()) {
+    if (name == p.name) {
+      TqLayout l;
+      l.head_dim = head_dim;
+      l.n_kv_heads = n_kv_heads;
+      l.capacity = capacity;
+      l.key_bits = head_dim <= 64 ? p.key_bits_at_64 : p.key_bits;
+      l.value_bits = p.value_bits;
+      l.qjl = p.qjl;
+      l.sink_tokens = p.sink_tokens;
+      l.recent_tokens = p.recent_tokens;
+      l.norm_correction = p.norm_correction;
+      core::validate_tq_layout(l);
+      return l;
     }
-    throw Error("preset", "unknown name '" + name + "' (presets: " + names + ")");
-  });
+    names += (names.empty() ? "" : ", ") + std::string(p.name);
+  }
+  throw Error("preset", "unknown name '" + name + "' (presets: " + names + ")");
+} catch (...) {
+  core::rethrow_as_error("preset");
 }
 
 }  // namespace flashtq

@@ -525,9 +525,10 @@ class TqNormRule : public ::testing::TestWithParam<std::string> {
   }
 };
 
-#define SKIP_UNAVAILABLE(b) \
-  if (!(b).available())     \
-  GTEST_SKIP() << "backend '" << (b).name() << "' is not available here: " << (b).unavailable_reason()
+#define SKIP_UNAVAILABLE(b)                                                                           \
+  if (!(b).available())                                                                               \
+  GTEST_SKIP() << "backend '" << (b).name() << "' is compiled in but not available here (no device) " \
+               << (b).unavailable_reason()
 
 TEST_P(TqNormRule, RowsWhoseNormF16CannotHoldAreRefusedCacheUnchanged) {
   Backend& b = under_test();

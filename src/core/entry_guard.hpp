@@ -1,4 +1,5 @@
-// The last line behind docs/spec.md §4 at every public entry point: the validator checks arguments
+// The last line behind docs/spec.md §4 at every public entry point, each a function-try-block whose
+// handler is `catch (...) { core::rethrow_as_error(argument); }`: the validator checks arguments
 // first, but an allocation it could not foresee (a size every check accepted that the allocator refuses)
 // or a std:: exception from inside a backend (a registered one's own, say) must still reach the caller
 // as the library's one error type, never as std::bad_alloc or std::length_error.
@@ -7,7 +8,6 @@
 #include <exception>
 #include <new>
 #include <string>
-#include <utility>
 
 #include "flashtq/error.hpp"
 
@@ -24,16 +24,6 @@ namespace flashtq::core {
     throw Error(argument, "out of memory: an allocation this call needs failed (std::bad_alloc)");
   } catch (const std::exception& e) {
     throw Error(argument, std::string("failed inside flashtq: ") + e.what());
-  }
-}
-
-// Runs an entry point's body under rethrow_as_error.
-template <typename Body>
-decltype(auto) guarded(const char* argument, Body&& body) {
-  try {
-    return std::forward<Body>(body)();
-  } catch (...) {
-    rethrow_as_error(argument);
   }
 }
 

@@ -21,22 +21,22 @@ TqCodebook exact_codebook(const core::Codebook& cb) {
 }
 }  // namespace
 
-TqTables make_tq_tables(const TqLayout& layout, std::uint64_t seed, std::int64_t layer) {
-  return core::guarded("layout", [&] {
-    core::validate_tq_layout(layout);
-    if (layer < 0) throw Error("layer", "must be >= 0");
-    TqTables t;
-    t.layout = layout;
-    t.polar_sign_bits = core::sign_bits(seed, layer, 0);
-    t.jl_sign_bits = core::sign_bits(seed, layer, 1);
-    t.key_codebook = exact_codebook(core::codebook(layout.head_dim, layout.key_bits));
-    t.value_codebook = exact_codebook(core::codebook(layout.head_dim, layout.value_bits));
-    for (int i = 0; i < t.key_codebook.levels; ++i)
-      t.key_centroids[std::size_t(i)] = float(t.key_codebook.centroids[std::size_t(i)]);
-    for (int i = 0; i < t.value_codebook.levels; ++i)
-      t.value_centroids[std::size_t(i)] = float(t.value_codebook.centroids[std::size_t(i)]);
-    return t;
-  });
+TqTables make_tq_tables(const TqLayout& layout, std::uint64_t seed, std::int64_t layer) try {
+  core::validate_tq_layout(layout);
+  if (layer < 0) throw Error("layer", "must be >= 0");
+  TqTables t;
+  t.layout = layout;
+  t.polar_sign_bits = core::sign_bits(seed, layer, 0);
+  t.jl_sign_bits = core::sign_bits(seed, layer, 1);
+  t.key_codebook = exact_codebook(core::codebook(layout.head_dim, layout.key_bits));
+  t.value_codebook = exact_codebook(core::codebook(layout.head_dim, layout.value_bits));
+  for (int i = 0; i < t.key_codebook.levels; ++i)
+    t.key_centroids[std::size_t(i)] = float(t.key_codebook.centroids[std::size_t(i)]);
+  for (int i = 0; i < t.value_codebook.levels; ++i)
+    t.value_centroids[std::size_t(i)] = float(t.value_codebook.centroids[std::size_t(i)]);
+  return t;
+} catch (...) {
+  core::rethrow_as_error("layout");
 }
 
 }  // namespace flashtq
