@@ -92,7 +92,8 @@ std::string call_invalid(const Problem& pr, bool backward) {
   const AttentionParams& p = pr.params;
   if (p.scale && !std::isfinite(*p.scale)) return "scale";
   const std::int64_t offset = p.causal_offset.value_or(Sk - Sq);
-  if (offset < -fuzz::kInt32Max || offset > fuzz::kInt32Max - Sq) return "causal_offset";
+  // docs/spec.md §4: positions i + causal_offset, i in [0, Sq), within [-2^31, 2^31 - 1], both ends allowed.
+  if (offset < -fuzz::kInt32Max - 1 || offset > fuzz::kInt32Max - (Sq - 1)) return "causal_offset";
   if (p.window < 0 || p.window > fuzz::kInt32Max) return "window";
   if (!(p.dropout_p >= 0.0f && p.dropout_p < 1.0f)) return "dropout_p";
   if (p.mask != nullptr) {
