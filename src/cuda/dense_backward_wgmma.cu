@@ -23,6 +23,7 @@
 #include "cuda/launch.hpp"
 #include "cuda/tensor_map.hpp"
 #include "cuda/tma.cuh"
+#include "cuda/unfinished_rows.cuh"
 #include "cuda/wgmma.cuh"
 
 namespace flashtq::cuda {
@@ -305,7 +306,8 @@ constexpr unsigned dq_shared_bytes() {
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, const __grid_constant__ Maps maps) {
+__global__ void __launch_bounds__(kThreads, 1)
+    dq_wgmma_kernel(BackwardCall c, const __grid_constant__ Maps maps, unsigned* unfinished) {
 #ifdef FLASHTQ_WGMMA
   constexpr int kBlocks = D / 64, NT = kKeyTile / 8, DT = D / 8;
   constexpr unsigned kRowBytes = wgmma::swizzled_tile_bytes<D>(kQRows),
@@ -447,6 +449,7 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
     if (group == 0) their_turn();  // balanced: warpgroup 1 gave one turn away at the start
     wgmma::wait<0>();
   }
+  bool bad = false;  // dQ = dS K meets the NaN of a key the row does not see through dS = 0
 #pragma unroll
   for (int pair = 0; pair < 2; ++pair) {
     const std::int64_t i = row0 + 8 * pair;
@@ -454,10 +457,13 @@ __global__ void __launch_bounds__(kThreads, 1) dq_wgmma_kernel(BackwardCall c, c
     T* row = static_cast<T*>(c.dq.data) + row_offset(c.dq, b, i, h);
 #pragma unroll
     for (int nt = 0; nt < DT; ++nt) {
-      row[nt * 8 + 2 * tig] = from_float<T>(dq[4 * nt + 2 * pair] * p.scale);
-      row[nt * 8 + 2 * tig + 1] = from_float<T>(dq[4 * nt + 2 * pair + 1] * p.scale);
+      const float x0 = dq[4 * nt + 2 * pair] * p.scale, x1 = dq[4 * nt + 2 * pair + 1] * p.scale;
+      bad |= !isfinite(x0) || !isfinite(x1);
+      row[nt * 8 + 2 * tig] = from_float<T>(x0);
+      row[nt * 8 + 2 * tig + 1] = from_float<T>(x1);
     }
   }
+  raise_unfinished(unfinished, bad);
 #endif
 }
 
@@ -473,7 +479,7 @@ void launch_dim(const BackwardCall& c, const Maps& kv_maps, const Maps& q_maps, 
   dkdv_wgmma_kernel<T, D><<<kv_grid, kThreads, dkdv_smem, stream>>>(c, kv_maps);
   FLASHTQ_CUDA_CHECK_LAUNCH("dense backward dK dV (wgmma)");
   const dim3 q_grid(unsigned((c.p.Sq + kQRows - 1) / kQRows), unsigned(c.p.B * c.p.H));
-  dq_wgmma_kernel<T, D><<<q_grid, kThreads, dq_smem, stream>>>(c, q_maps);
+  dq_wgmma_kernel<T, D><<<q_grid, kThreads, dq_smem, stream>>>(c, q_maps, unfinished_rows_flag());
   FLASHTQ_CUDA_CHECK_LAUNCH("dense backward dQ (wgmma)");
 }
 

@@ -31,7 +31,8 @@ constexpr int shared_floats() {
 
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
-    forward_ffma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv, TensorView ov, float* lse) {
+    forward_ffma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv, TensorView ov, float* lse,
+                        unsigned* unfinished) {
   constexpr int kChunks = D / 32;  // 4-dim output chunks per thread
   extern __shared__ __align__(16) unsigned char smem_raw[];
   using Row = float[D + kPad];
@@ -132,14 +133,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // every warp is done with V (and P): refill V while the next scores run
     if (more) stage(v_tile, vv, j0 + kKeys);
   }
-  store_rows<float>(tile, ov, lse, o, m, l);
+  store_rows<float>(tile, ov, lse, o, m, l, unfinished);
 }
 
 template <int D>
 void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
   constexpr int smem = shared_floats<D>() * int(sizeof(float));
   allow_shared_bytes<forward_ffma_kernel<D>>(smem);
-  forward_ffma_kernel<D><<<grid, kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
+  forward_ffma_kernel<D><<<grid, kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse, unfinished_rows_flag());
 }
 
 }  // namespace

@@ -53,7 +53,8 @@ __device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const std::uin
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 2)
-    forward_mma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv, TensorView ov, float* lse) {
+    forward_mma_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv, TensorView ov, float* lse,
+                       unsigned* unfinished) {
   // Shared memory: the block's Q tile, then two stages of K and V tiles (rows padded by 8 elements
   // so that the 8 rows an ldmatrix reads fall in distinct banks): the copy engine fills one stage
   // (cp.async) while the warps compute on the other.
@@ -164,14 +165,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
-  store_rows<T>(tile, ov, lse, o, m, l);
+  store_rows<T>(tile, ov, lse, o, m, l, unfinished);
 }
 
 template <typename T, int D>
 void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
   constexpr int smem = (kRows + 4 * kKeysFor<D>)*(D + 8) * int(sizeof(T));  // Q, and K and V in two stages each
   allow_shared_bytes<forward_mma_kernel<T, D>>(smem);
-  forward_mma_kernel<T, D><<<grid, kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
+  forward_mma_kernel<T, D><<<grid, kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse, unfinished_rows_flag());
 }
 
 template <typename T>

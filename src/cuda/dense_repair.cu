@@ -1,10 +1,11 @@
 // After every dense forward and backward, on the same stream: the rows the f32 kernels could not
 // finish (docs/spec.md §3; a score past f32's range leaves the row NaN at the store, a NaN or infinity
 // of a key the row does not see reaches it through a zero weight of a tensor-core product) are
-// found by their non-finite elements and recomputed in double (dense_repair.cuh). One warp per row;
-// a finite row costs the read of its elements. Kept out of the tiled kernels: inlined there, the
-// double loops cost the wgmma forward up to 40 % (bench/results/cuda_dense-0027194.json), and called
-// out of line from them, 15 % (cuda_dense-dfb17c5.json).
+// recomputed in double (dense_repair.cuh). The kernels raise a flag at their store when they meet
+// such a row (unfinished_rows.cuh); the repair kernel returns at once when it is down, so a call of
+// finished rows costs one launch. Kept out of the tiled kernels: inlined there, the double loops cost
+// the wgmma forward up to 40 % (bench/results/cuda_dense-0027194.json), and called out of line from
+// them, 15 % (cuda_dense-dfb17c5.json).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -16,6 +17,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/dense_repair.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/unfinished_rows.cuh"
 
 namespace flashtq::cuda {
 namespace {
@@ -31,34 +33,36 @@ __device__ bool row_is_finite(const TensorView& t, std::int64_t b, std::int64_t 
   return finite;
 }
 
-// A light kernel finds whether any row is unfinished (few registers, so it reads the rows at
-// bandwidth) and raises a flag; the repair kernels, heavy in registers, return at once when it is
-// down. Each warp walks rows at a stride of the grid's warps (a block per 8 rows of the heavy kernel
-// took about 1 ms in waves: bench/results/cuda_dense-2d35114.json; the heavy kernel scanning every row
-// itself, 0.2 ms: cuda_dense-f5686d0.json).
+// One per device, zero when the module loads; raised by the tiled kernels, lowered by take_raised.
+__device__ UnfinishedRows unfinished_rows;
+
+// Whether a kernel before this one on the stream raised the flag. Every block asks once, at its
+// start; the last block to ask lowers the flag for the next call on the stream (the others have read
+// it by then, and the next kernel starts after this one ends).
+__device__ bool take_raised() {
+  __shared__ bool raised;
+  if (threadIdx.x == 0) {
+    raised = atomicAdd(&unfinished_rows.raised, 0u) != 0;
+    __threadfence();
+    if (atomicAdd(&unfinished_rows.done, 1u) == gridDim.x - 1) {
+      atomicExch(&unfinished_rows.raised, 0u);
+      atomicExch(&unfinished_rows.done, 0u);
+    }
+  }
+  __syncthreads();
+  return raised;
+}
+
+// Each warp walks rows at a stride of the grid's warps (a block per 8 rows took about 1 ms in waves:
+// bench/results/cuda_dense-2d35114.json), recomputing those with an element that is not finite.
 __device__ __forceinline__ void row_of(std::int64_t row, const DenseProblem& p, std::int64_t& b, std::int64_t& i,
                                        std::int64_t& h) {
   b = row / (p.Sq * p.H), i = (row / p.H) % p.Sq, h = row % p.H;
 }
 
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarps)
-    find_unfinished_rows(DenseProblem p, TensorView t, const float* lse, unsigned* flag) {
-  const int lane = threadIdx.x % 32;
-  const std::int64_t warps = std::int64_t(gridDim.x) * kWarps;
-  bool finite = true;
-  for (std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; row < p.B * p.Sq * p.H; row += warps) {
-    std::int64_t b, i, h;
-    row_of(row, p, b, i, h);
-    finite &= row_is_finite<T>(t, b, i, h, p.D, lane);
-    if (lse != nullptr && lane == 0) finite &= !isnan(lse[(b * p.H + h) * p.Sq + i]);
-  }
-  if (!__all_sync(0xFFFFFFFFu, finite) && lane == 0) atomicOr(flag, 1u);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(32 * kWarps) repair_forward_rows(ForwardCall c, const unsigned* flag) {
-  if (*flag == 0) return;
+__global__ void __launch_bounds__(32 * kWarps) repair_forward_rows(ForwardCall c) {
+  if (!take_raised()) return;
   const DenseProblem& p = c.p;
   const int lane = threadIdx.x % 32;
   const std::int64_t warps = std::int64_t(gridDim.x) * kWarps;
@@ -77,8 +81,8 @@ __global__ void __launch_bounds__(32 * kWarps) repair_forward_rows(ForwardCall c
 }
 
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarps) repair_dq_rows(BackwardCall c, const unsigned* flag) {
-  if (*flag == 0) return;
+__global__ void __launch_bounds__(32 * kWarps) repair_dq_rows(BackwardCall c) {
+  if (!take_raised()) return;
   const DenseProblem& p = c.p;
   const int lane = threadIdx.x % 32;
   const std::int64_t warps = std::int64_t(gridDim.x) * kWarps;
@@ -89,18 +93,6 @@ __global__ void __launch_bounds__(32 * kWarps) repair_dq_rows(BackwardCall c, co
     T* dq = static_cast<T*>(c.dq.data) + row_offset(c.dq, b, i, h);
     for (std::int64_t d = lane; d < p.D; d += 32) dq[d] = from_float<T>(repair::dq<T>(c, b, h, i, d));
   }
-}
-
-// The flag of the current device, allocated once per device.
-unsigned* device_flag() {
-  static std::mutex mutex;
-  static std::map<int, unsigned*> flags;
-  int device = 0;
-  FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
-  unsigned*& flag = flags[device];
-  if (flag == nullptr) FLASHTQ_CUDA_CHECK(cudaMalloc(&flag, sizeof(unsigned)));
-  return flag;
 }
 
 template <typename F>
@@ -127,28 +119,33 @@ unsigned blocks(const DenseProblem& p) {
 
 void repair_dense_forward(const ForwardCall& c) {
   if (c.p.B * c.p.Sq * c.p.H == 0) return;
-  auto stream = static_cast<cudaStream_t>(c.stream);
-  unsigned* flag = device_flag();
-  FLASHTQ_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(unsigned), stream));
   by_dtype(c.p.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    find_unfinished_rows<T><<<blocks(c.p), 32 * kWarps, 0, stream>>>(c.p, c.out, c.lse, flag);
-    repair_forward_rows<T><<<blocks(c.p), 32 * kWarps, 0, stream>>>(c, flag);
+    repair_forward_rows<decltype(tag)><<<blocks(c.p), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(c);
   });
-  FLASHTQ_CUDA_CHECK_LAUNCH("dense forward repair kernels");
+  FLASHTQ_CUDA_CHECK_LAUNCH("dense forward repair kernel");
 }
 
 void repair_dense_dq(const BackwardCall& c) {
   if (c.p.B * c.p.Sq * c.p.H == 0) return;
-  auto stream = static_cast<cudaStream_t>(c.stream);
-  unsigned* flag = device_flag();
-  FLASHTQ_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(unsigned), stream));
   by_dtype(c.p.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    find_unfinished_rows<T><<<blocks(c.p), 32 * kWarps, 0, stream>>>(c.p, c.dq, nullptr, flag);
-    repair_dq_rows<T><<<blocks(c.p), 32 * kWarps, 0, stream>>>(c, flag);
+    repair_dq_rows<decltype(tag)><<<blocks(c.p), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(c);
   });
-  FLASHTQ_CUDA_CHECK_LAUNCH("dense dq repair kernels");
+  FLASHTQ_CUDA_CHECK_LAUNCH("dense dq repair kernel");
+}
+
+unsigned* unfinished_rows_flag() {
+  static std::mutex mutex;
+  static std::map<int, unsigned*> flags;  // the symbol's address on each device
+  int device = 0;
+  FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  unsigned*& flag = flags[device];
+  if (flag == nullptr) {
+    void* address = nullptr;
+    FLASHTQ_CUDA_CHECK(cudaGetSymbolAddress(&address, unfinished_rows));
+    flag = &static_cast<UnfinishedRows*>(address)->raised;
+  }
+  return flag;
 }
 
 }  // namespace flashtq::cuda

@@ -10,6 +10,7 @@
 #include "core/hash3.hpp"
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
+#include "cuda/unfinished_rows.cuh"
 #include "flashtq/problem.hpp"
 
 namespace flashtq::cuda {
@@ -158,11 +159,12 @@ __device__ __forceinline__ void softmax_tile(const Tile& t, std::int64_t j0, boo
 
 // O / l to `out` (rows past Sq dropped) and, when asked, LSE = m ln 2 + ln l (-inf for a row that sees
 // no key, and for one whose every score is at most -1e30, docs/spec.md §3: the tiles do not skip such
-// scores, the check is here, once per row). A row the tiles cannot finish in f32 is left to
-// repair_dense_forward (dense_repair.cu).
+// scores, the check is here, once per row). A row the tiles cannot finish in f32, or with an element
+// that is not finite, raises `unfinished` for repair_dense_forward (dense_repair.cu).
 template <typename T, int A, int DT, typename Tile>
 __device__ __forceinline__ void store_rows(const Tile& t, const TensorView& ov, float* lse, const float (&o)[A][DT][4],
-                                           const float (&m)[A][2], const float (&l)[A][2]) {
+                                           const float (&m)[A][2], const float (&l)[A][2], unsigned* unfinished) {
+  bool bad = false;
   const DenseProblem& p = t.p;
 #pragma unroll
   for (int a = 0; a < A; ++a) {
@@ -176,17 +178,21 @@ __device__ __forceinline__ void store_rows(const Tile& t, const TensorView& ov, 
       const bool empty = (mr == -INFINITY && sum == 0.0f) || (isfinite(sum) && isfinite(mr) && mr <= -1e30f * kLog2e);
       // Neither (a score past f32's range): NaN, which repair_dense_forward finds and recomputes.
       const float inv = finished ? 1.0f / sum : empty ? 0.0f : NAN;
+      bad |= !finished && !empty;
       T* out = static_cast<T*>(ov.data) + row_offset(ov, t.b, i, t.h);
 #pragma unroll
       for (int nt = 0; nt < DT; ++nt) {
-        out[t.dim_of(nt, 0)] = from_float<T>(o[a][nt][2 * r] * inv);
-        out[t.dim_of(nt, 1)] = from_float<T>(o[a][nt][2 * r + 1] * inv);
+        const float x0 = o[a][nt][2 * r] * inv, x1 = o[a][nt][2 * r + 1] * inv;
+        bad |= !isfinite(x0) || !isfinite(x1);
+        out[t.dim_of(nt, 0)] = from_float<T>(x0);
+        out[t.dim_of(nt, 1)] = from_float<T>(x1);
       }
       if (lse != nullptr && threadIdx.x % Tile::kRowLanes == 0) {
         lse[(t.b * p.H + t.h) * p.Sq + i] = finished ? mr * kLn2 + logf(sum) : empty ? -INFINITY : NAN;
       }
     }
   }
+  raise_unfinished(unfinished, bad);
 }
 
 }  // namespace flashtq::cuda

@@ -97,7 +97,8 @@ __device__ __forceinline__ void round_staged(float (*tile)[D + kPad], int rows, 
 
 template <int D, Tf32Mode M>
 __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlocksPerSm)
-    forward_tf32_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv, TensorView ov, float* lse) {
+    forward_tf32_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv, TensorView ov, float* lse,
+                        unsigned* unfinished) {
   using C = Tf32Config<M>;
   constexpr int kKeys = kKeysFor<D>, NT = kKeys / 8, DT = D / 8, kRows = C::kRows, kThreads = C::kThreads;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -226,7 +227,7 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
-  store_rows<float>(tile, ov, lse, o, m, l);
+  store_rows<float>(tile, ov, lse, o, m, l, unfinished);
 }
 
 template <int D, Tf32Mode M>
@@ -235,7 +236,8 @@ void launch_dim(const ForwardCall& c, cudaStream_t stream) {
   constexpr int smem = (rows + 4 * kKeysFor<D>)*(D + kPad) * int(sizeof(float));  // Q, K and V in two stages
   allow_shared_bytes<forward_tf32_kernel<D, M>>(smem);
   const dim3 grid = row_block_grid(c.p, rows, kRowOrder);
-  forward_tf32_kernel<D, M><<<grid, Tf32Config<M>::kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
+  forward_tf32_kernel<D, M>
+      <<<grid, Tf32Config<M>::kThreads, smem, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse, unfinished_rows_flag());
 }
 
 }  // namespace

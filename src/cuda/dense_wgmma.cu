@@ -51,8 +51,8 @@ struct Maps {
 };
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 1)
-    forward_wgmma_kernel(DenseProblem p, const __grid_constant__ Maps maps, TensorView ov, float* lse) {
+__global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem p, const __grid_constant__ Maps maps,
+                                                                    TensorView ov, float* lse, unsigned* unfinished) {
 #ifdef FLASHTQ_WGMMA
   constexpr int kKeys = kKeysFor<D>, kStages = kStagesFor<D>;
   constexpr int NT = kKeys / 8, DT = D / 8, kBlocks = D / 64;  // n-tiles of S and of O; column blocks
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (group == 0) their_turn();  // balanced: warpgroup 1 gave one turn away at the start
     wgmma::wait<0>();
   }
-  store_rows<T>(tile, ov, lse, o, m, l);
+  store_rows<T>(tile, ov, lse, o, m, l, unfinished);
 #endif
 }
 
@@ -172,7 +172,7 @@ template <typename T, int D>
 void launch_dim(const ForwardCall& c, const Maps& maps, dim3 grid, cudaStream_t stream) {
   constexpr int smem = int(shared_bytes<D>());
   allow_shared_bytes<forward_wgmma_kernel<T, D>>(smem);
-  forward_wgmma_kernel<T, D><<<grid, kThreads, smem, stream>>>(c.p, maps, c.out, c.lse);
+  forward_wgmma_kernel<T, D><<<grid, kThreads, smem, stream>>>(c.p, maps, c.out, c.lse, unfinished_rows_flag());
 }
 
 template <typename T>

@@ -27,10 +27,12 @@ void launch_dense_backward(const BackwardCall& call);
 // not apply.
 bool launch_dense_backward_wgmma(const BackwardCall& call);
 
-// Rows the kernels above could not finish in f32, found and recomputed in double (dense_repair.cu);
-// launched after every forward and backward.
+// Rows the kernels above could not finish in f32, recomputed in double (dense_repair.cu); launched
+// after every forward and backward. The kernels say that there are some by raising the flag at
+// unfinished_rows_flag() (UnfinishedRows::raised of the current device, unfinished_rows.cuh).
 void repair_dense_forward(const ForwardCall& call);
 void repair_dense_dq(const BackwardCall& call);
+unsigned* unfinished_rows_flag();
 
 void launch_tq_encode(const TqEncodeCall& call);
 // The first row (t * n_kv_heads + h) of the call's x whose norm f16 cannot hold, rows of at most
