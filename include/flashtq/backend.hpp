@@ -64,6 +64,10 @@ class Backend {
   virtual void tq_attend(const TqAttendCall& call) = 0;
   // Workspace bytes tq_attend needs for a validated call.
   virtual std::size_t tq_attend_workspace(const TqAttendCall&) const { return 0; }
+  // The kernel that served this thread's last forward, backward or tq_attend on this backend (the
+  // conformance suite records it beside each case; tests hold the fast paths to the shapes they are
+  // meant for). Empty for a backend with one path per operation.
+  virtual std::string last_kernel() const { return {}; }
 };
 
 // Every compiled-in backend, available or not, in a fixed order (reference first), then the registered

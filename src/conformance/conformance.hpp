@@ -67,6 +67,7 @@ struct CheckResult {
   bool passed = false;
   std::string detail;  // why it failed
   double seconds = 0;  // time of the backend's call
+  std::string kernel;  // the kernel that served it (Backend::last_kernel), where the backend names one
 };
 
 // Per docs/spec.md §3: relative error bound for a dtype (and for f32 with the opt-in TF32 path).

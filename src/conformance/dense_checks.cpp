@@ -208,7 +208,7 @@ OracleForward oracle_forward(const DenseInputs& in) {
 }  // namespace
 
 CheckResult check_forward(Backend& backend, const DenseCase& c) {
-  CheckResult r{"forward", c.describe(), 0, tolerance(c.dtype, c.tf32), false, "", 0};
+  CheckResult r{"forward", c.describe(), 0, tolerance(c.dtype, c.tf32), false, "", 0, ""};
   const DenseInputs in(c);
   r.tolerance += in.large_score_allowance(c);
   const OracleForward ref = oracle_forward(in);
@@ -228,6 +228,7 @@ CheckResult check_forward(Backend& backend, const DenseCase& c) {
   attention_forward(backend, args, dev.params);
   backend.synchronize();
   r.seconds = seconds_since(t0);
+  r.kernel = backend.last_kernel();
   out.assign(dout.read<std::uint8_t>());
   r.error = relative_error(ref.out, out.values(), r.detail);
   if (c.lse) {
@@ -246,7 +247,7 @@ CheckResult check_forward(Backend& backend, const DenseCase& c) {
 }
 
 CheckResult check_backward(Backend& backend, const DenseCase& c) {
-  CheckResult r{"backward", c.describe(), 0, tolerance(c.dtype, c.tf32), false, "", 0};
+  CheckResult r{"backward", c.describe(), 0, tolerance(c.dtype, c.tf32), false, "", 0, ""};
   const DenseInputs in(c);
   r.tolerance += in.large_score_allowance(c);
   const DenseProblem p = in.problem();
@@ -279,6 +280,7 @@ CheckResult check_backward(Backend& backend, const DenseCase& c) {
   attention_backward(backend, args, dev.params);
   backend.synchronize();
   r.seconds = seconds_since(t0);
+  r.kernel = backend.last_kernel();
   gq.assign(d_dq.read<std::uint8_t>());
   gk.assign(d_dk.read<std::uint8_t>());
   gv.assign(d_dv.read<std::uint8_t>());
@@ -320,7 +322,7 @@ CheckResult check_dropout(Backend& backend, std::uint32_t seed, float p) {
   c.dropout_p = p;
   c.seed = seed;
   c.lse = false;
-  CheckResult r{"dropout", c.describe(), 0, 0, false, "", 0};
+  CheckResult r{"dropout", c.describe(), 0, 0, false, "", 0, ""};
   DenseInputs in(c);
   std::vector<double> one_hot(std::size_t(in.v.numel()), 0.0);
   for (std::int64_t b = 0; b < c.B; ++b)

@@ -216,7 +216,7 @@ HostTensor queries(const TqCase& c) {
 }  // namespace
 
 CheckResult check_tq_encode(Backend& backend, const TqCase& c) {
-  CheckResult r{"tq_encode", c.describe(), 0, 1e-3, false, "", 0};
+  CheckResult r{"tq_encode", c.describe(), 0, 1e-3, false, "", 0, ""};
   const TqLayout& l = c.layout;
   const TqTables tables = make_tq_tables(l, c.seed, 0);
   const OracleCache ref = oracle_cache(c, tables);
@@ -242,7 +242,7 @@ CheckResult check_tq_encode(Backend& backend, const TqCase& c) {
 }
 
 CheckResult check_tq_rotate(Backend& backend, const TqCase& c) {
-  CheckResult r{"tq_rotate", c.describe(), 0, 1e-5, false, "", 0};
+  CheckResult r{"tq_rotate", c.describe(), 0, 1e-5, false, "", 0, ""};
   const TqTables tables = make_tq_tables(c.layout, c.seed, 0);
   const HostTensor q = queries(c);
   const std::vector<float> ref = oracle_scratch(c, tables, q);
@@ -263,7 +263,7 @@ CheckResult check_tq_rotate(Backend& backend, const TqCase& c) {
 CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
   // docs/spec.md §3: TurboQuant attention is held to 1e-2 against the oracle on the same packed words
   // (room for bf16-class arithmetic); the f32 kernels of today are far inside it (docs/backends.md).
-  CheckResult r{"tq_attend", c.describe(), 0, 1e-2, false, "", 0};
+  CheckResult r{"tq_attend", c.describe(), 0, 1e-2, false, "", 0, ""};
   const TqLayout& l = c.layout;
   const TqTables tables = make_tq_tables(l, c.seed, 0);
   const OracleCache cache = oracle_cache(c, tables, c.batch);
@@ -302,6 +302,7 @@ CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
   tq_attend(backend, a);
   backend.synchronize();
   r.seconds = seconds_since(t0);
+  r.kernel = backend.last_kernel();
   out.assign(dout.read<std::uint8_t>());
   r.error = relative_error(ref, out.values(), r.detail);
   r.passed = r.error <= r.tolerance;

@@ -9,6 +9,7 @@
 #include "core/elements.hpp"
 #include "core/tq_norm_rule.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/kernel_choice.hpp"
 #include "cuda/kernels.hpp"
 
 namespace flashtq::cuda {
@@ -29,11 +30,11 @@ class CudaBackend final : public Backend {
     return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
   }
   std::optional<std::string> unsupported(const TqLayout& l) const override {
-    if (l.head_dim != 32 && l.head_dim != 64 && l.head_dim != 128 && l.head_dim != 256) {
-      return "TurboQuant kernels exist for head_dim 32, 64, 128 and 256";
-    }
-    return std::nullopt;
+    std::string why = tq_unsupported(l);
+    if (why.empty()) return std::nullopt;
+    return why;
   }
+  std::string last_kernel() const override { return last_kernel_; }
 
   // A kernel launched on a host pointer faults the context and the error surfaces in a later call;
   // the runtime knows every allocation it made or registered, so anything else is refused first.
@@ -62,8 +63,16 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { FLASHTQ_CUDA_CHECK(cudaDeviceSynchronize()); }
 
-  void forward(const ForwardCall& c) override { launch_dense_forward(c); }
-  void backward(const BackwardCall& c) override { launch_dense_backward(c); }
+  void forward(const ForwardCall& c) override {
+    const DenseForwardKernel k = choose_dense_forward(c, current_device_traits());
+    last_kernel_ = kernel_name(k);
+    launch_dense_forward(c, k);
+  }
+  void backward(const BackwardCall& c) override {
+    const DenseBackwardKernel k = choose_dense_backward(c, current_device_traits());
+    last_kernel_ = kernel_name(k);
+    launch_dense_backward(c, k);
+  }
   void tq_encode(const TqEncodeCall& c) override { launch_tq_encode(c); }
   // The check runs on the device; the row it finds is then copied back and described on the host, with
   // the oracle's arithmetic (an error path only).
@@ -82,9 +91,17 @@ class CudaBackend final : public Backend {
     return TqRowNorm{t, h, r.norm, r.stored};
   }
   void tq_rotate_queries(const TqRotateCall& c) override { launch_tq_rotate(c); }
-  void tq_attend(const TqAttendCall& c) override { launch_tq_attend(c); }
+  void tq_attend(const TqAttendCall& c) override {
+    last_kernel_ = kernel_name(choose_tq_attend(c));
+    launch_tq_attend(c);
+  }
   std::size_t tq_attend_workspace(const TqAttendCall& c) const override { return cuda::tq_attend_workspace(c); }
+
+ private:
+  static thread_local const char* last_kernel_;
 };
+
+thread_local const char* CudaBackend::last_kernel_ = "";
 
 }  // namespace
 

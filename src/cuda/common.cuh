@@ -49,13 +49,6 @@ __device__ __forceinline__ std::int64_t row_offset(const TensorView& t, std::int
   return b * t.strides[0] + s * t.strides[1] + h * t.strides[2];
 }
 
-// Whether 16-byte copies can move the rows of a view: its base and strides are multiples of 16 bytes.
-inline bool rows_aligned16(const TensorView& t) {
-  const auto per16 = std::int64_t(16 / dtype_size(t.dtype));
-  return reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 && t.strides[0] % per16 == 0 && t.strides[1] % per16 == 0 &&
-         t.strides[2] % per16 == 0;
-}
-
 template <typename T>
 __device__ __forceinline__ T warp_sum(T x) {
 #pragma unroll

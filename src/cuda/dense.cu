@@ -216,9 +216,15 @@ unsigned blocks_for(std::int64_t rows) { return unsigned((rows + kWarps - 1) / k
 
 }  // namespace
 
-void launch_dense_forward(const ForwardCall& c) {
-  if (launch_dense_forward_wgmma(c) || launch_dense_forward_mma(c) || launch_dense_forward_tf32(c) ||
-      launch_dense_forward_ffma(c)) {
+void launch_dense_forward(const ForwardCall& c, DenseForwardKernel kernel) {
+  switch (kernel) {
+    case DenseForwardKernel::wgmma: launch_dense_forward_wgmma(c); break;
+    case DenseForwardKernel::mma: launch_dense_forward_mma(c); break;
+    case DenseForwardKernel::tf32: launch_dense_forward_tf32(c); break;
+    case DenseForwardKernel::ffma: launch_dense_forward_ffma(c); break;
+    case DenseForwardKernel::warp_per_row: break;
+  }
+  if (kernel != DenseForwardKernel::warp_per_row) {
     repair_dense_forward(c);
     return;
   }
@@ -230,8 +236,9 @@ void launch_dense_forward(const ForwardCall& c) {
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward kernel");
 }
 
-void launch_dense_backward(const BackwardCall& c) {
-  if (launch_dense_backward_wgmma(c)) {
+void launch_dense_backward(const BackwardCall& c, DenseBackwardKernel kernel) {
+  if (kernel == DenseBackwardKernel::wgmma) {
+    launch_dense_backward_wgmma(c);
     repair_dense_dq(c);  // dQ = dS K meets the NaN of a key the row does not see through dS = 0
     return;
   }

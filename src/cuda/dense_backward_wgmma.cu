@@ -19,6 +19,7 @@
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
+#include "cuda/kernel_choice.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/launch.hpp"
 #include "cuda/tensor_map.hpp"
@@ -106,7 +107,7 @@ __device__ __forceinline__ ScoreGrads score_grads(const DenseProblem& p, float s
 #endif  // FLASHTQ_WGMMA
 
 // ---- dK, dV -------------------------------------------------------------------------------------
-constexpr int kKvRows = 128, kQueryTile = 64;  // keys per block; query rows per tile
+constexpr int kKvRows = tiles::kWgmmaBackwardKeyRows, kQueryTile = 64;  // keys per block; query rows per tile
 
 template <int D>
 constexpr unsigned dkdv_shared_bytes() {
@@ -297,7 +298,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
 }
 
 // ---- dQ -------------------------------------------------------------------------------------------
-constexpr int kQRows = 128, kKeyTile = 64, kDqStages = 3;  // query rows per block; keys per tile; tiles in flight
+constexpr int kQRows = tiles::kWgmmaBackwardQueryRows, kKeyTile = 64,
+              kDqStages = 3;  // query rows per block; keys per tile; tiles in flight
 
 template <int D>
 constexpr unsigned dq_shared_bytes() {
@@ -483,38 +485,6 @@ void launch_dim(const BackwardCall& c, const Maps& kv_maps, const Maps& q_maps, 
   FLASHTQ_CUDA_CHECK_LAUNCH("dense backward dQ (wgmma)");
 }
 
-// The bytes a view can touch, [first, last); empty when a stride is negative (then treated as overlapping).
-struct Span {
-  std::uintptr_t first = 0, last = 0;
-};
-std::optional<Span> span_of(const void* data, const std::array<std::int64_t, 4>& shape,
-                            const std::array<std::int64_t, 4>& strides, std::int64_t element) {
-  std::int64_t far = 0;
-  for (int d = 0; d < 4; ++d) {
-    if (strides[d] < 0) return std::nullopt;
-    far += (shape[d] - 1) * strides[d];
-  }
-  const auto first = reinterpret_cast<std::uintptr_t>(data);
-  return Span{first, first + std::uintptr_t((far + 1) * element)};
-}
-
-// The row statistics are stashed in dQ before the kernels read q, k, v, out, dout and lse: dQ must
-// not share a byte with any of them.
-bool dq_is_separate(const BackwardCall& c) {
-  const auto dq = span_of(c.dq.data, c.dq.shape, c.dq.strides, 2);
-  const std::array<std::int64_t, 4> lse_shape{c.p.B * c.p.H * c.p.Sq, 1, 1, 1}, lse_strides{1, 0, 0, 0};
-  std::optional<Span> inputs[] = {
-      span_of(c.q.data, c.q.shape, c.q.strides, 2),          span_of(c.k.data, c.k.shape, c.k.strides, 2),
-      span_of(c.v.data, c.v.shape, c.v.strides, 2),          span_of(c.out.data, c.out.shape, c.out.strides, 2),
-      span_of(c.dout.data, c.dout.shape, c.dout.strides, 2), span_of(c.lse, lse_shape, lse_strides, 4)};
-  if (!dq) return false;
-  for (const auto& in : inputs) {
-    if (!in || (in->first < dq->last && dq->first < in->last)) return false;
-  }
-  return true;
-}
-
-// Maps whose boxes are `query_rows` rows of Q, dO, O and `key_rows` rows of K, V.
 std::optional<Maps> maps_for(const BackwardCall& c, unsigned query_rows, unsigned key_rows) {
   const auto q = row_tile_map(c.q, query_rows), dout = row_tile_map(c.dout, query_rows);
   const auto k = row_tile_map(c.k, key_rows), v = row_tile_map(c.v, key_rows);
@@ -524,16 +494,10 @@ std::optional<Maps> maps_for(const BackwardCall& c, unsigned query_rows, unsigne
 
 }  // namespace
 
-bool launch_dense_backward_wgmma(const BackwardCall& c) {
-  if (c.p.D != 64 && c.p.D != 128) return false;
-  if (c.p.dtype != DType::f16 && c.p.dtype != DType::bf16) return false;
-  if (c.p.B * c.p.H > 65535 || c.p.Sq >= (std::int64_t(1) << 31) || c.p.Sk >= (std::int64_t(1) << 31)) return false;
-  for (const TensorView* t : {&c.q, &c.k, &c.v, &c.out, &c.dout, &c.dq}) {
-    if (!rows_aligned16(*t)) return false;
-  }
-  if (!dq_is_separate(c) || !device_is_hopper()) return false;
+void launch_dense_backward_wgmma(const BackwardCall& c) {
   const auto kv_maps = maps_for(c, kQueryTile, kKvRows), q_maps = maps_for(c, kQRows, kKeyTile);
-  if (!kv_maps || !q_maps) return false;
+  if (!kv_maps || !q_maps)
+    throw Error("backend", "cuda: no TMA map for views choose_dense_backward gave the wgmma kernels");
   auto stream = static_cast<cudaStream_t>(c.stream);
   const bool half = c.p.dtype == DType::f16;
   if (c.p.D == 64) {
@@ -543,7 +507,6 @@ bool launch_dense_backward_wgmma(const BackwardCall& c) {
     half ? launch_dim<__half, 128>(c, *kv_maps, *q_maps, stream)
          : launch_dim<__nv_bfloat16, 128>(c, *kv_maps, *q_maps, stream);
   }
-  return true;
 }
 
 }  // namespace flashtq::cuda

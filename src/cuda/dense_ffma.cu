@@ -18,9 +18,9 @@
 namespace flashtq::cuda {
 namespace {
 
-constexpr RowOrder kRowOrder = RowOrder::heaviest_first;  // row_blocks.cuh
+constexpr RowOrder kRowOrder = tiles::kFfmaForward.order;  // row_blocks.cuh
 
-constexpr int kRows = 128, kWarpRows = 16, kKeys = 64, kThreads = 256;
+constexpr int kRows = tiles::kFfmaForward.rows, kWarpRows = 16, kKeys = 64, kThreads = 256;
 constexpr int kPad = 4;           // floats per Q/K/V row: rows 4 banks apart
 constexpr int kPRow = kKeys + 8;  // floats per P row: rows 8 banks apart
 
@@ -145,15 +145,11 @@ void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
 
 }  // namespace
 
-bool launch_dense_forward_ffma(const ForwardCall& c) {
-  if (c.p.dtype != DType::f32) return false;
-  if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v)) return false;
-  if (!row_block_grid_fits(c.p, kRows, kRowOrder)) return false;
+void launch_dense_forward_ffma(const ForwardCall& c) {
   const dim3 grid = row_block_grid(c.p, kRows, kRowOrder);
   auto stream = static_cast<cudaStream_t>(c.stream);
-  if (!for_head_dim(c.p.D, [&](auto d) { launch_dim<decltype(d)::value>(c, grid, stream); })) return false;
+  for_head_dim(c.p.D, [&](auto d) { launch_dim<decltype(d)::value>(c, grid, stream); });
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (f32 FFMA tiles)");
-  return true;
 }
 
 }  // namespace flashtq::cuda

@@ -21,11 +21,11 @@
 namespace flashtq::cuda {
 namespace {
 
-constexpr RowOrder kRowOrder = RowOrder::heaviest_first;  // row_blocks.cuh
+constexpr RowOrder kRowOrder = tiles::kMmaForward.order;  // row_blocks.cuh
 
 // A block of 4 warps owns 128 query rows: each warp two 16-row mma atoms (rows 16 w + [0, 16) and
 // 64 + 16 w + [0, 16)), so every K and V fragment read from shared memory feeds two products.
-constexpr int kRows = 128, kAtomRows = 64, kThreads = 128;
+constexpr int kRows = tiles::kMmaForward.rows, kAtomRows = 64, kThreads = 128;
 // Keys per K/V tile: 64, or 32 for head_dim 96 and 128 (the S fragments then fit beside O's registers).
 template <int D>
 constexpr int kKeysFor = D >= 96 ? 32 : 64;
@@ -176,22 +176,21 @@ void launch_dim(const ForwardCall& c, dim3 grid, cudaStream_t stream) {
 }
 
 template <typename T>
-bool launch_for(const ForwardCall& c) {
+void launch_for(const ForwardCall& c) {
   const dim3 grid = row_block_grid(c.p, kRows, kRowOrder);
   auto stream = static_cast<cudaStream_t>(c.stream);
-  if (!for_head_dim(c.p.D, [&](auto d) { launch_dim<T, decltype(d)::value>(c, grid, stream); })) return false;
+  for_head_dim(c.p.D, [&](auto d) { launch_dim<T, decltype(d)::value>(c, grid, stream); });
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward (tensor cores)");
-  return true;
 }
 
 }  // namespace
 
-bool launch_dense_forward_mma(const ForwardCall& c) {
-  if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v)) return false;
-  if (!row_block_grid_fits(c.p, kRows, kRowOrder)) return false;  // the warp-per-row kernel takes these
-  if (c.p.dtype == DType::f16) return launch_for<__half>(c);
-  if (c.p.dtype == DType::bf16) return launch_for<__nv_bfloat16>(c);
-  return false;
+void launch_dense_forward_mma(const ForwardCall& c) {
+  if (c.p.dtype == DType::f16) {
+    launch_for<__half>(c);
+  } else {
+    launch_for<__nv_bfloat16>(c);
+  }
 }
 
 }  // namespace flashtq::cuda

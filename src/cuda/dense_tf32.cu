@@ -26,7 +26,7 @@
 namespace flashtq::cuda {
 namespace {
 
-constexpr RowOrder kRowOrder = RowOrder::heaviest_first;  // row_blocks.cuh
+constexpr RowOrder kRowOrder = tiles::kTf32ForwardRounded.order;  // row_blocks.cuh
 
 enum class Tf32Mode { rounded, compensated };
 
@@ -36,6 +36,9 @@ struct Tf32Config {
   static constexpr int kBlocksPerSm = M == Tf32Mode::rounded ? 2 : 1;
   static constexpr int kThreads = 32 * kWarps, kAtomRows = 16 * kWarps, kRows = 2 * kAtomRows;
 };
+static_assert(Tf32Config<Tf32Mode::rounded>::kRows == tiles::kTf32ForwardRounded.rows &&
+              Tf32Config<Tf32Mode::compensated>::kRows == tiles::kTf32ForwardCompensated.rows &&
+              tiles::kTf32ForwardCompensated.order == kRowOrder);
 
 // Rows padded by 4 floats: the 8 rows an ldmatrix reads, and V's column reads (rows 2t, 2t + 1 of
 // a step, 8 columns), fall in distinct banks.
@@ -242,13 +245,9 @@ void launch_dim(const ForwardCall& c, cudaStream_t stream) {
 
 }  // namespace
 
-bool launch_dense_forward_tf32(const ForwardCall& c) {
-  if (c.p.dtype != DType::f32 || c.p.pedantic) return false;
-  if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v)) return false;
-  if (!row_block_grid_fits(c.p, Tf32Config<Tf32Mode::rounded>::kRows, kRowOrder))
-    return false;  // the smaller blocks' grid
+void launch_dense_forward_tf32(const ForwardCall& c) {
   auto stream = static_cast<cudaStream_t>(c.stream);
-  const bool launched = for_head_dim(c.p.D, [&](auto d) {
+  for_head_dim(c.p.D, [&](auto d) {
     constexpr int D = decltype(d)::value;
     if (c.p.tf32) {
       launch_dim<D, Tf32Mode::rounded>(c, stream);
@@ -256,10 +255,8 @@ bool launch_dense_forward_tf32(const ForwardCall& c) {
       launch_dim<D, Tf32Mode::compensated>(c, stream);
     }
   });
-  if (!launched) return false;
   FLASHTQ_CUDA_CHECK_LAUNCH(c.p.tf32 ? "dense forward (tf32 tensor cores)"
                                      : "dense forward (error-compensated tf32 tensor cores)");
-  return true;
 }
 
 }  // namespace flashtq::cuda

@@ -27,9 +27,10 @@
 namespace flashtq::cuda {
 namespace {
 
-constexpr RowOrder kRowOrder = RowOrder::by_head;  // row_blocks.cuh
+constexpr RowOrder kRowOrder = tiles::kWgmmaForward.order;  // row_blocks.cuh
 
 constexpr int kGroupRows = 64, kGroups = 2, kRows = kGroups * kGroupRows;
+static_assert(kRows == tiles::kWgmmaForward.rows);
 constexpr int kThreads = 128 * (kGroups + 1);  // the consumer warpgroups, then the producer warpgroup
 // Keys per K/V tile and tiles in flight: 128 and 3 up to head_dim 128; at 256, 64 and 2 (O's 128
 // accumulator registers, and shared memory).
@@ -189,24 +190,16 @@ void launch_for(const ForwardCall& c, const Maps& maps) {
 
 }  // namespace
 
-bool launch_dense_forward_wgmma(const ForwardCall& c) {
-  if (c.p.D != 64 && c.p.D != 128 && c.p.D != 256) return false;
-  if (c.p.dtype != DType::f16 && c.p.dtype != DType::bf16) return false;
-  // Grid y, and the TMA coordinates (32-bit signed).
-  if (!row_block_grid_fits(c.p, kRows, kRowOrder) || c.p.Sq >= (std::int64_t(1) << 31) ||
-      c.p.Sk >= (std::int64_t(1) << 31))
-    return false;
-  if (!rows_aligned16(c.q) || !rows_aligned16(c.k) || !rows_aligned16(c.v) || !device_is_hopper()) return false;
+void launch_dense_forward_wgmma(const ForwardCall& c) {
   const unsigned keys = c.p.D <= 128 ? kKeysFor<128> : kKeysFor<256>;
   const auto q = row_tile_map(c.q, kRows), k = row_tile_map(c.k, keys), v = row_tile_map(c.v, keys);
-  if (!q || !k || !v) return false;
+  if (!q || !k || !v) throw Error("backend", "cuda: no TMA map for views choose_dense_forward gave the wgmma kernel");
   const Maps maps{*q, *k, *v};
   if (c.p.dtype == DType::f16) {
     launch_for<__half>(c, maps);
   } else {
     launch_for<__nv_bfloat16>(c, maps);
   }
-  return true;
 }
 
 }  // namespace flashtq::cuda

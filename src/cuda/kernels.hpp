@@ -5,27 +5,23 @@
 #include <cstdint>
 #include <optional>
 
+#include "cuda/kernel_choice.hpp"
 #include "flashtq/problem.hpp"
 #include "flashtq/turboquant.hpp"
 
 namespace flashtq::cuda {
 
-void launch_dense_forward(const ForwardCall& call);
-// The tensor-core forward (f16/bf16, head_dim 32..128, 16-byte aligned rows); false when it does not apply.
-bool launch_dense_forward_mma(const ForwardCall& call);
-// The Hopper forward (wgmma; f16/bf16, head_dim 64, 128 and 256, 16-byte aligned rows, sm_90 devices); false when it
-// does not apply.
-bool launch_dense_forward_wgmma(const ForwardCall& call);
-// The f32 forward on TF32 tensor cores (head_dim 32..128, 16-byte aligned rows): one product per
-// multiply with AttentionParams::allow_tf32, else three (error-compensated, f32 accuracy); false
-// with pedantic_f32.
-bool launch_dense_forward_tf32(const ForwardCall& call);
-// The f32 forward in f32 FMAs, tiled (AttentionParams::pedantic_f32; head_dim 32..128, 16-byte aligned rows).
-bool launch_dense_forward_ffma(const ForwardCall& call);
-void launch_dense_backward(const BackwardCall& call);
-// The Hopper backward (wgmma; f16/bf16, head_dim 64 and 128, 16-byte aligned rows, sm_90 devices); false when it does
-// not apply.
-bool launch_dense_backward_wgmma(const BackwardCall& call);
+// Each dense launcher runs the kernel choose_dense_forward / choose_dense_backward gave
+// (kernel_choice.hpp), whose conditions it takes as given.
+void launch_dense_forward(const ForwardCall& call, DenseForwardKernel kernel);
+void launch_dense_forward_mma(const ForwardCall& call);
+void launch_dense_forward_wgmma(const ForwardCall& call);
+// The f32 forward on TF32 tensor cores: one product per multiply with AttentionParams::allow_tf32,
+// else three (error-compensated, f32 accuracy).
+void launch_dense_forward_tf32(const ForwardCall& call);
+void launch_dense_forward_ffma(const ForwardCall& call);
+void launch_dense_backward(const BackwardCall& call, DenseBackwardKernel kernel);
+void launch_dense_backward_wgmma(const BackwardCall& call);
 
 // Rows the kernels above could not finish in f32, recomputed in double (dense_repair.cu); launched
 // after every forward and backward. The kernels say that there are some by raising the flag at
@@ -40,6 +36,6 @@ void launch_tq_encode(const TqEncodeCall& call);
 std::optional<std::int64_t> first_unstorable_tq_row(const TqEncodeCall& call, double always_fits);
 void launch_tq_rotate(const TqRotateCall& call);
 std::size_t tq_attend_workspace(const TqAttendCall& call);
-void launch_tq_attend(const TqAttendCall& call);
+void launch_tq_attend(const TqAttendCall& call);  // the kernel choose_tq_attend gives
 
 }  // namespace flashtq::cuda

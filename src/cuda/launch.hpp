@@ -4,10 +4,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
 #include "cuda/cuda_check.hpp"
+#include "cuda/kernel_choice.hpp"
+#include "flashtq/error.hpp"
 
 namespace flashtq::cuda {
 
@@ -17,15 +20,6 @@ inline bool dependent_launch_supported() {
   FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
   FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   return major >= 9;
-}
-
-// Whether the current device is a Hopper (sm_90: wgmma, TMA, setmaxnreg).
-inline bool device_is_hopper() {
-  int device = 0, major = 0, minor = 0;
-  FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
-  FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major == 9 && minor == 0;
 }
 
 // Lets `Kernel` take `bytes` of dynamic shared memory (above the default 48 KB); once per process.
@@ -38,17 +32,18 @@ void allow_shared_bytes(int bytes) {
   (void)configured;
 }
 
-// Calls f(std::integral_constant<int, D>) for the head dims the tiled dense kernels are built for
-// (32, 64, 96, 128); false for any other.
+// Calls f(std::integral_constant<int, D>) for D = head_dim, one of the head dims the tiled dense
+// kernels are built for (tiles::kTiledForwardDims); choose_dense_forward gives them no other.
+template <typename F, std::size_t... I>
+bool for_tiled_dim(std::int64_t D, F&& f, std::index_sequence<I...>) {
+  return ((D == tiles::kTiledForwardDims[I] ? (f(std::integral_constant<int, tiles::kTiledForwardDims[I]>{}), true)
+                                            : false) ||
+          ...);
+}
 template <typename F>
-bool for_head_dim(std::int64_t D, F&& f) {
-  switch (D) {
-    case 32: f(std::integral_constant<int, 32>{}); return true;
-    case 64: f(std::integral_constant<int, 64>{}); return true;
-    case 96: f(std::integral_constant<int, 96>{}); return true;
-    case 128: f(std::integral_constant<int, 128>{}); return true;
-    default: return false;
-  }
+void for_head_dim(std::int64_t D, F&& f) {
+  if (!for_tiled_dim(D, f, std::make_index_sequence<tiles::kTiledForwardDims.size()>{}))
+    throw Error("backend", "cuda: no tiled dense kernel for head_dim " + std::to_string(D));
 }
 
 // kernel<<<grid, block, 0, stream>>>(args...), allowed to start launching while the kernel before it

@@ -11,23 +11,10 @@
 
 #include <cstdint>
 
+#include "cuda/kernel_choice.hpp"
 #include "flashtq/problem.hpp"
 
 namespace flashtq::cuda {
-
-enum class RowOrder { by_head, heaviest_first };
-
-// Whether row blocks go in grid y.
-__host__ __device__ inline bool rows_in_y(const DenseProblem& p, RowOrder order) {
-  return order == RowOrder::heaviest_first && (p.causal || p.window > 0);
-}
-
-// Whether the grid for `rows`-row blocks fits (grid y takes at most 65535).
-inline bool row_block_grid_fits(const DenseProblem& p, int rows, RowOrder order) {
-  const std::int64_t row_blocks = (p.Sq + rows - 1) / rows, heads = p.B * p.H;
-  const bool y = rows_in_y(p, order);
-  return (y ? row_blocks : heads) <= 65535 && (y ? heads : row_blocks) <= 0x7FFFFFFF;
-}
 
 inline dim3 row_block_grid(const DenseProblem& p, int rows, RowOrder order) {
   const unsigned row_blocks = unsigned((p.Sq + rows - 1) / rows), heads = unsigned(p.B * p.H);

@@ -352,17 +352,10 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
 
 }  // namespace
 
-namespace {
-bool mma_decode_supported(const TqLayout& l, std::int64_t group) {
-  return l.head_dim == kD && l.key_bits == 2 && l.qjl && l.value_bits == 2 && group % 4 == 0;
-}
-}  // namespace
-
-bool mma_decode_supported(const TqAttendCall& c) {
-  return c.window == 0 && c.layout().exact_rows() == 0 && mma_decode_supported(c.layout(), c.group());
-}
+bool mma_decode_supported(const TqAttendCall& c) { return choose_tq_attend(c) == TqAttendKernel::decode_mma; }
 bool mma_decode_supported(const AttendParams& a) {
-  return a.window == 0 && a.l.exact_rows() == 0 && mma_decode_supported(a.l, a.H / a.l.n_kv_heads);
+  static_assert(kD == tiles::kTqDecodeMmaDim);
+  return tq_decode_mma_serves(a.l, a.H / a.l.n_kv_heads, a.window);
 }
 
 void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream) {

@@ -1,6 +1,7 @@
 // `flashtq check`: the conformance suite's random cases on one or every available backend.
 #include <fmt/core.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -40,7 +41,9 @@ Command add_check(CLI::App& app) {
               const auto results = conformance::run_suite(*b, opts->cases, seed);
               int failed = 0;
               nlohmann::json failures = nlohmann::json::array();
+              std::map<std::string, int> kernels;  // checks per kernel that served them
               for (const auto& r : results) {
+                if (!r.kernel.empty()) ++kernels[r.kernel];
                 if (r.passed) continue;
                 ++failed;
                 if (failures.size() < 10) {
@@ -48,18 +51,22 @@ Command add_check(CLI::App& app) {
                                       {"case", r.description},
                                       {"error", r.error},
                                       {"tolerance", r.tolerance},
-                                      {"detail", r.detail}});
+                                      {"detail", r.detail},
+                                      {"kernel", r.kernel}});
                 }
                 if (!opts->json) {
-                  fmt::print("FAIL {} {} [{}] error {:.3g} > {:.3g} {}\n", b->name(), r.op, r.description, r.error,
-                             r.tolerance, r.detail);
+                  fmt::print("FAIL {} {} [{}] error {:.3g} > {:.3g} {}{}\n", b->name(), r.op, r.description, r.error,
+                             r.tolerance, r.detail, r.kernel.empty() ? "" : " (kernel " + r.kernel + ")");
                 }
               }
               failed_total += failed;
               report["backends"][b->name()] = {{"cases", results.size()}, {"failed", failed}};
+              if (!kernels.empty()) report["backends"][b->name()]["kernels"] = kernels;
               if (failed) report["backends"][b->name()]["failures"] = failures;
-              if (!opts->json)
+              if (!opts->json) {
                 fmt::print("{:<10} {:>6} checks {:>4} failed (seed {})\n", b->name(), results.size(), failed, seed);
+                for (const auto& [kernel, n] : kernels) fmt::print("{:<10} {:>6} served by {}\n", "", n, kernel);
+              }
             }
             report["seed"] = seed;
             if (opts->json) fmt::print("{}\n", report.dump());

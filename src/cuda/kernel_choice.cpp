@@ -1,0 +1,177 @@
+#include "cuda/kernel_choice.hpp"
+
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "cuda/cuda_check.hpp"
+
+namespace flashtq::cuda {
+namespace {
+
+constexpr std::int64_t kInt31 = std::int64_t(1) << 31;  // TMA coordinates are 32-bit signed
+
+bool half_precision(DType t) { return t == DType::f16 || t == DType::bf16; }
+
+std::int64_t element_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
+
+// The bytes a view can touch, [first, last); empty when a stride is negative (then treated as overlapping).
+struct Span {
+  std::uintptr_t first = 0, last = 0;
+};
+std::optional<Span> span_of(const void* data, const std::array<std::int64_t, 4>& shape,
+                            const std::array<std::int64_t, 4>& strides, std::int64_t element) {
+  std::int64_t far = 0;
+  for (int d = 0; d < 4; ++d) {
+    if (strides[d] < 0) return std::nullopt;
+    far += (shape[d] - 1) * strides[d];
+  }
+  const auto first = reinterpret_cast<std::uintptr_t>(data);
+  return Span{first, first + std::uintptr_t((far + 1) * element)};
+}
+
+// The wgmma backward stashes the row statistics in dQ before its kernels read q, k, v, out, dout and
+// lse: dQ must not share a byte with any of them.
+bool dq_is_separate(const BackwardCall& c) {
+  const std::int64_t e = element_bytes(c.p.dtype);
+  const auto dq = span_of(c.dq.data, c.dq.shape, c.dq.strides, e);
+  const std::array<std::int64_t, 4> lse_shape{c.p.B * c.p.H * c.p.Sq, 1, 1, 1}, lse_strides{1, 0, 0, 0};
+  const std::optional<Span> inputs[] = {
+      span_of(c.q.data, c.q.shape, c.q.strides, e),          span_of(c.k.data, c.k.shape, c.k.strides, e),
+      span_of(c.v.data, c.v.shape, c.v.strides, e),          span_of(c.out.data, c.out.shape, c.out.strides, e),
+      span_of(c.dout.data, c.dout.shape, c.dout.strides, e), span_of(c.lse, lse_shape, lse_strides, 4)};
+  if (!dq) return false;
+  for (const auto& in : inputs) {
+    if (!in || (in->first < dq->last && dq->first < in->last)) return false;
+  }
+  return true;
+}
+
+bool all_rows_aligned16(std::initializer_list<const TensorView*> views) {
+  for (const TensorView* t : views)
+    if (!rows_aligned16(*t)) return false;
+  return true;
+}
+
+bool all_describable(std::initializer_list<const TensorView*> views) {
+  for (const TensorView* t : views)
+    if (!tensor_map_describable(*t)) return false;
+  return true;
+}
+
+DeviceTraits query_traits(int device) {
+  int major = 0, minor = 0;
+  FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  void* encode = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  const bool queried = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &encode, 12000, cudaEnableDefault,
+                                                        &found) == cudaSuccess;
+  if (!queried) (void)cudaGetLastError();
+  return DeviceTraits{major == 9 && minor == 0, queried && found == cudaDriverEntryPointSuccess && encode != nullptr};
+}
+
+}  // namespace
+
+const char* kernel_name(DenseForwardKernel k) {
+  switch (k) {
+    case DenseForwardKernel::wgmma: return "dense_forward_wgmma";
+    case DenseForwardKernel::mma: return "dense_forward_mma";
+    case DenseForwardKernel::tf32: return "dense_forward_tf32";
+    case DenseForwardKernel::ffma: return "dense_forward_ffma";
+    case DenseForwardKernel::warp_per_row: return "dense_forward_warp_per_row";
+  }
+  return "?";
+}
+
+const char* kernel_name(DenseBackwardKernel k) {
+  switch (k) {
+    case DenseBackwardKernel::wgmma: return "dense_backward_wgmma";
+    case DenseBackwardKernel::warp_per_row: return "dense_backward_warp_per_row";
+  }
+  return "?";
+}
+
+const char* kernel_name(TqAttendKernel k) {
+  switch (k) {
+    case TqAttendKernel::decode_mma: return "tq_attend_decode_mma";
+    case TqAttendKernel::split_k: return "tq_attend_split_k";
+  }
+  return "?";
+}
+
+DeviceTraits current_device_traits() {
+  static std::mutex mutex;
+  static std::map<int, DeviceTraits> traits;
+  int device = 0;
+  FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = traits.find(device);
+  if (it == traits.end()) it = traits.emplace(device, query_traits(device)).first;
+  return it->second;
+}
+
+bool rows_aligned16(const TensorView& t) {
+  const std::int64_t per16 = 16 / element_bytes(t.dtype);
+  return reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 && t.strides[0] % per16 == 0 && t.strides[1] % per16 == 0 &&
+         t.strides[2] % per16 == 0;
+}
+
+bool tensor_map_describable(const TensorView& t) {
+  constexpr std::int64_t kLimit = std::int64_t(1) << 40;
+  for (int d = 0; d < 3; ++d) {
+    const std::int64_t bytes = t.strides[d] * element_bytes(t.dtype);
+    if (bytes <= 0 || bytes % 16 != 0 || bytes >= kLimit) return false;
+  }
+  for (int d = 0; d < 4; ++d)
+    if (t.shape[d] < 1 || t.shape[d] > (std::int64_t(1) << 32)) return false;
+  return reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0;
+}
+
+DenseForwardKernel choose_dense_forward(const ForwardCall& c, const DeviceTraits& device) {
+  const DenseProblem& p = c.p;
+  if (!all_rows_aligned16({&c.q, &c.k, &c.v})) return DenseForwardKernel::warp_per_row;
+  if (half_precision(p.dtype)) {
+    if (device.hopper && device.tensor_maps && built_for(tiles::kWgmmaForwardDims, p.D) &&
+        row_block_grid_fits(p, tiles::kWgmmaForward) && p.Sq < kInt31 && p.Sk < kInt31 &&
+        all_describable({&c.q, &c.k, &c.v}))
+      return DenseForwardKernel::wgmma;
+    if (built_for(tiles::kTiledForwardDims, p.D) && row_block_grid_fits(p, tiles::kMmaForward))
+      return DenseForwardKernel::mma;
+    return DenseForwardKernel::warp_per_row;
+  }
+  if (!built_for(tiles::kTiledForwardDims, p.D)) return DenseForwardKernel::warp_per_row;
+  // The rounded tiling has the smaller blocks, so its grid is the larger of the two.
+  if (!p.pedantic && row_block_grid_fits(p, tiles::kTf32ForwardRounded)) return DenseForwardKernel::tf32;
+  if (p.pedantic && row_block_grid_fits(p, tiles::kFfmaForward)) return DenseForwardKernel::ffma;
+  return DenseForwardKernel::warp_per_row;
+}
+
+DenseBackwardKernel choose_dense_backward(const BackwardCall& c, const DeviceTraits& device) {
+  const DenseProblem& p = c.p;
+  const bool fits = p.B * p.H <= 65535 && p.Sq < kInt31 && p.Sk < kInt31;
+  if (device.hopper && device.tensor_maps && half_precision(p.dtype) && built_for(tiles::kWgmmaBackwardDims, p.D) &&
+      fits && all_rows_aligned16({&c.q, &c.k, &c.v, &c.out, &c.dout, &c.dq}) &&
+      all_describable({&c.q, &c.k, &c.v, &c.dout}) && dq_is_separate(c))
+    return DenseBackwardKernel::wgmma;
+  return DenseBackwardKernel::warp_per_row;
+}
+
+bool tq_decode_mma_serves(const TqLayout& l, std::int64_t group, std::int64_t window) {
+  return window == 0 && l.exact_rows() == 0 && l.head_dim == tiles::kTqDecodeMmaDim && l.key_bits == 2 && l.qjl &&
+         l.value_bits == 2 && group % 4 == 0;
+}
+
+TqAttendKernel choose_tq_attend(const TqAttendCall& c) {
+  return tq_decode_mma_serves(c.layout(), c.group(), c.window) ? TqAttendKernel::decode_mma : TqAttendKernel::split_k;
+}
+
+std::string tq_unsupported(const TqLayout& l) {
+  if (built_for(tiles::kTqDims, l.head_dim)) return {};
+  return "TurboQuant kernels exist for head_dim 32, 64, 128 and 256";
+}
+
+}  // namespace flashtq::cuda

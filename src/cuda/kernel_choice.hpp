@@ -1,0 +1,100 @@
+// Which CUDA kernel serves a call: one pure function per operation, of the call and the device, over
+// one table of the kernels' tile shapes and head dims. The launchers switch on its answer (a kernel
+// chosen here that cannot then be launched is an internal error, never a quiet fall-back),
+// Backend::unsupported and the backend's record of the kernel that ran derive from it, and
+// tests/test_kernel_choice.cpp holds it to the shapes each fast path is meant for.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "flashtq/config.hpp"
+#include "flashtq/problem.hpp"
+#include "flashtq/turboquant.hpp"
+
+namespace flashtq::cuda {
+
+enum class DenseForwardKernel : std::uint8_t {
+  wgmma,         // Hopper warpgroup tensor cores fed by TMA (dense_wgmma.cu)
+  mma,           // f16/bf16 mma.sync tiles, FlashAttention-2 style (dense_mma.cu)
+  tf32,          // f32 on TF32 tensor cores, rounded or error-compensated (dense_tf32.cu)
+  ffma,          // f32 FMA tiles, AttentionParams::pedantic_f32 (dense_ffma.cu)
+  warp_per_row,  // anything else: a warp per query row (dense.cu)
+};
+enum class DenseBackwardKernel : std::uint8_t {
+  wgmma,         // Hopper dK dV and dQ kernels (dense_backward_wgmma.cu)
+  warp_per_row,  // a warp per query row for dQ, per key row for dK dV (dense.cu)
+};
+enum class TqAttendKernel : std::uint8_t {
+  decode_mma,  // tensor-core decode of the seed layout at head_dim 128 (tq_decode_mma.cu)
+  split_k,     // the scalar split-K kernel, every layout (tq_attend.cu)
+};
+
+const char* kernel_name(DenseForwardKernel k);
+const char* kernel_name(DenseBackwardKernel k);
+const char* kernel_name(TqAttendKernel k);
+
+// What the choice needs of the device: wgmma and TMA are sm_90 only, and TMA maps need the driver's
+// cuTensorMapEncodeTiled.
+struct DeviceTraits {
+  bool hopper = false;
+  bool tensor_maps = false;
+};
+DeviceTraits current_device_traits();  // of the current device, queried once per device
+
+// How a row-blocked kernel orders its blocks (row_blocks.cuh): by head, or the heaviest row blocks
+// first when rows see different numbers of keys.
+enum class RowOrder { by_head, heaviest_first };
+struct RowTiling {
+  int rows;  // query rows per block
+  RowOrder order;
+};
+
+// The table: tile shapes and head dims of every tiled kernel.
+namespace tiles {
+inline constexpr RowTiling kWgmmaForward{128, RowOrder::by_head};
+inline constexpr RowTiling kMmaForward{128, RowOrder::heaviest_first};
+inline constexpr RowTiling kTf32ForwardRounded{128, RowOrder::heaviest_first};
+inline constexpr RowTiling kTf32ForwardCompensated{256, RowOrder::heaviest_first};
+inline constexpr RowTiling kFfmaForward{128, RowOrder::heaviest_first};
+inline constexpr int kWgmmaBackwardKeyRows = 128;    // key rows per dK dV block
+inline constexpr int kWgmmaBackwardQueryRows = 128;  // query rows per dQ block
+inline constexpr std::array<int, 3> kWgmmaForwardDims{64, 128, 256};
+inline constexpr std::array<int, 4> kTiledForwardDims{32, 64, 96, 128};  // mma, tf32, ffma
+inline constexpr std::array<int, 2> kWgmmaBackwardDims{64, 128};
+inline constexpr std::array<int, 4> kTqDims{32, 64, 128, 256};  // every TurboQuant kernel
+inline constexpr int kTqDecodeMmaDim = 128;
+}  // namespace tiles
+
+template <std::size_t N>
+constexpr bool built_for(const std::array<int, N>& dims, std::int64_t d) {
+  for (int x : dims)
+    if (x == d) return true;
+  return false;
+}
+
+// Whether row blocks go in grid y.
+FLASHTQ_HOST_DEVICE inline bool rows_in_y(const DenseProblem& p, RowOrder order) {
+  return order == RowOrder::heaviest_first && (p.causal || p.window > 0);
+}
+// Whether the grid of a tiling fits (grid y takes at most 65535).
+inline bool row_block_grid_fits(const DenseProblem& p, const RowTiling& t) {
+  const std::int64_t row_blocks = (p.Sq + t.rows - 1) / t.rows, heads = p.B * p.H;
+  const bool y = rows_in_y(p, t.order);
+  return (y ? row_blocks : heads) <= 65535 && (y ? heads : row_blocks) <= 0x7FFFFFFF;
+}
+// Whether a view's rows start on 16 bytes (the tiled kernels' vector loads and copies).
+bool rows_aligned16(const TensorView& t);
+// Whether a TMA map can describe the view (byte strides positive, multiples of 16, below 2^40).
+bool tensor_map_describable(const TensorView& t);
+
+DenseForwardKernel choose_dense_forward(const ForwardCall& c, const DeviceTraits& device);
+DenseBackwardKernel choose_dense_backward(const BackwardCall& c, const DeviceTraits& device);
+TqAttendKernel choose_tq_attend(const TqAttendCall& c);
+// The TurboQuant decision on the layout alone (the tensor-core decode also needs window 0).
+bool tq_decode_mma_serves(const TqLayout& l, std::int64_t group, std::int64_t window);
+// Why no CUDA TurboQuant kernel serves a layout, for Backend::unsupported; empty when one does.
+std::string tq_unsupported(const TqLayout& l);
+
+}  // namespace flashtq::cuda

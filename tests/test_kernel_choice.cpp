@@ -1,0 +1,185 @@
+// Kernel choice on cuda (src/cuda/kernel_choice.hpp): the pure functions give each fast path the
+// shapes it is meant for, and on a GPU the kernel that served a conformance case is the one they
+// chose, so a silent fall-back to a slow kernel fails here, not only in a benchmark.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "conformance/conformance.hpp"
+#include "core/validate.hpp"
+#include "cuda/kernel_choice.hpp"
+#include "flashtq/flashtq.hpp"
+#include "seeded.hpp"
+
+namespace flashtq {
+namespace {
+
+using cuda::DenseBackwardKernel;
+using cuda::DenseForwardKernel;
+using cuda::DeviceTraits;
+using cuda::TqAttendKernel;
+
+constexpr DeviceTraits kHopper{true, true}, kAmpere{false, true};
+
+// Contiguous [B, S, H, D] views over one aligned buffer per tensor (never read: the choice is pure).
+struct Views {
+  std::vector<std::uint64_t> storage[8];
+  TensorView make(int slot, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D, DType t) {
+    storage[slot].assign(std::size_t(B * S * H * D / 2 + 8), 0);
+    TensorView v;
+    v.data = storage[slot].data();
+    v.dtype = t;
+    v.shape = {B, S, H, D};
+    v.strides = {S * H * D, H * D, D, 1};
+    return v;
+  }
+};
+
+ForwardCall forward_call(Views& views, DType t, std::int64_t D, std::int64_t Sq = 300, bool pedantic = false) {
+  ForwardCall c(core::Validator::stamp());
+  c.p.B = 2, c.p.Sq = Sq, c.p.Sk = Sq, c.p.H = 4, c.p.Hkv = 2, c.p.D = D, c.p.dtype = t;
+  c.p.pedantic = pedantic;
+  c.q = views.make(0, 2, Sq, 4, D, t);
+  c.k = views.make(1, 2, Sq, 2, D, t);
+  c.v = views.make(2, 2, Sq, 2, D, t);
+  c.out = views.make(3, 2, Sq, 4, D, t);
+  return c;
+}
+
+TEST(KernelChoice, DenseForwardGivesEachShapeItsFastPath) {
+  Views v;
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 128), kHopper), DenseForwardKernel::wgmma);
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::f16, 64), kHopper), DenseForwardKernel::wgmma);
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 256), kHopper), DenseForwardKernel::wgmma);
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 96), kHopper), DenseForwardKernel::mma);
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 128), kAmpere), DenseForwardKernel::mma);
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::f32, 128), kHopper), DenseForwardKernel::tf32);
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::f32, 64, 300, true), kHopper), DenseForwardKernel::ffma);
+  // What no tiled kernel is built for goes to the warp-per-row kernel, deliberately.
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 256), kAmpere), DenseForwardKernel::warp_per_row);
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::f32, 256), kHopper), DenseForwardKernel::warp_per_row);
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 48), kHopper), DenseForwardKernel::warp_per_row);
+}
+
+TEST(KernelChoice, DenseForwardTakesTheTiledKernelsOnlyWhereTheirLoadsAndGridsHold) {
+  Views v;
+  ForwardCall shifted = forward_call(v, DType::bf16, 128);
+  shifted.k.data = static_cast<char*>(shifted.k.data) + 2;  // rows no longer on 16 bytes
+  EXPECT_EQ(cuda::choose_dense_forward(shifted, kHopper), DenseForwardKernel::warp_per_row);
+  ForwardCall no_maps = forward_call(v, DType::bf16, 128);
+  EXPECT_EQ(cuda::choose_dense_forward(no_maps, DeviceTraits{true, false}), DenseForwardKernel::mma);
+  ForwardCall heads = forward_call(v, DType::bf16, 128);
+  heads.p.B = 70000;  // grid y holds B * H blocks by head: past 65535
+  EXPECT_EQ(cuda::choose_dense_forward(heads, kHopper), DenseForwardKernel::warp_per_row);
+}
+
+BackwardCall backward_call(Views& v, DType t, std::int64_t D) {
+  BackwardCall c(core::Validator::stamp());
+  c.p.B = 1, c.p.Sq = 200, c.p.Sk = 200, c.p.H = 2, c.p.Hkv = 1, c.p.D = D, c.p.dtype = t;
+  c.q = v.make(0, 1, 200, 2, D, t);
+  c.k = v.make(1, 1, 200, 1, D, t);
+  c.v = v.make(2, 1, 200, 1, D, t);
+  c.out = v.make(3, 1, 200, 2, D, t);
+  c.dout = v.make(4, 1, 200, 2, D, t);
+  c.dq = v.make(5, 1, 200, 2, D, t);
+  c.dk = v.make(6, 1, 200, 1, D, t);
+  c.dv = v.make(7, 1, 200, 1, D, t);
+  static std::vector<float> lse(400);
+  c.lse = lse.data();
+  return c;
+}
+
+TEST(KernelChoice, DenseBackward) {
+  Views v;
+  EXPECT_EQ(cuda::choose_dense_backward(backward_call(v, DType::bf16, 128), kHopper), DenseBackwardKernel::wgmma);
+  EXPECT_EQ(cuda::choose_dense_backward(backward_call(v, DType::f16, 64), kHopper), DenseBackwardKernel::wgmma);
+  EXPECT_EQ(cuda::choose_dense_backward(backward_call(v, DType::bf16, 256), kHopper),
+            DenseBackwardKernel::warp_per_row);
+  EXPECT_EQ(cuda::choose_dense_backward(backward_call(v, DType::f32, 128), kHopper), DenseBackwardKernel::warp_per_row);
+  EXPECT_EQ(cuda::choose_dense_backward(backward_call(v, DType::bf16, 128), kAmpere),
+            DenseBackwardKernel::warp_per_row);
+  BackwardCall shared = backward_call(v, DType::bf16, 128);
+  shared.dq = shared.dout;  // the wgmma kernels stash row statistics in dQ before reading dout
+  EXPECT_EQ(cuda::choose_dense_backward(shared, kHopper), DenseBackwardKernel::warp_per_row);
+}
+
+TEST(KernelChoice, TurboQuantAttend) {
+  const TqLayout seed{128, 2, 1024, 2, 2};
+  EXPECT_TRUE(cuda::tq_decode_mma_serves(seed, 4, 0));
+  EXPECT_TRUE(cuda::tq_decode_mma_serves(seed, 8, 0));
+  EXPECT_FALSE(cuda::tq_decode_mma_serves(seed, 2, 0));   // query heads per kv head: a multiple of 4
+  EXPECT_FALSE(cuda::tq_decode_mma_serves(seed, 4, 64));  // a sliding window
+  TqLayout wider = seed;
+  wider.key_bits = 3;
+  EXPECT_FALSE(cuda::tq_decode_mma_serves(wider, 4, 0));
+  TqLayout small = seed;
+  small.head_dim = 64;
+  EXPECT_FALSE(cuda::tq_decode_mma_serves(small, 4, 0));
+  EXPECT_TRUE(cuda::tq_unsupported(small).empty());
+  small.head_dim = 512;
+  EXPECT_FALSE(cuda::tq_unsupported(small).empty());
+}
+
+// On the GPU: the kernel that served each case (Backend::last_kernel) is the one meant for it.
+Backend* gpu() {
+  for (Backend* b : all_backends())
+    if (b->name() == "cuda" && b->available()) return b;
+  return nullptr;
+}
+
+conformance::DenseCase dense_case(DType t, std::int64_t D, bool pedantic = false) {
+  conformance::DenseCase c;
+  c.B = 1, c.Sq = 200, c.Sk = 200, c.H = 4, c.Hkv = 2, c.D = D, c.dtype = t, c.pedantic = pedantic;
+  c.causal = true;
+  c.data_seed = fresh_seed();
+  return c;
+}
+
+TEST(KernelChoiceOnGpu, EachDenseShapeRanItsKernel) {
+  Backend* b = gpu();
+  if (!b) GTEST_SKIP() << "no CUDA device here: the kernel that runs is checked on the GPU machine";
+  const bool hopper = cuda::current_device_traits().hopper;
+  struct Expect {
+    DType t;
+    std::int64_t D;
+    bool pedantic;
+    const char* forward;
+  };
+  const Expect cases[] = {
+      {DType::bf16, 128, false, hopper ? "dense_forward_wgmma" : "dense_forward_mma"},
+      {DType::f16, 64, false, hopper ? "dense_forward_wgmma" : "dense_forward_mma"},
+      {DType::bf16, 96, false, "dense_forward_mma"},
+      {DType::f32, 64, false, "dense_forward_tf32"},
+      {DType::f32, 128, true, "dense_forward_ffma"},
+      {DType::f32, 256, false, "dense_forward_warp_per_row"},
+  };
+  for (const Expect& e : cases) {
+    const conformance::DenseCase c = dense_case(e.t, e.D, e.pedantic);
+    const conformance::CheckResult r = conformance::check_forward(*b, c);
+    EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
+    EXPECT_EQ(r.kernel, e.forward) << c.describe();
+  }
+  const conformance::CheckResult back = conformance::check_backward(*b, dense_case(DType::bf16, 128));
+  EXPECT_TRUE(back.passed) << back.detail;
+  EXPECT_EQ(back.kernel, hopper ? "dense_backward_wgmma" : "dense_backward_warp_per_row");
+}
+
+TEST(KernelChoiceOnGpu, TurboQuantDecodeRanTheTensorCoreKernel) {
+  Backend* b = gpu();
+  if (!b) GTEST_SKIP() << "no CUDA device here: the kernel that runs is checked on the GPU machine";
+  conformance::TqCase c;
+  c.layout = TqLayout{128, 2, 1024, 2, 2};
+  c.H = 8, c.tokens = 700, c.n_queries = 1, c.start_pos = 699;
+  c.seed = 5, c.data_seed = fresh_seed();
+  const conformance::CheckResult r = conformance::check_tq_attend(*b, c);
+  EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
+  EXPECT_EQ(r.kernel, "tq_attend_decode_mma") << c.describe();
+  c.layout.key_bits = 3;  // no tensor-core kernel for it yet: the split-K kernel, deliberately
+  const conformance::CheckResult wide = conformance::check_tq_attend(*b, c);
+  EXPECT_TRUE(wide.passed) << c.describe() << ": " << wide.detail;
+  EXPECT_EQ(wide.kernel, "tq_attend_split_k") << c.describe();
+}
+
+}  // namespace
+}  // namespace flashtq
