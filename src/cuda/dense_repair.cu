@@ -17,6 +17,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/dense_repair.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.hpp"
 #include "cuda/unfinished_rows.cuh"
 
 namespace flashtq::cuda {
@@ -62,6 +63,7 @@ __device__ __forceinline__ void row_of(std::int64_t row, const DenseProblem& p, 
 
 template <typename T>
 __global__ void __launch_bounds__(32 * kWarps) repair_forward_rows(ForwardCall c) {
+  wait_for_previous_grid();
   if (!take_raised()) return;
   const DenseProblem& p = c.p;
   const int lane = threadIdx.x % 32;
@@ -82,6 +84,7 @@ __global__ void __launch_bounds__(32 * kWarps) repair_forward_rows(ForwardCall c
 
 template <typename T>
 __global__ void __launch_bounds__(32 * kWarps) repair_dq_rows(BackwardCall c) {
+  wait_for_previous_grid();
   if (!take_raised()) return;
   const DenseProblem& p = c.p;
   const int lane = threadIdx.x % 32;
@@ -104,6 +107,9 @@ void by_dtype(DType t, F&& f) {
   }
 }
 
+// One wave: a block per SM (at most one per 8 rows). Launched as a dependent of the kernel before it
+// (launch.hpp), so that its launch overlaps that kernel's last blocks; a finished call then costs
+// each block two atomics.
 unsigned blocks(const DenseProblem& p) {
   static const int sms = [] {
     int device = 0, count = 0;
@@ -112,7 +118,7 @@ unsigned blocks(const DenseProblem& p) {
     return count;
   }();
   const std::int64_t needed = (p.B * p.Sq * p.H + kWarps - 1) / kWarps;
-  return unsigned(std::min<std::int64_t>(needed, 4 * std::int64_t(sms)));
+  return unsigned(std::min<std::int64_t>(needed, sms));
 }
 
 }  // namespace
@@ -120,17 +126,17 @@ unsigned blocks(const DenseProblem& p) {
 void repair_dense_forward(const ForwardCall& c) {
   if (c.p.B * c.p.Sq * c.p.H == 0) return;
   by_dtype(c.p.dtype, [&](auto tag) {
-    repair_forward_rows<decltype(tag)><<<blocks(c.p), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(c);
+    launch_dependent(repair_forward_rows<decltype(tag)>, dim3(blocks(c.p)), dim3(32 * kWarps),
+                     static_cast<cudaStream_t>(c.stream), "dense forward repair kernel", c);
   });
-  FLASHTQ_CUDA_CHECK_LAUNCH("dense forward repair kernel");
 }
 
 void repair_dense_dq(const BackwardCall& c) {
   if (c.p.B * c.p.Sq * c.p.H == 0) return;
   by_dtype(c.p.dtype, [&](auto tag) {
-    repair_dq_rows<decltype(tag)><<<blocks(c.p), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(c);
+    launch_dependent(repair_dq_rows<decltype(tag)>, dim3(blocks(c.p)), dim3(32 * kWarps),
+                     static_cast<cudaStream_t>(c.stream), "dense dq repair kernel", c);
   });
-  FLASHTQ_CUDA_CHECK_LAUNCH("dense dq repair kernel");
 }
 
 unsigned* unfinished_rows_flag() {
