@@ -10,6 +10,7 @@ commit=$(git rev-parse --short HEAD)
 out=bench/results/cpu-$commit.json
 torch_json=""
 python=build/torch-venv/bin/python
+[ -x "$python" ] || python=build/venv/bin/python  # the venv `make test` makes, with its pinned torch
 if [ -x "$python" ] && "$python" -c 'import torch' 2>/dev/null; then
   torch_json=$(mktemp)
   "$python" bench/torch_cpu_sdpa.py "$threads" "${1:-}" > "$torch_json"
@@ -32,6 +33,12 @@ if "torch" in r:
             row["torch_fwd_s"] = t["fwd_s"]
             row["fwd_speed_vs_torch"] = t["fwd_s"] / row["fwd_s"]
             row["torch_bwd_s"] = t["bwd_s"]
+    by_ctx = {t["ctx"]: t for t in r["torch"].get("decode", [])}
+    for row in r["decode"]:
+        t = by_ctx.get(row["ctx"])
+        if t:
+            row["torch_bf16_decode_s"] = t["bf16_decode_s"]
+            row["speedup_vs_torch_bf16"] = t["bf16_decode_s"] / row["turboquant_s"]
 print(json.dumps(r, indent=2))
 PY
 rm -f "$out.tmp"
@@ -44,5 +51,8 @@ for d in r["dense"]:
           f"({100 * d['fwd_fraction_of_peak']:4.1f}% of peak) vs torch x{d.get('fwd_speed_vs_torch', float('nan')):.2f}; "
           f"bwd {d.get('bwd_gflops', float('nan')):6.1f} GFLOP/s")
 for d in r["decode"]:
-    print(f"decode ctx={d['ctx']:>6}: dense f16 {d['dense_f16_s'] * 1e3:8.2f} ms, turboquant {d['turboquant_s'] * 1e3:8.2f} ms, x{d['speedup']:.2f}")
+    torch_part = (f", torch bf16 {d['torch_bf16_decode_s'] * 1e3:8.2f} ms, x{d['speedup_vs_torch_bf16']:.2f}"
+                  if "torch_bf16_decode_s" in d else "")
+    print(f"decode ctx={d['ctx']:>6} {d.get('preset', 'seed'):>8} ({d.get('kernel', '?')}): dense f16 "
+          f"{d['dense_f16_s'] * 1e3:8.2f} ms, turboquant {d['turboquant_s'] * 1e3:8.2f} ms, x{d['speedup']:.2f}{torch_part}")
 PY

@@ -1,5 +1,6 @@
-"""PyTorch's CPU scaled_dot_product_attention on the dense shapes of `flashtq bench` (B=1, H=8, S x S),
-timed the same way (median of 3 after a warm-up), with the same thread count. Prints JSON."""
+"""PyTorch's CPU scaled_dot_product_attention on the dense shapes of `flashtq bench` (B=1, H=8, S x S) and
+on its decode shapes (one query, Hq = 32 over Hkv = 8, D = 128, a bf16 cache of ctx tokens), timed the same
+way (median of 3 after a warm-up), with the same thread count. Prints JSON."""
 import json
 import sys
 import time
@@ -41,7 +42,17 @@ def main():
                            "bwd_s": bwd, "bwd_gflops": 2.5 * flops / bwd / 1e9}
                     print(row, file=sys.stderr)
                     rows.append(row)
-    print(json.dumps({"torch": torch.__version__, "threads": threads, "dense": rows}, indent=2))
+    decode = []
+    for ctx in ((4096,) if quick else (4096, 32768, 131072)):
+        q = torch.randn(1, 32, 1, 128, dtype=torch.bfloat16)
+        k = torch.randn(1, 8, ctx, 128, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        with torch.no_grad():
+            s = median_s(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        row = {"ctx": ctx, "bf16_decode_s": s}
+        print(row, file=sys.stderr)
+        decode.append(row)
+    print(json.dumps({"torch": torch.__version__, "threads": threads, "dense": rows, "decode": decode}, indent=2))
 
 
 if __name__ == "__main__":

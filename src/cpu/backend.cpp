@@ -29,7 +29,8 @@ class CpuBackend final : public core::HostBackend {
   void backward(const BackwardCall& c) override { dense_backward(c, threads()); }
   void tq_encode(const TqEncodeCall& c) override { cpu::tq_encode(c, threads()); }
   void tq_rotate_queries(const TqRotateCall& c) override { tq_rotate(c, threads()); }
-  void tq_attend(const TqAttendCall& c) override { cpu::tq_attend(c, threads()); }
+  void tq_attend(const TqAttendCall& c) override { last_kernel_ = cpu::tq_attend(c, threads()); }
+  std::string last_kernel() const override { return last_kernel_; }
 
   double measure_fma_flops() override {
     std::vector<double> rates;
@@ -52,7 +53,10 @@ class CpuBackend final : public core::HostBackend {
  private:
   // Read by every call, written by set_threads from any thread: a call takes the value current when it starts.
   std::atomic<int> threads_{std::max(1, omp_get_num_procs())};
+  static thread_local const char* last_kernel_;
 };
+
+thread_local const char* CpuBackend::last_kernel_ = "";
 
 }  // namespace
 

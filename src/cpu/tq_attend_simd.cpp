@@ -1,7 +1,9 @@
-// SIMD TurboQuant attention for the cpu backend, for 2-bit codebooks (keys 2+1 bits, values 2 bits):
-// scores straight from the packed words (codes decoded 16 at a time into centroid vectors by a lane
-// permutation, QJL bits loaded as a lane mask), values accumulated in rotated space chunk by chunk
-// over a block of tokens, one inverse rotation at the end.
+// SIMD TurboQuant attention for the cpu backend, every layout (keys of 1 to 4 bits with or without
+// QJL, values of 2 to 4 bits, norm correction, exact sink and recent tokens, a sliding window):
+// scores straight from the packed words through per-query tables (a field of a key's code stream,
+// 2 to 8 dims, indexes the heads' partial dot products with the centroids it selects; QJL bits the
+// same way, 8 per byte), values decoded a vector of codes at a time into centroids and accumulated in
+// rotated space over a block of tokens, exact rows read as bf16, one inverse rotation at the end.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/tq_attend_simd.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -12,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -30,60 +33,73 @@ constexpr std::int64_t kBlock = 64;  // tokens per softmax step
 
 inline float f16_low(std::uint32_t w) { return core::f16_to_f32(std::uint16_t(w & 0xFFFFu)); }
 
-// Centroids of the 2-bit codes of dims [c, c + N) of a slot's code words.
-template <class D, class V>
-HWY_INLINE V decode(D d, const std::uint32_t* codes, std::int64_t c, V centroids) {
-  const hn::RebindToUnsigned<D> du;
-  const hn::RebindToSigned<D> di;
-  const auto shifts = hn::Add(hn::Set(du, std::uint32_t(2 * (c % 16))), hn::ShiftLeft<1>(hn::Iota(du, 0)));
-  const auto idx = hn::And(hn::Shr(hn::Set(du, codes[c / 16]), shifts), hn::Set(du, 3u));
-  return hn::TableLookupLanes(centroids, hn::IndicesFromVec(d, hn::BitCast(di, idx)));
+inline std::uint32_t load_u32(const std::uint8_t* p) {
+  std::uint32_t w;
+  std::memcpy(&w, p, 4);
+  return w;
 }
 
+// Floats between the tables of consecutive fields: a field's entries and 64 bytes more. A key reads
+// one entry of every field; 4 KB apart (256 entries of 16 bytes) those reads would all fall in the few
+// L1 sets their codes pick and evict each other; the padding moves each field to the next set.
+constexpr std::int64_t padded_stride(int entries) { return std::int64_t(entries) * 4 + 16; }
+
+// How a key's code stream is cut into table fields: whole bytes for 1, 2 and 4 bits (8, 4 or 2 dims
+// a byte), 6-bit fields of 2 dims for 3 bits (four to the 3 bytes of 8 dims).
+struct KeyFields {
+  int bits, dims, width;
+  explicit KeyFields(int b) : bits(b), dims(b == 3 ? 2 : 8 / b), width(b == 3 ? 6 : 8) {}
+  int entries() const { return 1 << width; }
+  std::int64_t count(std::int64_t D) const { return D / dims; }
+  std::int64_t stride() const { return padded_stride(entries()); }
+};
+
 #if HWY_TARGET != HWY_SCALAR  // the tables need 128-bit vectors (one lane per head of a quad)
-// Per-query lookup tables for key scores, four heads per entry (one 128-bit vector): for byte j of a
-// key's code words (dims 4j..4j+3) and each of its 256 values, the heads' partial dot products with
-// the centroids it selects; for byte j of the QJL bits (dims 8j..8j+7), the partial signed sums
-// sum_i (+-1) q_jl[i]. A key's score is then 3D/8 table reads and vector adds for all four heads,
-// with no horizontal sums. Heads past the group's end read as zero.
+// Per-query tables, four heads per entry (one 128-bit vector): for key field f and each of its values,
+// the heads' partial dot products with the centroids it selects; for byte j of the QJL bits (dims
+// 8j..8j+7), the partial signed sums sum_i (+-1) q_jl[i]. A key's score is then one table read and
+// vector add per field for all four heads, with no horizontal sums. Heads past the group read as zero.
 struct KeyTables {
-  hwy::AlignedFreeUniquePtr<float[]> storage;  // codes [D/4][256][4], then signs [D/8][256][4]
+  hwy::AlignedFreeUniquePtr<float[]> storage;  // codes [fields][entries][4], then signs [D/8][256][4]
   std::size_t size = 0;
   float* codes = nullptr;
   float* signs = nullptr;
-  void reserve(std::int64_t D) {
-    const std::size_t need = std::size_t(D / 4 * 256 * 4 + D / 8 * 256 * 4);
+  void reserve(std::int64_t D, const KeyFields& f, bool qjl) {
+    const std::size_t code_floats = std::size_t(f.count(D) * f.stride());
+    const std::size_t need = code_floats + (qjl ? std::size_t(D / 8 * padded_stride(256)) : 0);
     if (need > size) storage = hwy::AllocateAligned<float>(need), size = need;
     codes = storage.get();
-    signs = codes + D / 4 * 256 * 4;
+    signs = codes + code_floats;
   }
 };
 
-// Entries are built digit by digit (entry[x + radix^i * m] = entry[x] + q[i] * value(m)), about one
+// Entries are built digit by digit (entry[x + levels^i * code] = entry[x] + q[i] * c[code]), about one
 // vector add per entry.
 void build_key_tables(const float* const* q_rot, const float* const* q_jl, int heads, std::int64_t D,
-                      const float* centroids, KeyTables& t) {
+                      const KeyFields& f, bool qjl, const float* centroids, KeyTables& t) {
   const hn::Full128<float> d4;
-  t.reserve(D);
+  t.reserve(D, f, qjl);
   auto across_heads = [&](const float* const* rows, std::int64_t dim) {
     alignas(16) float x[4] = {};
     for (int h = 0; h < heads; ++h) x[h] = rows[h][dim];
     return hn::Load(d4, x);
   };
-  for (std::int64_t j = 0; j < D / 4; ++j) {  // 4 dims of 2-bit codes per byte
-    float* e = t.codes + j * 256 * 4;
+  const int levels = 1 << f.bits;
+  for (std::int64_t j = 0; j < f.count(D); ++j) {
+    float* e = t.codes + j * f.stride();
     hn::Store(hn::Zero(d4), d4, e);
-    for (int i = 0, filled = 1; i < 4; ++i, filled *= 4) {
-      const auto q = across_heads(q_rot, 4 * j + i);
-      for (int code = 3; code >= 0; --code) {  // code 0 last: it overwrites the entries it reads
+    for (int i = 0, filled = 1; i < f.dims; ++i, filled *= levels) {
+      const auto q = across_heads(q_rot, f.dims * j + i);
+      for (int code = levels - 1; code >= 0; --code) {  // code 0 last: it overwrites the entries it reads
         const auto part = hn::Mul(q, hn::Set(d4, centroids[code]));
         for (int x = 0; x < filled; ++x)
           hn::Store(hn::Add(hn::Load(d4, e + x * 4), part), d4, e + (x + filled * code) * 4);
       }
     }
   }
+  if (!qjl) return;
   for (std::int64_t j = 0; j < D / 8; ++j) {  // 8 dims of sign bits per byte
-    float* e = t.signs + j * 256 * 4;
+    float* e = t.signs + j * padded_stride(256);
     hn::Store(hn::Zero(d4), d4, e);
     for (int i = 0, filled = 1; i < 8; ++i, filled *= 2) {
       const auto q = across_heads(q_jl, 8 * j + i);
@@ -96,23 +112,119 @@ void build_key_tables(const float* const* q_rot, const float* const* q_jl, int h
   }
 }
 
+// The four heads' dot products of q_rot with one key's decoded unit vector, from its code bytes.
+// Four partial sums: a single chain of adds would be latency-bound. A 3-bit key's last group reads
+// one byte past its codes, which the next region of the cache always holds.
+HWY_INLINE hn::Vec<hn::Full128<float>> key_polar(const float* table, const std::uint8_t* codes, std::int64_t D,
+                                                 const KeyFields& f) {
+  const hn::Full128<float> d4;
+  auto c0 = hn::Zero(d4), c1 = c0, c2 = c0, c3 = c0;
+  const std::int64_t stride = f.stride();
+  if (f.width == 8) {
+    const std::int64_t fields = f.count(D);  // a multiple of 4: D >= 32
+    for (std::int64_t j = 0; j < fields; j += 4) {
+      c0 = hn::Add(c0, hn::Load(d4, table + (j + 0) * stride + codes[j + 0] * 4));
+      c1 = hn::Add(c1, hn::Load(d4, table + (j + 1) * stride + codes[j + 1] * 4));
+      c2 = hn::Add(c2, hn::Load(d4, table + (j + 2) * stride + codes[j + 2] * 4));
+      c3 = hn::Add(c3, hn::Load(d4, table + (j + 3) * stride + codes[j + 3] * 4));
+    }
+  } else {  // 3 bits: 8 dims in 3 bytes, four 6-bit fields
+    for (std::int64_t g = 0; g < D / 8; ++g) {
+      const std::uint32_t w = load_u32(codes + 3 * g);
+      const float* t = table + 4 * g * stride;
+      c0 = hn::Add(c0, hn::Load(d4, t + 0 * stride + (w & 63u) * 4));
+      c1 = hn::Add(c1, hn::Load(d4, t + 1 * stride + ((w >> 6) & 63u) * 4));
+      c2 = hn::Add(c2, hn::Load(d4, t + 2 * stride + ((w >> 12) & 63u) * 4));
+      c3 = hn::Add(c3, hn::Load(d4, t + 3 * stride + ((w >> 18) & 63u) * 4));
+    }
+  }
+  return hn::Add(hn::Add(c0, c1), hn::Add(c2, c3));
+}
+
+HWY_INLINE hn::Vec<hn::Full128<float>> key_signs(const float* table, const std::uint8_t* jl, std::int64_t D) {
+  const hn::Full128<float> d4;
+  auto s0 = hn::Zero(d4), s1 = s0;
+  for (std::int64_t j = 0; j < D / 8; j += 2) {
+    s0 = hn::Add(s0, hn::Load(d4, table + (j + 0) * padded_stride(256) + jl[j + 0] * 4));
+    s1 = hn::Add(s1, hn::Load(d4, table + (j + 1) * padded_stride(256) + jl[j + 1] * 4));
+  }
+  return hn::Add(s0, s1);
+}
+
+// The centroids of value codes: one table lookup when the codebook fits a vector, two and a select
+// when it fits two, a gather otherwise (16 levels on 4-lane vectors).
+template <class D>
+struct ValueDecoder {
+  using V = hn::Vec<D>;
+  using DU = hn::RebindToUnsigned<D>;
+  using VU = hn::Vec<DU>;
+  int bits = 0, levels = 0;
+  std::int64_t N = 0;
+  V lo, hi;
+  VU shifts;
+  alignas(64) float centroids[16] = {};
+
+  ValueDecoder(D d, int b, const float* c) : bits(b), levels(1 << b), N(std::int64_t(hn::Lanes(d))) {
+    const DU du;
+    for (int i = 0; i < levels; ++i) centroids[i] = c[i];
+    lo = hn::LoadU(d, centroids);
+    hi = N < 16 ? hn::LoadU(d, centroids + N) : lo;
+    // Lane i of a chunk holds dim c + i: its code sits at bit b * ((c + i) % 8) of the 32-bit window
+    // at byte b * ((c + i) / 8) (8 dims take b bytes).
+    shifts = hn::Mul(hn::And(hn::Iota(du, 0), hn::Set(du, 7u)), hn::Set(du, std::uint32_t(b)));
+  }
+
+  // Centroids of dims [c, c + N) of a row whose code bytes start at `codes` (c a multiple of N). The
+  // last window reads up to one byte past the row, which the next region of the cache always holds.
+  HWY_INLINE V decode(D d, const std::uint8_t* codes, std::int64_t c) const {
+    const DU du;
+    VU window;
+    VU shift = shifts;
+    if (N >= 16) {
+      window = hn::IfThenElse(hn::FirstN(du, 8), hn::Set(du, load_u32(codes + bits * (c / 8))),
+                              hn::Set(du, load_u32(codes + bits * (c / 8 + 1))));
+    } else {
+      window = hn::Set(du, load_u32(codes + bits * (c / 8)));
+      if (N == 4 && c % 8 != 0) shift = hn::Add(shift, hn::Set(du, std::uint32_t(bits * 4)));
+    }
+    const VU idx = hn::And(hn::Shr(window, shift), hn::Set(du, std::uint32_t(levels - 1)));
+    const hn::RebindToSigned<D> di;
+    if (levels <= N) return hn::TableLookupLanes(lo, hn::IndicesFromVec(d, hn::BitCast(di, idx)));
+    if (levels <= 2 * N) {
+      const VU low = hn::And(idx, hn::Set(du, std::uint32_t(N - 1)));
+      const auto in_lo = hn::TableLookupLanes(lo, hn::IndicesFromVec(d, hn::BitCast(di, low)));
+      const auto in_hi = hn::TableLookupLanes(hi, hn::IndicesFromVec(d, hn::BitCast(di, low)));
+      const auto below = hn::Lt(hn::BitCast(di, idx), hn::Set(di, std::int32_t(N)));  // idx < 16: signed is exact
+      return hn::IfThenElse(hn::RebindMask(d, below), in_lo, in_hi);
+    }
+    return hn::GatherIndex(d, centroids, hn::BitCast(di, idx));
+  }
+};
+
+// Dims [c, c + N) of an exact row (bf16, in element order).
+template <class D>
+HWY_INLINE hn::Vec<D> exact_chunk(D d, const std::uint32_t* row, std::int64_t c) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::Rebind<std::uint16_t, D> d16;
+  const auto halves = hn::LoadU(d16, reinterpret_cast<const std::uint16_t*>(row) + c);
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, halves)));
+}
+
 // Heads [g0, g0 + GT) (GT <= 4) of one (row, kv head) over timesteps [t0, t1): fills their m, l and
 // rotated-space accumulators (acc: GT x D). Each code word is read once for all the heads.
 template <int GT>
 void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t g0, std::int64_t t0,
-                  std::int64_t t1, float* m, float* l, float* acc) {
+                  std::int64_t t1, std::int64_t end, float* m, float* l, float* acc) {
   const hn::ScalableTag<float> d;
   const hn::Full128<float> d4;  // one lane per head of the quad
   using V = hn::Vec<decltype(d)>;
-  using V4 = hn::Vec<decltype(d4)>;
   const std::int64_t N = std::int64_t(hn::Lanes(d));
   const TqLayout& lay = a.layout();
   const std::int64_t D = lay.head_dim, H = a.n_heads, G = H / lay.n_kv_heads, b = row / a.n_queries;
   const std::uint32_t* keys = a.k_cache + b * lay.key_words();
   const std::uint32_t* values = a.v_cache + b * lay.value_words();
-  alignas(64) float vc[16] = {};
-  for (int i = 0; i < 4; ++i) vc[i] = a.tables.value_centroids[std::size_t(i)];
-  const V value_c = hn::LoadU(d, vc);
+  const KeyFields fields(lay.key_bits);
+  const ValueDecoder<decltype(d)> value_codes(d, lay.value_bits, a.tables.value_centroids.data());
   const float scale = a.scale, qjl = a.qjl_scale;
   const float* q_rot[GT];
   const float* q_jl[GT];
@@ -125,34 +237,44 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   std::fill(acc, acc + GT * D, 0.0f);
   if (t0 >= t1) return;
   thread_local KeyTables tables;
-  build_key_tables(q_rot, q_jl, GT, D, a.tables.key_centroids.data(), tables);
-  const float* code_table = tables.codes;
-  const float* sign_table = tables.signs;
+  build_key_tables(q_rot, q_jl, GT, D, fields, lay.qjl, a.tables.key_centroids.data(), tables);
+  // The exact copy of timestep t, or null when its codes are read (docs/turboquant_layout.md).
+  auto exact = [&](const std::uint32_t* cache, std::int64_t region, std::int64_t t) -> const std::uint32_t* {
+    const std::int64_t r = lay.exact_row(t, end);
+    return r < 0 ? nullptr : cache + region + (kvh * lay.exact_rows() + r) * lay.exact_row_words();
+  };
   alignas(64) float w[GT][kBlock];
   alignas(16) float scores[kBlock][4];
+  const std::uint32_t* exact_v[kBlock];
+  alignas(64) float vnorm[kBlock];
   for (std::int64_t tb = t0; tb < t1; tb += kBlock) {
     const std::int64_t n = std::min(kBlock, t1 - tb);
     for (std::int64_t t = 0; t < n; ++t) {  // scores of the block's tokens, four heads at once
       const std::int64_t slot = kvh * lay.capacity + tb + t;
+      if (const std::uint32_t* k = exact(keys, lay.key_exact_offset(), tb + t)) {
+        for (int g = 0; g < 4; ++g) scores[t][g] = 0.0f;
+        for (int g = 0; g < GT; ++g) {
+          V dot = hn::Zero(d);
+          for (std::int64_t c = 0; c < D; c += N)
+            dot = hn::MulAdd(hn::LoadU(d, q_rot[g] + c), exact_chunk(d, k, c), dot);
+          scores[t][g] = scale * hn::GetLane(hn::SumOfLanes(d, dot));
+        }
+        continue;
+      }
       const auto* codes = reinterpret_cast<const std::uint8_t*>(keys + slot * lay.key_code_words());
-      const auto* jl = reinterpret_cast<const std::uint8_t*>(keys + lay.key_jl_offset() + slot * lay.jl_words());
       const std::uint32_t nw = keys[lay.key_norm_offset() + slot];
-      // Four partial sums each: a single chain of adds would be latency-bound.
-      V4 c0 = hn::Zero(d4), c1 = c0, c2 = c0, c3 = c0, s0 = c0, s1 = c0;
-      for (std::int64_t j = 0; j < D / 4; j += 4) {
-        c0 = hn::Add(c0, hn::Load(d4, code_table + ((j + 0) * 256 + codes[j + 0]) * 4));
-        c1 = hn::Add(c1, hn::Load(d4, code_table + ((j + 1) * 256 + codes[j + 1]) * 4));
-        c2 = hn::Add(c2, hn::Load(d4, code_table + ((j + 2) * 256 + codes[j + 2]) * 4));
-        c3 = hn::Add(c3, hn::Load(d4, code_table + ((j + 3) * 256 + codes[j + 3]) * 4));
+      auto dot = key_polar(tables.codes, codes, D, fields);
+      if (lay.qjl) {
+        const auto* jl = reinterpret_cast<const std::uint8_t*>(keys + lay.key_jl_offset() + slot * lay.jl_words());
+        dot = hn::MulAdd(hn::Set(d4, f16_low(nw >> 16) * qjl), key_signs(tables.signs, jl, D), dot);
       }
-      for (std::int64_t j = 0; j < D / 8; j += 2) {
-        s0 = hn::Add(s0, hn::Load(d4, sign_table + ((j + 0) * 256 + jl[j + 0]) * 4));
-        s1 = hn::Add(s1, hn::Load(d4, sign_table + ((j + 1) * 256 + jl[j + 1]) * 4));
-      }
-      const V4 polar = hn::Add(hn::Add(c0, c1), hn::Add(c2, c3)), signs = hn::Add(s0, s1);
-      const float norm = f16_low(nw), jl_weight = f16_low(nw >> 16) * qjl;
       // score = scale |k| (<q, centroids> + gamma qjl <q_jl, signs>)
-      hn::Store(hn::Mul(hn::Set(d4, scale * norm), hn::MulAdd(hn::Set(d4, jl_weight), signs, polar)), d4, scores[t]);
+      hn::Store(hn::Mul(hn::Set(d4, scale * f16_low(nw)), dot), d4, scores[t]);
+    }
+    const std::uint32_t* value_norms = values + lay.value_norm_offset() + kvh * lay.capacity + tb;
+    for (std::int64_t t = 0; t < n; ++t) {  // |v_t|, once for the heads (1 for an exact row)
+      exact_v[t] = exact(values, lay.value_exact_offset(), tb + t);
+      vnorm[t] = exact_v[t] ? 1.0f : f16_low(value_norms[t]);
     }
     for (int g = 0; g < GT; ++g) {  // online softmax per head; w becomes p * |v_t|
       float* s = w[g];
@@ -162,31 +284,52 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       l[g] = l[g] * corr + exp_shift_sum(s, std::size_t(n), m_new);
       if (corr != 1.0f) ::flashtq::cpu::scale(acc + g * D, std::size_t(D), corr);
       m[g] = m_new;
-      for (std::int64_t t = 0; t < n; ++t)
-        s[t] *= f16_low(values[lay.value_norm_offset() + kvh * lay.capacity + tb + t]);
+      for (std::int64_t t = 0; t < n; ++t) s[t] *= vnorm[t];
     }
-    // Values, chunk by chunk: the heads' accumulators of a chunk stay in registers over the block.
-    for (std::int64_t c = 0; c < D; c += N) {
-      V sum[GT];
-      for (int g = 0; g < GT; ++g) sum[g] = hn::LoadU(d, acc + g * D + c);
-      for (std::int64_t t = 0; t < n; ++t) {
-        const V cent = decode(d, values + (kvh * lay.capacity + tb + t) * lay.value_code_words(), c, value_c);
-        for (int g = 0; g < GT; ++g) sum[g] = hn::MulAdd(hn::Set(d, w[g][t]), cent, sum[g]);
+    // Values, two chunks at a time: the heads' accumulators of the chunks stay in registers over the
+    // block, each weight is broadcast once for both, and the two chunks' FMA chains interleave.
+    const std::int64_t code_bytes = 4 * lay.value_code_words();
+    const auto* block_codes =
+        reinterpret_cast<const std::uint8_t*>(values + (kvh * lay.capacity + tb) * lay.value_code_words());
+    for (std::int64_t c = 0; c < D; c += 2 * N) {
+      V sum0[GT], sum1[GT];
+      for (int g = 0; g < GT; ++g) {
+        sum0[g] = hn::LoadU(d, acc + g * D + c);
+        sum1[g] = hn::LoadU(d, acc + g * D + c + N);
       }
-      for (int g = 0; g < GT; ++g) hn::StoreU(sum[g], d, acc + g * D + c);
+      for (std::int64_t t = 0; t < n; ++t) {
+        const std::uint8_t* codes = block_codes + t * code_bytes;
+        V cent0, cent1;
+        if (exact_v[t]) {
+          cent0 = exact_chunk(d, exact_v[t], c);
+          cent1 = exact_chunk(d, exact_v[t], c + N);
+        } else {
+          cent0 = value_codes.decode(d, codes, c);
+          cent1 = value_codes.decode(d, codes, c + N);
+        }
+        for (int g = 0; g < GT; ++g) {
+          const V wt = hn::Set(d, w[g][t]);
+          sum0[g] = hn::MulAdd(wt, cent0, sum0[g]);
+          sum1[g] = hn::MulAdd(wt, cent1, sum1[g]);
+        }
+      }
+      for (int g = 0; g < GT; ++g) {
+        hn::StoreU(sum0[g], d, acc + g * D + c);
+        hn::StoreU(sum1[g], d, acc + g * D + c + N);
+      }
     }
   }
 }
 
 // One (row, kv head): every head of its group, in quads (the last one 3, 2 or 1 heads).
-void AttendRange(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1, float* m,
-                 float* l, float* acc) {
+void AttendRange(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1,
+                 std::int64_t end, float* m, float* l, float* acc) {
   const std::int64_t G = a.group(), D = a.layout().head_dim;
   std::int64_t g = 0;
-  for (; g + 4 <= G; g += 4) attend_heads<4>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
-  if (G - g == 3) attend_heads<3>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
-  if (G - g == 2) attend_heads<2>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
-  if (G - g == 1) attend_heads<1>(a, row, kvh, g, t0, t1, m + g, l + g, acc + g * D);
+  for (; g + 4 <= G; g += 4) attend_heads<4>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+  if (G - g == 3) attend_heads<3>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+  if (G - g == 2) attend_heads<2>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+  if (G - g == 1) attend_heads<1>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
 }
 
 bool Supported() {
@@ -194,7 +337,8 @@ bool Supported() {
   return hn::Lanes(d) >= 4 && hn::Lanes(d) <= 16;
 }
 #else
-void AttendRange(const TqAttendCall&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*, float*, float*) {}
+void AttendRange(const TqAttendCall&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*,
+                 float*, float*) {}
 bool Supported() { return false; }
 #endif
 
@@ -209,8 +353,7 @@ HWY_EXPORT(Supported);
 
 bool tq_attend_simd(const TqAttendCall& a, int threads) {
   const TqLayout& l = a.layout();
-  if (l.key_bits != 2 || l.value_bits != 2 || !l.qjl || l.exact_rows() > 0 || !HWY_DYNAMIC_DISPATCH(Supported)())
-    return false;
+  if (!HWY_DYNAMIC_DISPATCH(Supported)()) return false;
   const std::int64_t D = l.head_dim, H = a.n_heads, G = H / l.n_kv_heads, rows = a.batch * a.n_queries;
   // Units of (row, kv head, split); splits keep every thread busy in decode.
   const std::int64_t base_units = rows * l.n_kv_heads;
@@ -226,7 +369,7 @@ bool tq_attend_simd(const TqAttendCall& a, int threads) {
     const std::int64_t per = (seq - first + splits - 1) / splits;
     const std::int64_t t0 = std::min(seq, first + split * per), t1 = std::min(seq, t0 + per);
     float* out = part.data() + u * G * (D + 2);
-    HWY_DYNAMIC_DISPATCH(AttendRange)(a, row, kvh, t0, t1, out, out + G, out + 2 * G);
+    HWY_DYNAMIC_DISPATCH(AttendRange)(a, row, kvh, t0, t1, a.sequence_end(start), out, out + G, out + 2 * G);
   }
   // Merge the splits by LSE, normalise, rotate back once.
 #pragma omp parallel for schedule(static) num_threads(threads)

@@ -1,6 +1,6 @@
 // TurboQuant on the CPU: encode and rotation run the oracle's per-row code (core/tq_rows.hpp: double
-// precision, so the packed words match it exactly) in parallel; attention takes the SIMD path for
-// 2-bit codebooks and the per-(row, head) code otherwise.
+// precision, so the packed words match it exactly) in parallel; attention takes the SIMD path
+// (tq_attend_simd.cpp), and the per-(row, head) code only where the SIMD target cannot run it.
 #include <omp.h>
 
 #include <algorithm>
@@ -22,11 +22,12 @@ void tq_rotate(const TqRotateCall& c, int threads) {
   for (std::int64_t row = 0; row < rows; ++row) core::tq_rotate_rows(c, row, row + 1);
 }
 
-void tq_attend(const TqAttendCall& c, int threads) {
-  if (tq_attend_simd(c, threads)) return;
+const char* tq_attend(const TqAttendCall& c, int threads) {
+  if (tq_attend_simd(c, threads)) return "tq_attend_simd";
   const std::int64_t units = c.rows() * c.n_heads;
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
   for (std::int64_t u = 0; u < units; ++u) core::tq_attend_row_head(c, u / c.n_heads, u % c.n_heads);
+  return "tq_attend_rows";
 }
 
 }  // namespace flashtq::cpu

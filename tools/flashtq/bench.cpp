@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -48,6 +49,14 @@ std::vector<T> random_bytes(std::size_t n, DType dtype, std::mt19937_64& rng) {
     }
   }
   return x;
+}
+
+// The presets with the seed's layout first (the decode rows of earlier runs are the seed's).
+std::vector<TqPreset> tq_presets_seed_first() {
+  std::vector<TqPreset> presets = tq_presets();
+  std::stable_partition(presets.begin(), presets.end(),
+                        [](const TqPreset& p) { return std::string(p.name) == "seed"; });
+  return presets;
 }
 
 }  // namespace
@@ -154,29 +163,35 @@ Command add_bench(CLI::App& app) {
                                   AttentionParams{});
               },
               reps);
-          TqKvCache cache({1, {D, Hkv, ctx, 2, 2}, 7}, &cpu);
-          const TensorView kv = TensorView::bshd(k.data(), DType::f16, 1, ctx, Hkv, D);
-          cache.append(0, kv, kv, 0);
-          const double encode = median_s([&] { cache.overwrite(0, kv, kv, 0); }, 1);
-          std::vector<float> qf(std::size_t(H * D), 0.5f), out(std::size_t(H * D));
-          const double tq = median_s(
-              [&] {
-                cache.attend(0, TensorView::bshd(qf.data(), DType::f32, 1, 1, H, D), ctx - 1,
-                             TensorView::bshd(out.data(), DType::f32, 1, 1, H, D));
-              },
-              reps);
-          const double dense_bytes = double(ctx * Hkv * D * 2 * 2), tq_bytes = double(ctx * cache.bytes_per_token());
-          nlohmann::json row = {{"ctx", ctx},
-                                {"dense_f16_s", dense},
-                                {"turboquant_s", tq},
-                                {"speedup", dense / tq},
-                                {"dense_bytes_per_token", 2 * 2 * Hkv * D},
-                                {"turboquant_bytes_per_token", cache.bytes_per_token()},
-                                {"dense_gbs", dense_bytes / dense / 1e9},
-                                {"turboquant_gbs", tq_bytes / tq / 1e9},
-                                {"encode_tokens_per_s", double(ctx) / encode}};
-          fmt::print(stderr, "{}\n", row.dump());
-          r["decode"].push_back(row);
+          // Every preset, the seed's layout first (the rows of earlier runs are the seed's).
+          for (const TqPreset& preset : tq_presets_seed_first()) {
+            const TqCacheConfig config{1, tq_preset_layout(preset.name, D, Hkv, ctx), 7};
+            TqKvCache cache(config, &cpu);
+            const TensorView kv = TensorView::bshd(k.data(), DType::f16, 1, ctx, Hkv, D);
+            cache.append(0, kv, kv, 0);
+            const double encode = median_s([&] { TqKvCache(config, &cpu).append(0, kv, kv, 0); }, 1);
+            std::vector<float> qf(std::size_t(H * D), 0.5f), out(std::size_t(H * D));
+            const double tq = median_s(
+                [&] {
+                  cache.attend(0, TensorView::bshd(qf.data(), DType::f32, 1, 1, H, D), ctx - 1,
+                               TensorView::bshd(out.data(), DType::f32, 1, 1, H, D));
+                },
+                reps);
+            const double dense_bytes = double(ctx * Hkv * D * 2 * 2), tq_bytes = double(ctx * cache.bytes_per_token());
+            nlohmann::json row = {{"ctx", ctx},
+                                  {"preset", preset.name},
+                                  {"kernel", cpu.last_kernel()},
+                                  {"dense_f16_s", dense},
+                                  {"turboquant_s", tq},
+                                  {"speedup", dense / tq},
+                                  {"dense_bytes_per_token", 2 * 2 * Hkv * D},
+                                  {"turboquant_bytes_per_token", cache.bytes_per_token()},
+                                  {"dense_gbs", dense_bytes / dense / 1e9},
+                                  {"turboquant_gbs", tq_bytes / tq / 1e9},
+                                  {"encode_tokens_per_s", double(ctx) / encode}};
+            fmt::print(stderr, "{}\n", row.dump());
+            r["decode"].push_back(row);
+          }
         }
         if (!opts->torch_json.empty()) {
           std::ifstream f(opts->torch_json);
