@@ -153,25 +153,25 @@ HWY_INLINE hn::Vec<hn::Full128<float>> key_signs(const float* table, const std::
 
 // The centroids of value codes: one table lookup when the codebook fits a vector, two and a select
 // when it fits two, a gather otherwise (16 levels on 4-lane vectors).
-template <class D>
+template <class D, int kBits>
 struct ValueDecoder {
   using V = hn::Vec<D>;
   using DU = hn::RebindToUnsigned<D>;
   using VU = hn::Vec<DU>;
-  int bits = 0, levels = 0;
+  static constexpr int bits = kBits, levels = 1 << kBits;
   std::int64_t N = 0;
   V lo, hi;
   VU shifts;
   alignas(64) float centroids[16] = {};
 
-  ValueDecoder(D d, int b, const float* c) : bits(b), levels(1 << b), N(std::int64_t(hn::Lanes(d))) {
+  ValueDecoder(D d, const float* c) : N(std::int64_t(hn::Lanes(d))) {
     const DU du;
     for (int i = 0; i < levels; ++i) centroids[i] = c[i];
     lo = hn::LoadU(d, centroids);
     hi = N < 16 ? hn::LoadU(d, centroids + N) : lo;
     // Lane i of a chunk holds dim c + i: its code sits at bit b * ((c + i) % 8) of the 32-bit window
     // at byte b * ((c + i) / 8) (8 dims take b bytes).
-    shifts = hn::Mul(hn::And(hn::Iota(du, 0), hn::Set(du, 7u)), hn::Set(du, std::uint32_t(b)));
+    shifts = hn::Mul(hn::And(hn::Iota(du, 0), hn::Set(du, 7u)), hn::Set(du, std::uint32_t(bits)));
   }
 
   // Centroids of dims [c, c + N) of a row whose code bytes start at `codes` (c a multiple of N). The
@@ -212,7 +212,7 @@ HWY_INLINE hn::Vec<D> exact_chunk(D d, const std::uint32_t* row, std::int64_t c)
 
 // Heads [g0, g0 + GT) (GT <= 4) of one (row, kv head) over timesteps [t0, t1): fills their m, l and
 // rotated-space accumulators (acc: GT x D). Each code word is read once for all the heads.
-template <int GT>
+template <int GT, int kValueBits>
 void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t g0, std::int64_t t0,
                   std::int64_t t1, std::int64_t end, float* m, float* l, float* acc) {
   const hn::ScalableTag<float> d;
@@ -224,7 +224,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   const std::uint32_t* keys = a.k_cache + b * lay.key_words();
   const std::uint32_t* values = a.v_cache + b * lay.value_words();
   const KeyFields fields(lay.key_bits);
-  const ValueDecoder<decltype(d)> value_codes(d, lay.value_bits, a.tables.value_centroids.data());
+  const ValueDecoder<decltype(d), kValueBits> value_codes(d, a.tables.value_centroids.data());
   const float scale = a.scale, qjl = a.qjl_scale;
   const float* q_rot[GT];
   const float* q_jl[GT];
@@ -249,9 +249,11 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   alignas(64) float vnorm[kBlock];
   for (std::int64_t tb = t0; tb < t1; tb += kBlock) {
     const std::int64_t n = std::min(kBlock, t1 - tb);
+    // Whether the block holds an exact row: the sinks, or the recent window at the sequence's end.
+    const bool any_exact = tb < lay.sink_tokens || (lay.recent_tokens > 0 && tb + n > end - lay.recent_tokens);
     for (std::int64_t t = 0; t < n; ++t) {  // scores of the block's tokens, four heads at once
       const std::int64_t slot = kvh * lay.capacity + tb + t;
-      if (const std::uint32_t* k = exact(keys, lay.key_exact_offset(), tb + t)) {
+      if (const std::uint32_t* k = any_exact ? exact(keys, lay.key_exact_offset(), tb + t) : nullptr) {
         for (int g = 0; g < 4; ++g) scores[t][g] = 0.0f;
         for (int g = 0; g < GT; ++g) {
           V dot = hn::Zero(d);
@@ -273,7 +275,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
     }
     const std::uint32_t* value_norms = values + lay.value_norm_offset() + kvh * lay.capacity + tb;
     for (std::int64_t t = 0; t < n; ++t) {  // |v_t|, once for the heads (1 for an exact row)
-      exact_v[t] = exact(values, lay.value_exact_offset(), tb + t);
+      exact_v[t] = any_exact ? exact(values, lay.value_exact_offset(), tb + t) : nullptr;
       vnorm[t] = exact_v[t] ? 1.0f : f16_low(value_norms[t]);
     }
     for (int g = 0; g < GT; ++g) {  // online softmax per head; w becomes p * |v_t|
@@ -300,7 +302,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       for (std::int64_t t = 0; t < n; ++t) {
         const std::uint8_t* codes = block_codes + t * code_bytes;
         V cent0, cent1;
-        if (exact_v[t]) {
+        if (any_exact && exact_v[t]) {
           cent0 = exact_chunk(d, exact_v[t], c);
           cent1 = exact_chunk(d, exact_v[t], c + N);
         } else {
@@ -322,14 +324,24 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
 }
 
 // One (row, kv head): every head of its group, in quads (the last one 3, 2 or 1 heads).
-void AttendRange(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1,
-                 std::int64_t end, float* m, float* l, float* acc) {
+template <int kValueBits>
+void attend_group(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1,
+                  std::int64_t end, float* m, float* l, float* acc) {
   const std::int64_t G = a.group(), D = a.layout().head_dim;
   std::int64_t g = 0;
-  for (; g + 4 <= G; g += 4) attend_heads<4>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
-  if (G - g == 3) attend_heads<3>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
-  if (G - g == 2) attend_heads<2>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
-  if (G - g == 1) attend_heads<1>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+  for (; g + 4 <= G; g += 4) attend_heads<4, kValueBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+  if (G - g == 3) attend_heads<3, kValueBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+  if (G - g == 2) attend_heads<2, kValueBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+  if (G - g == 1) attend_heads<1, kValueBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+}
+
+void AttendRange(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1,
+                 std::int64_t end, float* m, float* l, float* acc) {
+  switch (a.layout().value_bits) {  // the validator allows 2 to 4
+    case 2: attend_group<2>(a, row, kvh, t0, t1, end, m, l, acc); break;
+    case 3: attend_group<3>(a, row, kvh, t0, t1, end, m, l, acc); break;
+    default: attend_group<4>(a, row, kvh, t0, t1, end, m, l, acc); break;
+  }
 }
 
 bool Supported() {
