@@ -1,9 +1,11 @@
 // SIMD TurboQuant attention for the cpu backend, every layout (keys of 1 to 4 bits with or without
 // QJL, values of 2 to 4 bits, norm correction, exact sink and recent tokens, a sliding window):
-// scores straight from the packed words through per-query tables (a field of a key's code stream,
-// 2 to 8 dims, indexes the heads' partial dot products with the centroids it selects; QJL bits the
-// same way, 8 per byte), values decoded a vector of codes at a time into centroids and accumulated in
-// rotated space over a block of tokens, exact rows read as bf16, one inverse rotation at the end.
+// scores straight from the packed words, keys of 2 to 4 bits without QJL decoded a vector of codes at
+// a time and multiplied with the heads' rotated queries, QJL and 1-bit keys through per-query tables
+// (a field of a key's code stream, 2 to 8 dims, indexes the heads' partial dot products with the
+// centroids it selects; QJL bits the same way, 8 per byte); values decoded a vector of codes at a time
+// and accumulated in rotated space over a block of tokens; exact rows read as bf16; one inverse
+// rotation at the end.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/tq_attend_simd.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -212,7 +214,29 @@ HWY_INLINE hn::Vec<D> exact_chunk(D d, const std::uint32_t* row, std::int64_t c)
 
 // Heads [g0, g0 + GT) (GT <= 4) of one (row, kv head) over timesteps [t0, t1): fills their m, l and
 // rotated-space accumulators (acc: GT x D). Each code word is read once for all the heads.
-template <int GT, int kValueBits>
+// The heads' dot products of q_rot with a key's decoded unit vector, decoding its codes a vector at a
+// time (as values are) instead of through tables: the tables of 2- to 4-bit codes are 64 to 256 KB at
+// D = 128 and their reads wait on L2 (this measured about 1.5x faster for 4-bit keys, docs/benchmarks.md).
+// Two chunks a pass, so that the FMA chains interleave.
+template <int GT, class D, class Decoder>
+HWY_INLINE void key_dots_decoded(D d, const Decoder& dec, const float* const* q_rot, const std::uint8_t* codes,
+                                 std::int64_t dim, float* out) {
+  using V = hn::Vec<D>;
+  const std::int64_t N = std::int64_t(hn::Lanes(d));
+  V sum0[GT], sum1[GT];
+  for (int g = 0; g < GT; ++g) sum0[g] = sum1[g] = hn::Zero(d);
+  for (std::int64_t c = 0; c < dim; c += 2 * N) {
+    const V cent0 = dec.decode(d, codes, c), cent1 = dec.decode(d, codes, c + N);
+    for (int g = 0; g < GT; ++g) {
+      sum0[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + c), cent0, sum0[g]);
+      sum1[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + c + N), cent1, sum1[g]);
+    }
+  }
+  for (int g = 0; g < GT; ++g) out[g] = hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0[g], sum1[g])));
+}
+
+// kKeyBits: the key code width decoded a vector at a time (keys without QJL), or 0 for the tables.
+template <int GT, int kValueBits, int kKeyBits>
 void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t g0, std::int64_t t0,
                   std::int64_t t1, std::int64_t end, float* m, float* l, float* acc) {
   const hn::ScalableTag<float> d;
@@ -237,7 +261,8 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   std::fill(acc, acc + GT * D, 0.0f);
   if (t0 >= t1) return;
   thread_local KeyTables tables;
-  build_key_tables(q_rot, q_jl, GT, D, fields, lay.qjl, a.tables.key_centroids.data(), tables);
+  const ValueDecoder<decltype(d), kKeyBits == 0 ? 2 : kKeyBits> key_codes(d, a.tables.key_centroids.data());
+  if (kKeyBits == 0) build_key_tables(q_rot, q_jl, GT, D, fields, lay.qjl, a.tables.key_centroids.data(), tables);
   // The exact copy of timestep t, or null when its codes are read (docs/turboquant_layout.md).
   auto exact = [&](const std::uint32_t* cache, std::int64_t region, std::int64_t t) -> const std::uint32_t* {
     const std::int64_t r = lay.exact_row(t, end);
@@ -265,6 +290,13 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       }
       const auto* codes = reinterpret_cast<const std::uint8_t*>(keys + slot * lay.key_code_words());
       const std::uint32_t nw = keys[lay.key_norm_offset() + slot];
+      if (kKeyBits != 0) {  // no QJL with these keys
+        alignas(16) float dots[4] = {};
+        key_dots_decoded<GT>(d, key_codes, q_rot, codes, D, dots);
+        const float k_scale = scale * f16_low(nw);
+        for (int g = 0; g < 4; ++g) scores[t][g] = k_scale * dots[g];
+        continue;
+      }
       auto dot = key_polar(tables.codes, codes, D, fields);
       if (lay.qjl) {
         const auto* jl = reinterpret_cast<const std::uint8_t*>(keys + lay.key_jl_offset() + slot * lay.jl_words());
@@ -324,23 +356,37 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
 }
 
 // One (row, kv head): every head of its group, in quads (the last one 3, 2 or 1 heads).
-template <int kValueBits>
+template <int kValueBits, int kKeyBits>
 void attend_group(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1,
                   std::int64_t end, float* m, float* l, float* acc) {
   const std::int64_t G = a.group(), D = a.layout().head_dim;
   std::int64_t g = 0;
-  for (; g + 4 <= G; g += 4) attend_heads<4, kValueBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
-  if (G - g == 3) attend_heads<3, kValueBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
-  if (G - g == 2) attend_heads<2, kValueBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
-  if (G - g == 1) attend_heads<1, kValueBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+  for (; g + 4 <= G; g += 4)
+    attend_heads<4, kValueBits, kKeyBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+  if (G - g == 3) attend_heads<3, kValueBits, kKeyBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+  if (G - g == 2) attend_heads<2, kValueBits, kKeyBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+  if (G - g == 1) attend_heads<1, kValueBits, kKeyBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+}
+
+template <int kKeyBits>
+void attend_by_value_bits(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1,
+                          std::int64_t end, float* m, float* l, float* acc) {
+  switch (a.layout().value_bits) {  // the validator allows 2 to 4
+    case 2: attend_group<2, kKeyBits>(a, row, kvh, t0, t1, end, m, l, acc); break;
+    case 3: attend_group<3, kKeyBits>(a, row, kvh, t0, t1, end, m, l, acc); break;
+    default: attend_group<4, kKeyBits>(a, row, kvh, t0, t1, end, m, l, acc); break;
+  }
 }
 
 void AttendRange(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1,
                  std::int64_t end, float* m, float* l, float* acc) {
-  switch (a.layout().value_bits) {  // the validator allows 2 to 4
-    case 2: attend_group<2>(a, row, kvh, t0, t1, end, m, l, acc); break;
-    case 3: attend_group<3>(a, row, kvh, t0, t1, end, m, l, acc); break;
-    default: attend_group<4>(a, row, kvh, t0, t1, end, m, l, acc); break;
+  const TqLayout& lay = a.layout();
+  const int decoded = lay.qjl ? 0 : lay.key_bits;  // QJL keys and 1-bit keys: tables
+  switch (decoded) {
+    case 2: attend_by_value_bits<2>(a, row, kvh, t0, t1, end, m, l, acc); break;
+    case 3: attend_by_value_bits<3>(a, row, kvh, t0, t1, end, m, l, acc); break;
+    case 4: attend_by_value_bits<4>(a, row, kvh, t0, t1, end, m, l, acc); break;
+    default: attend_by_value_bits<0>(a, row, kvh, t0, t1, end, m, l, acc); break;
   }
 }
 
