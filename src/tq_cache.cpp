@@ -145,9 +145,13 @@ void TqKvCache::encode(std::int64_t layer, const TensorView& k, const TensorView
   const TqTables& tables = tables_[std::size_t(layer)];
   auto* keys = static_cast<std::uint32_t*>(storage_->keys[std::size_t(layer)].get());
   auto* values = static_cast<std::uint32_t*>(storage_->values[std::size_t(layer)].get());
-  // Both validated before either is written, so a rejected call leaves the cache unchanged.
-  const TqEncodeCall ka = core::validate_tq_encode(*backend_, {tables, k, start_pos, keys, stream_}, true, "k");
-  const TqEncodeCall va = core::validate_tq_encode(*backend_, {tables, v, start_pos, values, stream_}, false, "v");
+  // Both validated before either is written, so a rejected call leaves the cache unchanged; both views
+  // before either's rows are read, so a call refused for one view never reads the other's memory.
+  const TqEncodeCall ka = core::validate_tq_encode_views(*backend_, {tables, k, start_pos, keys, stream_}, true, "k");
+  const TqEncodeCall va =
+      core::validate_tq_encode_views(*backend_, {tables, v, start_pos, values, stream_}, false, "v");
+  core::check_tq_rows_storable(*backend_, ka, "k");
+  core::check_tq_rows_storable(*backend_, va, "v");
   backend_->tq_encode(ka);
   backend_->tq_encode(va);
   length_[std::size_t(layer)] = std::max(length_[std::size_t(layer)], start_pos + k.shape[1]);

@@ -32,6 +32,26 @@ TEST(FuzzFindings, OverwriteWithANegativeTimestepCountIsRefused) {
   EXPECT_EQ(cache.key_words(0), words);
 }
 
+// fuzz_tq_cache: an append whose v is refused (a misaligned pointer here) read every row of k for the
+// norm rule first, so a k view larger than the memory behind it was read out of bounds (ASan). Both
+// views are now checked before either's rows are read.
+TEST(FuzzFindings, AnAppendRefusedForVNeverReadsK) {
+  for (const char* name : {"reference", "cpu"}) {
+    TqKvCache cache({1, {32, 1, 8, 2, 2}, 0}, &backend(name));
+    std::vector<float> one_row(32, 0.5f), rows(8 * 32 + 1, 0.5f);
+    const TensorView k = TensorView::bshd(one_row.data(), DType::f32, 1, 8, 1, 32);  // claims 8 rows, has 1
+    TensorView v = TensorView::bshd(rows.data(), DType::f32, 1, 8, 1, 32);
+    v.data = reinterpret_cast<char*>(rows.data()) + 1;  // not aligned to its element
+    try {
+      cache.append(0, k, v, 0);
+      ADD_FAILURE() << name << ": an append with a misaligned v was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "v") << name << ": " << e.what();
+    }
+    EXPECT_EQ(cache.length(0), 0) << name;
+  }
+}
+
 // attend grew its query scratch for the rows and heads q claimed before it checked q: a q of 2^31
 // heads (with a null pointer, or an out of another shape) asked for a 558 GB scratch, which threw
 // std::bad_alloc (ASan: out of memory) instead of the Error naming the argument.

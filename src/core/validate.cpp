@@ -233,6 +233,12 @@ void validate_tq_layout(const TqLayout& l) {
 }
 
 TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& a, bool keys, const char* view) {
+  const TqEncodeCall c = validate_tq_encode_views(backend, a, keys, view);
+  check_tq_rows_storable(backend, c, view);
+  return c;
+}
+
+TqEncodeCall validate_tq_encode_views(const Backend& backend, const TqEncodeArgs& a, bool keys, const char* view) {
   const TqLayout& l = a.tables.layout;
   validate_tq_layout(l);
   check_view(view, a.x, backend);
@@ -252,12 +258,15 @@ TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& a, b
   c.start_pos = a.start_pos;
   c.cache = a.cache;
   c.stream = a.stream;
-  // Last, since it reads every row: a norm f16 cannot hold would be stored as an inf (the oracle then
-  // gives NaN or drops the key), so it is refused before any word is written.
-  const std::optional<TqRowNorm> bad =
-      a.x.memory == Memory::host ? first_unstorable_row(c) : backend.tq_unstorable_row(c);
-  if (bad) throw Error(view, unstorable_rule(*bad, c));
   return c;
+}
+
+void check_tq_rows_storable(const Backend& backend, const TqEncodeCall& c, const char* view) {
+  // A norm f16 cannot hold would be stored as an inf (the oracle then gives NaN or drops the key), so
+  // it is refused before any word is written.
+  const std::optional<TqRowNorm> bad =
+      c.x.memory == Memory::host ? first_unstorable_row(c) : backend.tq_unstorable_row(c);
+  if (bad) throw Error(view, unstorable_rule(*bad, c));
 }
 
 TqRotateCall validate_tq_rotate(const Backend& backend, const TqRotateArgs& a) {

@@ -22,6 +22,11 @@ void validate_tq_layout(const TqLayout& layout);
 // `view` names args.x in errors (TqKvCache calls it "k" or "v"). Every row's norm is checked last: on
 // the host for host memory, else by backend.tq_unstorable_row (on the device: a synchronisation).
 TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& args, bool keys, const char* view = "x");
+// The two halves of validate_tq_encode: every check of the arguments and views, which reads no element,
+// then the norm rule, which reads every row. A call with two views (TqKvCache's k and v) checks both
+// views before either's rows, so that a call refused for a view never reads the other's memory.
+TqEncodeCall validate_tq_encode_views(const Backend& backend, const TqEncodeArgs& args, bool keys, const char* view);
+void check_tq_rows_storable(const Backend& backend, const TqEncodeCall& call, const char* view);
 TqRotateCall validate_tq_rotate(const Backend& backend, const TqRotateArgs& args);
 // check_workspace = false when the call is resolved only to ask for its workspace size.
 TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& args, bool check_workspace = true);
