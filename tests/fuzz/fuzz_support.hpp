@@ -6,6 +6,8 @@
 
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -54,6 +56,17 @@ inline std::string describe(const TensorView& t) {
               ? ", offset " + std::to_string(reinterpret_cast<std::uintptr_t>(t.data) % 4)
               : "") +
          "}";
+}
+
+// The folder of this process's files (under $TMPDIR: scripts/fuzz.sh points it into build/).
+inline const std::string& temp_dir() {
+  static const std::string dir = [] {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = std::string(base && *base ? base : "/tmp") + "/flashtq-fuzz-XXXXXX";
+    if (!mkdtemp(pattern.data())) finding("cannot make a temporary folder from %s", pattern.c_str());
+    return pattern;
+  }();
+  return dir;
 }
 
 // Outcome counts, printed at exit when FLASHTQ_FUZZ_STATS is set (how much of the input space a

@@ -31,23 +31,13 @@ namespace {
 
 using namespace flashtq;
 using fuzz::finding;
+using fuzz::temp_dir;
 using fuzz::Tensor;
 using fuzz::Values;
 
 constexpr std::int64_t kMaxCacheBytes = 4 << 20;  // a cache this harness builds, all layers
 constexpr std::size_t kMaxViewBytes = 256 * 1024;
 constexpr int kMaxOps = 24;
-
-// The folder of this process's files (under $TMPDIR: scripts/fuzz.sh points it into build/).
-const std::string& temp_dir() {
-  static const std::string dir = [] {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/flashtq-fuzz-XXXXXX";
-    if (!mkdtemp(pattern.data())) finding("cannot make a temporary folder from %s", pattern.c_str());
-    return pattern;
-  }();
-  return dir;
-}
 
 // docs/spec.md §2 and §4 on a layout: why it is refused, or empty.
 std::string layout_invalid(const TqLayout& l) {

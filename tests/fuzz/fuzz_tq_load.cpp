@@ -30,16 +30,7 @@ namespace {
 
 using namespace flashtq;
 using fuzz::finding;
-
-const std::string& temp_dir() {
-  static const std::string dir = [] {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/flashtq-fuzz-XXXXXX";
-    if (!mkdtemp(pattern.data())) finding("cannot make a temporary folder from %s", pattern.c_str());
-    return pattern;
-  }();
-  return dir;
-}
+using fuzz::temp_dir;
 
 void write_file(const std::string& path, const std::uint8_t* data, std::size_t size) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
