@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the fuzz preset (clang: libFuzzer + ASan + UBSan) and runs each harness of tests/fuzz/ for
+# Builds the harnesses in the sanitize preset (clang: libFuzzer + ASan + UBSan) and runs each harness of tests/fuzz/ for
 # SECONDS (default 60) on a copy of its corpus (tests/fuzz/corpus/<harness>/); the inputs it finds go
 # to build/fuzz-runs/<harness>/, never into the tree. Exits nonzero on any finding, after printing the
 # input that caused it and the command that replays it. `make fuzz` runs it for longer.
@@ -12,7 +12,7 @@ shift || true
 harnesses=("$@")
 ((${#harnesses[@]})) || harnesses=(fuzz_dense fuzz_tq_cache fuzz_tq_load)
 
-cmake --preset fuzz >/dev/null
+cmake --preset sanitize >/dev/null
 cmake --build --preset fuzz -j "$(nproc)"
 
 # Sanitizers stop at the first report (a finding), with a stack; a leak is a finding too.
@@ -29,7 +29,7 @@ for h in "${harnesses[@]}"; do
   status=0
   # -timeout: one input may run 10 s (a hang is a finding); -rss_limit_mb: the process's memory, and
   # (libFuzzer's default) the largest single allocation; the harnesses' temporary files go to tmp/.
-  TMPDIR=$work/tmp ./build/fuzz/tests/fuzz/"$h" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  TMPDIR=$work/tmp ./build/sanitize/tests/fuzz/"$h" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$work/artifacts/" -print_final_stats=1 "$work/corpus" >"$work/log" 2>&1 || status=$?
   grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb|Done )' "$work/log" | sed 's/^/   /' || true
   mapfile -t found < <(find "$work/artifacts" -type f | sort)
@@ -39,7 +39,7 @@ for h in "${harnesses[@]}"; do
     tail -n 60 "$work/log" | sed 's/^/   /'
     for f in "${found[@]}"; do
       echo "   input:  $f"
-      echo "   replay: ./build/fuzz/tests/fuzz/$h $f"
+      echo "   replay: ./build/sanitize/tests/fuzz/$h $f"
     done
   fi
 done

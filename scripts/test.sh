@@ -7,26 +7,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 flashtq=./build/release/tools/flashtq/flashtq
+# Each step's heading carries the seconds since the start, so a slow CI run shows where its time went.
+step() { echo "== $* (at ${SECONDS} s)"; }
 
 # Mesa's Vulkan loader looks for a runtime directory; a private one keeps its warnings out of the log.
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$(mktemp -d)}
 
-echo "== format (.clang-format)"
+step "format (.clang-format)"
 ./scripts/check_format.sh
 
-echo "== tests (release)"
+step "tests (release)"
 ctest --preset release -j "$jobs"
 
-echo "== tests under ASan + UBSan"
+step "tests under ASan + UBSan"
 cmake --preset sanitize >/dev/null
 cmake --build --preset sanitize -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --preset sanitize -j "$jobs"
 
-echo "== fuzzing: the libFuzzer harnesses of tests/fuzz/ (ASan + UBSan), 60 s each"
+step "fuzzing: the libFuzzer harnesses of tests/fuzz/ (built beside the tests above), 60 s each"
 ./scripts/fuzz.sh 60
 
-echo "== concurrency tests and the cpu backend's conformance cases under ThreadSanitizer"
+step "concurrency tests and the cpu backend's conformance cases under ThreadSanitizer"
 cmake --preset tsan >/dev/null
 cmake --build --preset tsan -j "$jobs"
 # clang's libomp is not instrumented, so TSan cannot see OpenMP's own synchronisation and reports
@@ -41,7 +43,7 @@ OMP_TOOL_LIBRARIES=$archer \
   ./build/tsan/tests/flashtq_tests --gtest_brief=1 \
   --gtest_filter='Concurrency.*:Registry.*:Backends/*.*/cpu*'
 
-echo "== install and consume flashtq::flashtq from an outside project (with the README example)"
+step "install and consume flashtq::flashtq from an outside project (with the README example)"
 rm -rf build/install build/consumer
 cmake --install build/release --prefix build/install >/dev/null
 ./scripts/readme_example.sh > build/readme_example.cpp
@@ -51,12 +53,12 @@ cmake --build build/consumer -j "$jobs"
 ./build/consumer/consumer
 ./build/consumer/readme_example
 
-echo "== flashtq check --json --cases 200"
+step "flashtq check --json --cases 200"
 status=0
 report=$("$flashtq" check --json --cases 200) || status=$?
 echo "$report"
 [ "$status" -eq 0 ] || { echo "flashtq check exited with status $status"; exit 1; }
 python3 -c 'import json,sys; r=json.loads(sys.argv[1]); bad={k:v for k,v in r["backends"].items() if v["failed"]}; sys.exit(1 if bad or not r["backends"] else 0)' "$report"
-echo "== Python package: venv, pinned wheels, pip install ., pytest"
+step "Python package: venv, pinned wheels, pip install ., pytest"
 ./scripts/python_test.sh
-echo "== all tests passed"
+echo "== all tests passed in ${SECONDS} s"
