@@ -7,9 +7,11 @@ into the library and measured again by `python -m flashtq.eval` (docs/quality.md
 
 Configuration names, '+'-separated: k<b>v<c> (bits of key and value codes), nc (norm correction), kg<G> / vg<G>
 (key / value block means over G timesteps, f16), s<S> (first S timesteps exact), w<W> (each query sees its last W
-timesteps exact, as a decode step would with a recent window of W), ko<N> (N outlier key channels, chosen per
-(layer, kv head) by RMS over the window, at one more bit, their own rotation), sm (channel smoothing: per-channel
-scales balancing queries and keys, equal within RoPE pairs).
+timesteps exact, as a decode step would with a recent window of W), ko<N>[x<E>] (N outlier key channels, chosen
+per (layer, kv head) by RMS, at E more bits (default 1), their own rotation and norm; the other channels split into
+power-of-two parts in order of RMS, each with its own rotation and norm, as the library would store them), kc<T>
+(outliers chosen from the window's first T timesteps only, as a calibration on the prompt would; default the whole
+window), sm (channel smoothing: per-channel scales balancing queries and keys, equal within RoPE pairs).
 
     python bench/quality_levers.py --model smollm2 --ctx 2048 --windows 3 --configs k4v3,k4v3+kg32
 """
@@ -86,12 +88,22 @@ def block_mean(x: torch.Tensor, g: int) -> torch.Tensor:
     return torch.cat(parts, 2).half().float()
 
 
+def outlier_parts(d: int, outliers: int) -> list[int]:
+    """Part sizes: the outliers, then the rest of d as powers of two, largest first (each part a Hadamard size)."""
+    rest, parts = d - outliers, [outliers]
+    while rest:
+        parts.append(1 << (rest.bit_length() - 1))
+        rest -= parts[-1]
+    return parts
+
+
 class Lever:
     def __init__(self, name: str):
         self.name = name
         self.kb = self.vb = 16
         self.nc = self.sm = False
-        self.kg = self.vg = self.sinks = self.recent = self.ko = 0
+        self.kg = self.vg = self.sinks = self.recent = self.ko = self.kc = 0
+        self.ko_extra = 1
         self.kx = self.vx = None  # layers whose keys (values) get one more bit: "g" = full-attention ones, or "0.17"
         for part in filter(None, name.split("+")):
             if m := re.fullmatch(r"k(\d)v(\d)", part):
@@ -100,15 +112,19 @@ class Lever:
                 self.nc = True
             elif part == "sm":
                 self.sm = True
+            elif m := re.fullmatch(r"ko(\d+)x(\d)", part):
+                self.ko, self.ko_extra = int(m[1]), int(m[2])
             elif m := re.fullmatch(r"(kx|vx)([\d.]+|g)", part):
                 setattr(self, m[1], m[2])
-            elif m := re.fullmatch(r"(kg|vg|s|w|ko)(\d+)", part):
-                setattr(self, {"kg": "kg", "vg": "vg", "s": "sinks", "w": "recent", "ko": "ko"}[m[1]], int(m[2]))
+            elif m := re.fullmatch(r"(kg|vg|s|w|ko|kc)(\d+)", part):
+                setattr(self, {"kg": "kg", "vg": "vg", "s": "sinks", "w": "recent", "ko": "ko", "kc": "kc"}[m[1]],
+                        int(m[2]))
             else:
                 raise SystemExit(f"unknown lever {part!r} in {name!r}")
 
     def bytes_per_token(self, d: int, ctx: int) -> float:
-        keys = d * self.kb / 8 + 4 + (self.ko / 8 + 4 if self.ko else 0) + (2 * d / self.kg if self.kg else 0)
+        parts = len(outlier_parts(d, self.ko)) if self.ko else 1
+        keys = d * self.kb / 8 + 4 + self.ko * self.ko_extra / 8 + 2 * (parts - 1) + (2 * d / self.kg if self.kg else 0)
         values = d * self.vb / 8 + 4 + (2 * d / self.vg if self.vg else 0)
         exact = min(self.sinks + self.recent, ctx) / ctx
         return (1 - exact) * (keys + values) + exact * 4 * d
@@ -119,19 +135,17 @@ class Lever:
         if not outliers:
             return tq(r, bits, signs, self.nc) + mean
         d = x.shape[-1]
-        rms = r.pow(2).mean(2)  # [B, H, D]: calibration over the window
-        top = rms.topk(outliers, dim=-1).indices.sort(-1).values
+        calib = r[:, :, : self.kc] if self.kc else r
+        order = calib.pow(2).mean(2).argsort(-1, descending=True)  # [B, H, D]: channels by RMS
         out = torch.empty_like(r)
         for b in range(x.shape[0]):
             for h in range(x.shape[1]):
-                sel = torch.zeros(d, dtype=torch.bool)
-                sel[top[b, h]] = True
-                o, rest = r[b, h][:, sel], r[b, h][:, ~sel]
-                out[b, h][:, sel] = tq(o, bits + 1, signs[: o.shape[-1]], self.nc)
-                restd = rest.shape[-1]
-                pad = 1 << (restd - 1).bit_length()
-                rp = F.pad(rest, (0, pad - restd))
-                out[b, h][:, ~sel] = tq(rp, bits, signs[:pad] if pad <= d else torch.ones(pad), self.nc)[:, :restd]
+                start = 0
+                for i, size in enumerate(outlier_parts(d, outliers)):
+                    sel = order[b, h, start:start + size]
+                    start += size
+                    out[b, h][:, sel] = tq(r[b, h][:, sel], bits + (self.ko_extra if i == 0 else 0),
+                                           signs[:size], self.nc)
         return out + mean
 
 

@@ -1,6 +1,7 @@
 // TqKvCache: a TurboQuant cache for every layer in the memory of its backend, with byte accounting and save/load.
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <fstream>
@@ -12,7 +13,9 @@
 #include "core/atomic_file.hpp"
 #include "core/checked.hpp"
 #include "core/crc32c.hpp"
+#include "core/elements.hpp"
 #include "core/entry_guard.hpp"
+#include "core/tq_outliers.hpp"
 #include "core/validate.hpp"
 #include "flashtq/backend.hpp"
 #include "flashtq/error.hpp"
@@ -24,11 +27,12 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the cache file format is little-endian");
 
 constexpr char kMagic[8] = {'F', 'T', 'Q', 'C', 'A', 'C', 'H', 'E'};
-// Version 4: the layout gained its exact tokens (sink_tokens, recent_tokens) and each layer's words
+// Version 5: the layout gained outlier channels (key_outliers, key_outlier_bits) and, with them, the
+// key words their outlier masks and a norm word per two parts. Version 4: the layout gained its exact tokens (sink_tokens, recent_tokens) and each layer's words
 // their exact region. Version 3: the header holds the configuration as TqCacheConfig lays it out, the
 // layout's qjl flag included, and a CRC-32C of everything before it ends the file (version 2 had
 // neither, version 1 spelt the fields out in another order). Older versions are refused by name.
-constexpr std::uint32_t kFileVersion = 4;
+constexpr std::uint32_t kFileVersion = 5;
 
 struct FileHeader {
   char magic[8];
@@ -36,7 +40,7 @@ struct FileHeader {
   std::uint32_t header_bytes;
   TqCacheConfig config;
 };
-static_assert(std::is_trivially_copyable_v<TqCacheConfig> && sizeof(TqCacheConfig) == 64,
+static_assert(std::is_trivially_copyable_v<TqCacheConfig> && sizeof(TqCacheConfig) == 72,
               "the file header stores TqCacheConfig's bytes: a change to it changes the file format");
 
 // A buffer in the backend's memory that grows to the largest request and is kept.
@@ -121,6 +125,51 @@ void TqKvCache::append(std::int64_t layer, const TensorView& k, const TensorView
   core::rethrow_as_error("backend");
 }
 
+void TqKvCache::calibrate(std::int64_t layer, const TensorView& keys) try {
+  check_layer(layer);
+  std::lock_guard<std::mutex> lock(storage_->mutex);
+  const TqLayout& l = config_.layout;
+  core::validate_tq_calibration(*backend_, l, keys);
+  if (length_[std::size_t(layer)] != 0) {
+    throw Error("layer", "layer " + std::to_string(layer) + " already holds " +
+                             std::to_string(length_[std::size_t(layer)]) +
+                             " timesteps: outlier channels are chosen before the first append (the codes depend on them)");
+  }
+  // The view's extent, copied to the host where it is not there already.
+  std::int64_t extent = keys.shape[3];
+  for (int d = 0; d < 3; ++d) extent += (keys.shape[d] - 1) * keys.strides[d];
+  const std::size_t bytes = std::size_t(extent) * dtype_size(keys.dtype);
+  std::vector<unsigned char> copy;
+  TensorView host = keys;
+  if (keys.memory != Memory::host) {
+    copy.resize(bytes);
+    backend_->synchronize();
+    backend_->download(copy.data(), keys.data, bytes);
+    host.data = copy.data();
+    host.memory = Memory::host;
+  }
+  std::vector<double> energy(std::size_t(l.n_kv_heads * l.head_dim), 0.0);
+  for (std::int64_t t = 0; t < keys.shape[1]; ++t) {
+    for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
+      const std::int64_t base = core::offset(host, 0, t, h);
+      for (std::int64_t d = 0; d < l.head_dim; ++d) {
+        const double x = core::load(host.data, host.dtype, base + d);
+        if (!std::isfinite(x)) {
+          throw Error("keys", "row (0, " + std::to_string(t) + ", " + std::to_string(h) +
+                                  ") holds a NaN or an infinity; calibration needs finite keys");
+        }
+        energy[std::size_t(h * l.head_dim + d)] += x * x;
+      }
+    }
+  }
+  const std::vector<std::uint32_t> masks = core::outlier_masks_from_energy(l, energy);
+  std::vector<std::uint32_t> words = storage_->keys[std::size_t(layer)].read<std::uint32_t>();
+  std::copy(masks.begin(), masks.end(), words.begin() + l.key_mask_offset());
+  storage_->keys[std::size_t(layer)].write(words);
+} catch (...) {
+  core::rethrow_as_error("keys");
+}
+
 void TqKvCache::overwrite(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) try {
   check_layer(layer);
   std::lock_guard<std::mutex> lock(storage_->mutex);
@@ -190,7 +239,7 @@ void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t sta
   // will be (q of 2^20 heads once went straight to the allocator), then again with the buffers.
   alignas(16) static float stand_in[4];
   a.scratch = stand_in;
-  const TqRotateCall probe = core::validate_tq_rotate(*backend_, {tables, q, n, stand_in, stream_});
+  const TqRotateCall probe = core::validate_tq_rotate(*backend_, {tables, q, n, stand_in, stream_, a.k_cache});
   const std::size_t need = backend_->tq_attend_workspace(core::validate_tq_attend(*backend_, a, false));
   float* scratch = nullptr;
   try {
@@ -205,7 +254,7 @@ void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t sta
                          " heads cannot be allocated on '" + backend_->name() + "'");
   }
   a.scratch = scratch;
-  const TqRotateCall rotate = core::validate_tq_rotate(*backend_, {tables, q, n, scratch, stream_});
+  const TqRotateCall rotate = core::validate_tq_rotate(*backend_, {tables, q, n, scratch, stream_, a.k_cache});
   const TqAttendCall attend = core::validate_tq_attend(*backend_, a);
   backend_->tq_rotate_queries(rotate);
   backend_->tq_attend(attend);

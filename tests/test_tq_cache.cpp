@@ -164,12 +164,12 @@ TEST(TqKvCache, SaveLoadRoundTripAndHeaderChecks) {
     f.seekp(at);
     f.put(byte);
   };
-  corrupt(8, 3);  // version 4 -> 3: refused by number
+  corrupt(8, 4);  // version 5 -> 4: refused by number
   try {
     (void)TqKvCache::load(path, &backend("reference"));
-    ADD_FAILURE() << "a version-3 file loaded";
+    ADD_FAILURE() << "a version-4 file loaded";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("file version 3; this build reads version 4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("file version 4; this build reads version 5"), std::string::npos) << e.what();
   }
   m.cache.save(path);
   corrupt(0, 'X');  // magic

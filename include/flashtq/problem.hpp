@@ -78,6 +78,7 @@ struct TqRotateCall {
   TensorView q;
   TqScratchLayout scratch_layout;  // rows = q_cap
   float* scratch = nullptr;
+  const std::uint32_t* k_cache = nullptr;  // with outlier channels: the keys whose masks order q's channels
   void* stream = nullptr;
 
   std::int64_t rows() const { return q.shape[0] * q.shape[1]; }

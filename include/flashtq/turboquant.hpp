@@ -42,15 +42,58 @@ struct TqLayout {
   // that leaves the recent window is already in the packed part.
   std::int32_t sink_tokens = 0;
   std::int32_t recent_tokens = 0;
+  // Outlier channels (docs/spec.md §2.6): key_outliers channels of each kv head, fixed by calibration
+  // (TqKvCache::calibrate), are a part of the key of their own, coded with key_outlier_bits bits; the
+  // other channels form parts of power-of-two sizes, largest first, with key_bits. Each part has its
+  // own norm and its own rotation (the Hadamard transform of its size over its slice of the signs).
+  // 0 = none; else a power of two in [16, head_dim / 2], keys without QJL, key_outlier_bits in
+  // [key_bits, 4]. Which channels are a head's outliers is a mask in the key words (key_mask_offset).
+  std::int32_t key_outliers = 0;
+  std::int32_t key_outlier_bits = 0;
 
   FLASHTQ_HOST_DEVICE std::int64_t slots() const { return n_kv_heads * capacity; }
-  FLASHTQ_HOST_DEVICE std::int64_t key_code_words() const { return head_dim * key_bits / 32; }  // per slot
+  // Parts of a key: one without outlier channels; with them, the outliers then the rest of head_dim in
+  // powers of two, largest first (head_dim 64, 16 outliers: 16, 32, 16).
+  struct KeyPart {
+    std::int32_t offset, size, bits, bit_offset;  // coordinates [offset, offset + size) of the permuted key
+  };
+  FLASHTQ_HOST_DEVICE int key_parts() const {
+    int parts = 1;
+    for (std::int64_t rest = key_outliers ? head_dim - key_outliers : 0; rest; rest &= rest - 1) ++parts;
+    return parts;
+  }
+  FLASHTQ_HOST_DEVICE KeyPart key_part(int p) const {
+    if (!key_outliers) return {0, std::int32_t(head_dim), key_bits, 0};
+    if (p == 0) return {0, key_outliers, key_outlier_bits, 0};
+    std::int32_t offset = key_outliers, bit_offset = key_outliers * key_outlier_bits;
+    std::int32_t rest = std::int32_t(head_dim) - key_outliers;
+    for (int i = 1;; ++i) {
+      std::int32_t size = 1;
+      while (2 * size <= rest) size *= 2;
+      if (i == p || size == rest) return {offset, size, key_bits, bit_offset};
+      offset += size;
+      bit_offset += size * key_bits;
+      rest -= size;
+    }
+  }
+  FLASHTQ_HOST_DEVICE std::int64_t key_code_bits() const {
+    return head_dim * key_bits + std::int64_t(key_outliers) * (key_outlier_bits - key_bits);
+  }
+  FLASHTQ_HOST_DEVICE std::int64_t key_code_words() const { return (key_code_bits() + 31) / 32; }  // per slot
+  // Norm words per key slot: one (f16 norm, f16 gamma); with outlier channels one f16 norm per part,
+  // two to a word (part 2i in the low half of word i).
+  FLASHTQ_HOST_DEVICE std::int64_t key_norm_words() const { return key_outliers ? (key_parts() + 1) / 2 : 1; }
   FLASHTQ_HOST_DEVICE std::int64_t jl_words() const { return qjl ? head_dim / 32 : 0; }         // per slot
   FLASHTQ_HOST_DEVICE std::int64_t value_code_words() const { return head_dim * value_bits / 32; }
   FLASHTQ_HOST_DEVICE std::int64_t key_jl_offset() const { return slots() * key_code_words(); }
   FLASHTQ_HOST_DEVICE std::int64_t key_norm_offset() const { return key_jl_offset() + slots() * jl_words(); }
-  FLASHTQ_HOST_DEVICE std::int64_t key_exact_offset() const { return key_norm_offset() + slots(); }
-  FLASHTQ_HOST_DEVICE std::int64_t key_words() const { return key_exact_offset() + exact_region_words(); }
+  FLASHTQ_HOST_DEVICE std::int64_t key_exact_offset() const { return key_norm_offset() + slots() * key_norm_words(); }
+  // The outlier masks, after the exact region: head_dim / 32 words per kv head, bit c of the head's
+  // words set when channel c is an outlier (a mask without exactly key_outliers bits set means
+  // channels [0, key_outliers): an uncalibrated cache).
+  FLASHTQ_HOST_DEVICE std::int64_t key_mask_offset() const { return key_exact_offset() + exact_region_words(); }
+  FLASHTQ_HOST_DEVICE std::int64_t key_mask_words() const { return key_outliers ? n_kv_heads * head_dim / 32 : 0; }
+  FLASHTQ_HOST_DEVICE std::int64_t key_words() const { return key_mask_offset() + key_mask_words(); }
   FLASHTQ_HOST_DEVICE std::int64_t value_norm_offset() const { return slots() * value_code_words(); }
   FLASHTQ_HOST_DEVICE std::int64_t value_exact_offset() const { return value_norm_offset() + slots(); }
   FLASHTQ_HOST_DEVICE std::int64_t value_words() const { return value_exact_offset() + exact_region_words(); }
@@ -70,7 +113,7 @@ struct TqLayout {
 
   // Bytes one timestep of one kv head costs in the packed part, keys and values together.
   FLASHTQ_HOST_DEVICE std::int64_t bytes_per_token_per_head() const {
-    return 4 * (key_code_words() + jl_words() + 1 + value_code_words() + 1);
+    return 4 * (key_code_words() + jl_words() + key_norm_words() + value_code_words() + 1);
   }
   // Bytes of the exact region of one kv head, keys and values together (a fixed cost per sequence).
   FLASHTQ_HOST_DEVICE std::int64_t exact_bytes_per_head() const { return 2 * 4 * exact_rows() * exact_row_words(); }
@@ -99,6 +142,8 @@ struct TqTables {
   std::array<std::uint32_t, 8> jl_sign_bits{};
   TqCodebook key_codebook, value_codebook;                   // encoders
   std::array<float, 16> key_centroids{}, value_centroids{};  // attention (f32), 2^bits used
+  TqCodebook outlier_codebook;                               // key_outlier_bits (head_dim's density)
+  std::array<float, 16> outlier_centroids{};
 };
 
 // Builds the tables of (seed, layer) for a layout.
@@ -145,12 +190,16 @@ inline std::int64_t tq_scratch_floats(std::int64_t q_cap, std::int64_t n_heads, 
 
 // Rotates queries q [batch, n_queries, n_heads, head_dim] into the scratch; query (b, j) becomes
 // scratch row b * n_queries + j.
+// With outlier channels (layout.key_outliers > 0) the rotation permutes each head's channels by its
+// kv head's outlier mask, read from k_cache (sequence b's key words at k_cache + b * layout.key_words(),
+// as TqAttendArgs has them); k_cache is not read otherwise.
 struct TqRotateArgs {
   TqTables tables;
   TensorView q;
   std::int64_t q_cap = 0;  // rows the scratch holds; 0 means batch * n_queries
   float* scratch = nullptr;
   void* stream = nullptr;
+  const std::uint32_t* k_cache = nullptr;
 };
 
 // Attention of n_queries rotated query rows against the packed caches. Row j sits at absolute
@@ -233,6 +282,12 @@ class TqKvCache {
   // timesteps start_pos... = the layer's next ones (start_pos must equal length(layer)); a call that
   // would pass capacity is rejected and leaves the cache unchanged.
   void append(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos);
+  // Outlier channels (layout.key_outliers > 0): makes the key_outliers channels of largest mean square
+  // over keys [1, T, n_kv_heads, head_dim] (in the backend's memory, any dtype; a prompt's keys or a
+  // calibration text's) each kv head's outliers in `layer`. Only while the layer is empty, since its
+  // codes depend on the choice; a layer never calibrated uses channels [0, key_outliers). The choice is
+  // part of the layer's key words (docs/turboquant_layout.md), so save() keeps it.
+  void calibrate(std::int64_t layer, const TensorView& keys);
   // Re-encodes timesteps [start_pos, start_pos + T) already appended (a rollback, say); not for a
   // cache with recent tokens.
   void overwrite(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos);

@@ -21,7 +21,7 @@ from flashtq._errors import error
 from flashtq._tensors import view
 
 
-_NAME = re.compile(r"^(k|m)([1-4])v([2-4])(n)?(?:s(\d+))?(?:w(\d+))?$")
+_NAME = re.compile(r"^(k|m)([1-4])(?:o(\d+)x([1-4]))?v([2-4])(n)?(?:s(\d+))?(?:w(\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -29,11 +29,13 @@ class TurboQuantConfig:
     """One cache's configuration: keys key_bits (Lloyd-Max codes) plus one QJL bit unless qjl is False
     ("MSE-only" keys: codes of up to 4 bits, no sketch), values value_bits; the first sink_tokens and the last
     recent_tokens timesteps of a sequence also kept exact (bf16) and attended exactly; norm_correction stores
-    n / |c[idx]| so decoded rows keep their length (keys without QJL and values; docs/spec.md §2.6).
+    n / |c[idx]| so decoded rows keep their length (keys without QJL and values; docs/spec.md §2.6); key_outliers
+    channels of each kv head (chosen by calibrate(), on a prompt's keys) coded with key_outlier_bits bits, apart
+    from the rest (keys without QJL).
 
-    Names: "seed" (keys 2+1 bits, values 2 bits), k<b>v<c> / m<b>v<c> (with / without QJL), optionally followed
-    by n (norm correction), s<S> (sink tokens) and w<W> (recent tokens), e.g. "m4v3ns4w32"; and the presets of
-    presets()."""
+    Names: "seed" (keys 2+1 bits, values 2 bits), k<b>v<c> / m<b>v<c> (with / without QJL), m<b>o<N>x<B>v<c>
+    (N outlier channels of B bits), optionally followed by n (norm correction), s<S> (sink tokens) and w<W>
+    (recent tokens), e.g. "m4v3ns4w32" or "m3o16x4v3ns4w32"; and the presets of presets()."""
     key_bits: int = 2
     value_bits: int = 2
     seed: int = 0  # the rotations' signs come from (seed, layer)
@@ -41,12 +43,15 @@ class TurboQuantConfig:
     sink_tokens: int = 0
     recent_tokens: int = 0
     norm_correction: bool = False
+    key_outliers: int = 0
+    key_outlier_bits: int = 0
 
     @property
     def name(self) -> str:
         """The configuration spelt out (k|m<b>v<c>[n][s<S>][w<W>], or "seed"), which parse_config reads back."""
+        outliers = f"o{self.key_outliers}x{self.key_outlier_bits}" if self.key_outliers else ""
         base = "seed" if (self.key_bits, self.value_bits, self.qjl) == (2, 2, True) else \
-            f"{'k' if self.qjl else 'm'}{self.key_bits}v{self.value_bits}"
+            f"{'k' if self.qjl else 'm'}{self.key_bits}{outliers}v{self.value_bits}"
         if self.sink_tokens or self.recent_tokens or self.norm_correction:
             base = f"{'k2v2' if base == 'seed' else base}" + ("n" if self.norm_correction else "") + \
                 (f"s{self.sink_tokens}" if self.sink_tokens else "") + (f"w{self.recent_tokens}" if self.recent_tokens else "")
@@ -96,8 +101,9 @@ def parse_config(name: str, head_dim: int = 128) -> Optional[TurboQuantConfig]:
     m = _NAME.match(name)
     if not m or (m.group(1) == "k" and int(m.group(2)) > 3):
         return None
-    return TurboQuantConfig(int(m.group(2)), int(m.group(3)), qjl=m.group(1) == "k", norm_correction=bool(m.group(4)),
-                            sink_tokens=int(m.group(5) or 0), recent_tokens=int(m.group(6) or 0))
+    return TurboQuantConfig(int(m.group(2)), int(m.group(5)), qjl=m.group(1) == "k", norm_correction=bool(m.group(6)),
+                            sink_tokens=int(m.group(7) or 0), recent_tokens=int(m.group(8) or 0),
+                            key_outliers=int(m.group(3) or 0), key_outlier_bits=int(m.group(4) or 0))
 
 
 def resolve_config(config: Union[str, TurboQuantConfig, dict, None], head_dim: int = 128) -> TurboQuantConfig:
@@ -152,7 +158,8 @@ class TurboQuantCache:
             self._seqs = [_ext.TqKvCache(num_layers, num_kv_heads, head_dim, capacity, self.config.key_bits,
                                          self.config.value_bits, self.config.seed, self.backend, self.config.qjl,
                                          self.config.sink_tokens, self.config.recent_tokens,
-                                         self.config.norm_correction)
+                                         self.config.norm_correction, self.config.key_outliers,
+                                         self.config.key_outlier_bits)
                           for _ in range(batch_size)]
 
     @classmethod
@@ -160,7 +167,8 @@ class TurboQuantCache:
         c = seqs[0].config()
         self = cls.__new__(cls)
         self.config = TurboQuantConfig(c["key_bits"], c["value_bits"], c["seed"], c["qjl"], c["sink_tokens"],
-                                       c["recent_tokens"], c["norm_correction"])
+                                       c["recent_tokens"], c["norm_correction"], c["key_outliers"],
+                                       c["key_outlier_bits"])
         self.backend, self.device = backend, device
         self.num_layers, self.num_kv_heads, self.head_dim, self.capacity = (c["layers"], c["n_kv_heads"], c["head_dim"],
                                                                              c["capacity"])
@@ -204,6 +212,17 @@ class TurboQuantCache:
             for b, seq in enumerate(self._seqs):
                 pos = seq.length(layer) if start_pos is None else start_pos
                 seq.append(layer, view(k[b:b + 1], "k"), view(v[b:b + 1], "v"), pos)
+
+    def calibrate(self, layer: int, k: Tensor, layout: str = "bshd") -> None:
+        """With outlier channels: chooses each kv head's outlier channels of `layer` from keys k [B, T, Hkv, D]
+        (sequence b from k[b]: a prompt's own keys), before that layer's first append; without, nothing to do."""
+        if not self.config.key_outliers:
+            return
+        k = self._rows(k, "k", layout)
+        with self._scope():
+            self._on_stream()
+            for b, seq in enumerate(self._seqs):
+                seq.calibrate(layer, view(k[b:b + 1], "k"))
 
     def attend(self, layer: int, q: Tensor, start_pos: Optional[int] = None, *, window: int = 0,
                scale: Optional[float] = None, layout: str = "bshd", out: Optional[Tensor] = None) -> Tensor:

@@ -26,6 +26,7 @@ struct Config {
   std::uint64_t seed;
   std::int64_t sink_tokens, recent_tokens;
   bool norm_correction;
+  std::int64_t key_outliers, key_outlier_bits;
 };
 
 TqCacheConfig to_library(const Config& c) {
@@ -43,14 +44,19 @@ TqCacheConfig to_library(const Config& c) {
   out.layout.sink_tokens = std::int32_t(c.sink_tokens);
   out.layout.recent_tokens = std::int32_t(c.recent_tokens);
   out.layout.norm_correction = c.norm_correction;
+  if (c.key_outliers < 0 || c.key_outliers > 512) throw Error("key_outliers", "must be in [0, 512]");
+  if (c.key_outlier_bits < 0 || c.key_outlier_bits > 8) throw Error("key_outlier_bits", "must be in [0, 8]");
+  out.layout.key_outliers = std::int32_t(c.key_outliers);
+  out.layout.key_outlier_bits = std::int32_t(c.key_outlier_bits);
   out.seed = c.seed;
   return out;
 }
 
 Config from_library(const TqCacheConfig& c) {
   const TqLayout& l = c.layout;
-  return {c.layers, l.n_kv_heads, l.head_dim,    l.capacity,      l.key_bits,       l.value_bits,
-          l.qjl,    c.seed,       l.sink_tokens, l.recent_tokens, l.norm_correction};
+  return {c.layers,      l.n_kv_heads,    l.head_dim,        l.capacity,     l.key_bits,
+          l.value_bits,  l.qjl,           c.seed,            l.sink_tokens,  l.recent_tokens,
+          l.norm_correction, l.key_outliers, l.key_outlier_bits};
 }
 
 // The fields of a configuration that flashtq.TurboQuantConfig holds besides its seed.
@@ -61,6 +67,8 @@ void put_widths(nb::dict& d, const Config& c) {
   d["sink_tokens"] = c.sink_tokens;
   d["recent_tokens"] = c.recent_tokens;
   d["norm_correction"] = c.norm_correction;
+  d["key_outliers"] = c.key_outliers;
+  d["key_outlier_bits"] = c.key_outlier_bits;
 }
 
 nb::bytes words(const std::vector<std::uint32_t>& w) {
@@ -85,7 +93,9 @@ void bind_tq_cache(nb::module_& m) {
       "tq_preset_layout",
       [](const std::string& name, std::int64_t head_dim) {
         nb::dict d;
-        put_widths(d, from_library({1, tq_preset_layout(name, head_dim, 1, 1 << 16), 0}));
+        TqCacheConfig c;
+        c.layout = tq_preset_layout(name, head_dim, 1, 1 << 16);
+        put_widths(d, from_library(c));
         return d;
       },
       nb::arg("name"), nb::arg("head_dim"));
@@ -94,14 +104,17 @@ void bind_tq_cache(nb::module_& m) {
           "__init__",
           [](TqKvCache* self, std::int64_t layers, std::int64_t n_kv_heads, std::int64_t head_dim,
              std::int64_t capacity, int key_bits, int value_bits, std::uint64_t seed, const std::string& backend,
-             bool qjl, std::int64_t sink_tokens, std::int64_t recent_tokens, bool norm_correction) {
+             bool qjl, std::int64_t sink_tokens, std::int64_t recent_tokens, bool norm_correction,
+             std::int64_t key_outliers, std::int64_t key_outlier_bits) {
             new (self) TqKvCache(to_library({layers, n_kv_heads, head_dim, capacity, key_bits, value_bits, qjl, seed,
-                                             sink_tokens, recent_tokens, norm_correction}),
+                                             sink_tokens, recent_tokens, norm_correction, key_outliers,
+                                             key_outlier_bits}),
                                  &flashtq::backend(backend));
           },
           nb::arg("layers"), nb::arg("n_kv_heads"), nb::arg("head_dim"), nb::arg("capacity"), nb::arg("key_bits"),
           nb::arg("value_bits"), nb::arg("seed"), nb::arg("backend"), nb::arg("qjl") = true, nb::arg("sink_tokens") = 0,
-          nb::arg("recent_tokens") = 0, nb::arg("norm_correction") = false)
+          nb::arg("recent_tokens") = 0, nb::arg("norm_correction") = false, nb::arg("key_outliers") = 0,
+          nb::arg("key_outlier_bits") = 0)
       .def(
           "append",
           [](TqKvCache& c, std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {
@@ -109,6 +122,13 @@ void bind_tq_cache(nb::module_& m) {
             c.append(layer, k, v, start_pos);
           },
           nb::arg("layer"), nb::arg("k"), nb::arg("v"), nb::arg("start_pos"))
+      .def(
+          "calibrate",
+          [](TqKvCache& c, std::int64_t layer, const TensorView& keys) {
+            nb::gil_scoped_release release;
+            c.calibrate(layer, keys);
+          },
+          nb::arg("layer"), nb::arg("keys"))
       .def(
           "attend",
           [](TqKvCache& c, std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out,

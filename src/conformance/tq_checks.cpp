@@ -1,5 +1,6 @@
 // Conformance checks of TurboQuant encode, query rotation and attention against the oracle.
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <functional>
 #include <cmath>
@@ -26,6 +27,7 @@ std::string TqCase::describe() const {
   if (window) s << " win" << window;
   if (layout.exact_rows()) s << " sink" << layout.sink_tokens << " recent" << layout.recent_tokens;
   if (layout.norm_correction) s << " nc";
+  if (layout.key_outliers) s << " outliers" << layout.key_outliers << "x" << layout.key_outlier_bits;
   if (zero_rows) s << " zeros";
   if (batch > 1) s << " batch" << batch << (starts.empty() ? "" : " own-starts");
   s << " seed=" << seed << " data_seed=" << data_seed;
@@ -55,6 +57,30 @@ HostTensor kv_rows(const TqCase& c, std::uint64_t salt) {
 // Timestep where a case's tokens start: the end of the cache, so the last slot is exercised.
 std::int64_t encode_start(const TqCase& c) { return c.layout.capacity - c.tokens; }
 
+// With outlier channels: sequence b's key words get a calibration of key_outliers random channels per kv head
+// (its mask region), in every buffer of the case, before anything is encoded.
+void put_outlier_masks(const TqCase& c, std::int64_t b, std::uint32_t* key_words) {
+  const TqLayout& l = c.layout;
+  if (!l.key_outliers) return;
+  std::mt19937_64 rng(c.data_seed ^ (7 + 4 * std::uint64_t(b)));
+  std::uint32_t* mask = key_words + l.key_mask_offset();
+  for (std::int64_t w = 0; w < l.key_mask_words(); ++w) mask[w] = 0;
+  for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
+    std::vector<std::int32_t> channels(static_cast<std::size_t>(l.head_dim));
+    for (std::int32_t i = 0; i < std::int32_t(l.head_dim); ++i) channels[std::size_t(i)] = i;
+    std::shuffle(channels.begin(), channels.end(), rng);
+    for (std::int32_t i = 0; i < l.key_outliers; ++i) {
+      const std::int32_t ch = channels[std::size_t(i)];
+      mask[h * (l.head_dim / 32) + ch / 32] |= 1u << (ch % 32);
+    }
+  }
+}
+std::vector<std::uint32_t> poisoned_keys(const TqCase& c, std::int64_t sequences) {
+  std::vector<std::uint32_t> words(std::size_t(sequences * c.layout.key_words()), kPoisonWord);
+  for (std::int64_t b = 0; b < sequences; ++b) put_outlier_masks(c, b, words.data() + b * c.layout.key_words());
+  return words;
+}
+
 // The packed caches the oracle writes for a case, over a poisoned background.
 struct OracleCache {
   std::vector<std::uint32_t> keys, values;
@@ -62,7 +88,7 @@ struct OracleCache {
 OracleCache oracle_cache(const TqCase& c, const TqTables& tables, std::int64_t sequences = 1) {
   const TqLayout& l = c.layout;
   Backend& oracle = flashtq::backend("reference");
-  OracleCache o{std::vector<std::uint32_t>(std::size_t(sequences * l.key_words()), kPoisonWord),
+  OracleCache o{poisoned_keys(c, sequences),
                 std::vector<std::uint32_t>(std::size_t(sequences * l.value_words()), kPoisonWord)};
   for (std::int64_t b = 0; b < sequences; ++b) {
     const HostTensor k = kv_rows(c, 1 + 4 * std::uint64_t(b)), v = kv_rows(c, 2 + 4 * std::uint64_t(b));
@@ -110,6 +136,8 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
   const core::Codebook& cb = core::codebook(l.head_dim, bits);
   const std::int64_t code_words = keys ? l.key_code_words() : l.value_code_words();
   const std::int64_t norm_off = keys ? l.key_norm_offset() : l.value_norm_offset();
+  const std::int64_t norm_words = keys ? l.key_norm_words() : 1;
+  const bool parts = keys && l.key_outliers;
   auto at_boundary = [&](double x) {
     for (double b : cb.boundaries)
       if (std::fabs(x - b) < kRounding) return true;
@@ -121,19 +149,38 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
     return *rot_storage;
   };
   std::int64_t codes = 0, differ = 0, flips = 0;
-  for (std::int64_t slot = 0; slot < l.slots(); ++slot) {
-    if (ref[std::size_t(norm_off + slot)] != got[std::size_t(norm_off + slot)]) {
-      detail = std::string(keys ? "key" : "value") + " norm word of slot " + std::to_string(slot) + " differs";
+  for (std::int64_t w = l.key_mask_offset(); keys && w < l.key_words(); ++w) {
+    if (ref[std::size_t(w)] != got[std::size_t(w)]) {
+      detail = "outlier mask word " + std::to_string(w - l.key_mask_offset()) + " changed";
       return std::numeric_limits<double>::infinity();
+    }
+  }
+  for (std::int64_t slot = 0; slot < l.slots(); ++slot) {
+    for (std::int64_t w = 0; w < norm_words; ++w) {
+      if (ref[std::size_t(norm_off + slot * norm_words + w)] != got[std::size_t(norm_off + slot * norm_words + w)]) {
+        detail = std::string(keys ? "key" : "value") + " norm word of slot " + std::to_string(slot) + " differs";
+        return std::numeric_limits<double>::infinity();
+      }
     }
     const std::uint32_t* r = ref.data() + slot * code_words;
     const std::uint32_t* g = got.data() + slot * code_words;
-    if (r[0] == kPoisonWord && ref[std::size_t(norm_off + slot)] == kPoisonWord) {  // a slot not written
+    if (r[0] == kPoisonWord && ref[std::size_t(norm_off + slot * norm_words)] == kPoisonWord) {  // not written
       for (std::int64_t w = 0; w < code_words; ++w)
         if (g[w] != kPoisonWord) {
           detail = "slot " + std::to_string(slot) + " outside the appended timesteps was written";
           return std::numeric_limits<double>::infinity();
         }
+      continue;
+    }
+    if (parts) {  // part by part, each at its own width (no flips allowed for: every code must match)
+      for (int p = 0; p < l.key_parts(); ++p) {
+        const TqLayout::KeyPart kp = l.key_part(p);
+        for (std::int32_t i = 0; i < kp.size; ++i) {
+          const std::int64_t pos = kp.bit_offset + std::int64_t(i) * kp.bits;
+          ++codes;
+          if (core::get_bits(r, pos, kp.bits) != core::get_bits(g, pos, kp.bits)) ++differ;
+        }
+      }
       continue;
     }
     bool flipped = false;  // a code of this slot flipped at a boundary
@@ -200,9 +247,12 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
 }
 
 // The oracle's rotated queries for a case, laid out in a scratch of q_cap = batch * n_queries rows.
-std::vector<float> oracle_scratch(const TqCase& c, const TqTables& tables, const HostTensor& q) {
+// With outlier channels the rotation reads each sequence's masks from its key words (`keys`).
+std::vector<float> oracle_scratch(const TqCase& c, const TqTables& tables, const HostTensor& q,
+                                  const std::vector<std::uint32_t>& keys) {
   std::vector<float> s(std::size_t(tq_scratch_floats(c.batch * c.n_queries, c.H, c.layout.head_dim)));
-  tq_rotate_queries(flashtq::backend("reference"), {tables, q.view, c.batch * c.n_queries, s.data(), nullptr});
+  tq_rotate_queries(flashtq::backend("reference"),
+                    {tables, q.view, c.batch * c.n_queries, s.data(), nullptr, keys.data()});
   return s;
 }
 
@@ -222,7 +272,7 @@ CheckResult check_tq_encode(Backend& backend, const TqCase& c) {
   const OracleCache ref = oracle_cache(c, tables);
   const HostTensor k = kv_rows(c, 1), v = kv_rows(c, 2);
   DeviceBuffer dk(backend, k.bytes), dv(backend, v.bytes),
-      kc(backend, std::vector<std::uint32_t>(ref.keys.size(), kPoisonWord)),
+      kc(backend, poisoned_keys(c, 1)),
       vc(backend, std::vector<std::uint32_t>(ref.values.size(), kPoisonWord));
   const Memory mem = backend.memory();
   const auto t0 = std::chrono::steady_clock::now();
@@ -245,12 +295,13 @@ CheckResult check_tq_rotate(Backend& backend, const TqCase& c) {
   CheckResult r{"tq_rotate", c.describe(), 0, 1e-5, false, "", 0, ""};
   const TqTables tables = make_tq_tables(c.layout, c.seed, 0);
   const HostTensor q = queries(c);
-  const std::vector<float> ref = oracle_scratch(c, tables, q);
-  DeviceBuffer dq(backend, q.bytes),
+  const std::vector<std::uint32_t> keys = poisoned_keys(c, c.batch);
+  const std::vector<float> ref = oracle_scratch(c, tables, q, keys);
+  DeviceBuffer dq(backend, q.bytes), dk(backend, keys),
       scratch(backend, std::vector<float>(ref.size(), std::numeric_limits<float>::quiet_NaN()));
   const auto t0 = std::chrono::steady_clock::now();
   tq_rotate_queries(backend, {tables, q.on(dq.get(), backend.memory()), c.batch * c.n_queries,
-                              static_cast<float*>(scratch.get()), nullptr});
+                              static_cast<float*>(scratch.get()), nullptr, static_cast<const std::uint32_t*>(dk.get())});
   backend.synchronize();
   r.seconds = seconds_since(t0);
   const std::vector<float> got = scratch.read<float>();
@@ -268,7 +319,7 @@ CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
   const TqTables tables = make_tq_tables(l, c.seed, 0);
   const OracleCache cache = oracle_cache(c, tables, c.batch);
   const HostTensor q = queries(c);
-  const std::vector<float> scratch = oracle_scratch(c, tables, q);
+  const std::vector<float> scratch = oracle_scratch(c, tables, q, cache.keys);
   TqAttendArgs a;
   a.tables = tables;
   a.scratch = scratch.data();
@@ -336,6 +387,10 @@ TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
       c.layout.qjl = false;
       c.layout.key_bits = int(range(1, 4));
       c.layout.norm_correction = range(0, 1) == 1;
+      if (range(0, 2) == 0) {  // outlier channels: 16 up to head_dim / 2 of them, at key_bits to 4 bits
+        c.layout.key_outliers = std::int32_t(16) << range(0, std::bit_width(std::uint64_t(c.layout.head_dim / 32)) - 1);
+        c.layout.key_outlier_bits = int(range(c.layout.key_bits, 4));
+      }
     }
     c.layout.n_kv_heads = range(1, 2);
     c.H = c.layout.n_kv_heads * (std::int64_t(1) << range(0, 2));

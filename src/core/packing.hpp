@@ -8,8 +8,8 @@
 
 namespace flashtq::core {
 
-FLASHTQ_HD std::uint32_t get_code(const std::uint32_t* words, std::int64_t d, int bits) {
-  const std::int64_t pos = d * bits;
+// The `bits` bits from bit `pos` of the stream.
+FLASHTQ_HD std::uint32_t get_bits(const std::uint32_t* words, std::int64_t pos, int bits) {
   const std::int64_t w = pos / 32;
   const int shift = int(pos % 32);
   const std::uint32_t mask = (1u << bits) - 1u;
@@ -18,13 +18,20 @@ FLASHTQ_HD std::uint32_t get_code(const std::uint32_t* words, std::int64_t d, in
   return v & mask;
 }
 
-// ORs a code into zero-initialised words.
-FLASHTQ_HD void put_code(std::uint32_t* words, std::int64_t d, int bits, std::uint32_t code) {
-  const std::int64_t pos = d * bits;
+FLASHTQ_HD std::uint32_t get_code(const std::uint32_t* words, std::int64_t d, int bits) {
+  return get_bits(words, d * bits, bits);
+}
+
+// ORs `bits` bits of code at bit `pos` of zero-initialised words.
+FLASHTQ_HD void put_bits(std::uint32_t* words, std::int64_t pos, int bits, std::uint32_t code) {
   const std::int64_t w = pos / 32;
   const int shift = int(pos % 32);
   words[w] |= code << shift;
   if (shift + bits > 32) words[w + 1] |= code >> (32 - shift);
+}
+
+FLASHTQ_HD void put_code(std::uint32_t* words, std::int64_t d, int bits, std::uint32_t code) {
+  put_bits(words, d * bits, bits, code);
 }
 
 }  // namespace flashtq::core

@@ -23,19 +23,20 @@ void fwht(T* x, std::int64_t n) {
   }
 }
 
+// `first`: the signs of coordinates [first, first + n), for a part of a vector (outlier channels).
 template <typename T>
-void rht(T* x, std::int64_t n, const std::array<std::uint32_t, 8>& signs) {
-  for (std::int64_t d = 0; d < n; ++d) x[d] *= T(sign_of(signs, d));
+void rht(T* x, std::int64_t n, const std::array<std::uint32_t, 8>& signs, std::int64_t first = 0) {
+  for (std::int64_t d = 0; d < n; ++d) x[d] *= T(sign_of(signs, first + d));
   fwht(x, n);
   const T inv = T(1.0 / std::sqrt(double(n)));
   for (std::int64_t d = 0; d < n; ++d) x[d] *= inv;
 }
 
 template <typename T>
-void inverse_rht(T* x, std::int64_t n, const std::array<std::uint32_t, 8>& signs) {
+void inverse_rht(T* x, std::int64_t n, const std::array<std::uint32_t, 8>& signs, std::int64_t first = 0) {
   fwht(x, n);
   const T inv = T(1.0 / std::sqrt(double(n)));
-  for (std::int64_t d = 0; d < n; ++d) x[d] *= inv * T(sign_of(signs, d));
+  for (std::int64_t d = 0; d < n; ++d) x[d] *= inv * T(sign_of(signs, first + d));
 }
 
 }  // namespace flashtq::core

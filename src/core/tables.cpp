@@ -34,6 +34,11 @@ TqTables make_tq_tables(const TqLayout& layout, std::uint64_t seed, std::int64_t
     t.key_centroids[std::size_t(i)] = float(t.key_codebook.centroids[std::size_t(i)]);
   for (int i = 0; i < t.value_codebook.levels; ++i)
     t.value_centroids[std::size_t(i)] = float(t.value_codebook.centroids[std::size_t(i)]);
+  if (layout.key_outliers) {
+    t.outlier_codebook = exact_codebook(core::codebook(layout.head_dim, layout.key_outlier_bits));
+    for (int i = 0; i < t.outlier_codebook.levels; ++i)
+      t.outlier_centroids[std::size_t(i)] = float(t.outlier_codebook.centroids[std::size_t(i)]);
+  }
   return t;
 } catch (...) {
   core::rethrow_as_error("layout");

@@ -20,15 +20,18 @@ struct RowNorm {
   double norm = 0;    // |x|: NaN or inf for a row that holds one
   double stored = 0;  // norm, or norm / |c[idx]| with norm correction; 0 for a zero row
 };
-RowNorm row_norm(const std::vector<double>& row, const TqTables& tables, bool keys);
+// order: a key's channel order, for keys with outlier channels (whose norm word holds one half per part).
+RowNorm row_norm(const std::vector<double>& row, const TqTables& tables, bool keys, const std::int32_t* order = nullptr);
 bool norm_fits(const RowNorm& r);
 // Rows of at most this norm fit whatever their codes: 65504 without norm correction, else 65504 times
 // the shortest decoded unit vector the codebook can give (sqrt(head_dim) times its smallest |centroid|),
-// a little less for rounding. Only rows above it need their codes to be decided.
+// a little less for rounding; with outlier channels, for the smallest part. Only rows above it need
+// their codes to be decided.
 double norm_always_fits(const TqTables& tables, bool keys);
 
-// The first row of the call's x (timestep-major, then kv head) that does not fit; x in host memory.
-std::optional<TqRowNorm> first_unstorable_row(const TqEncodeCall& call);
+// The first row of the call's x (timestep-major, then kv head) that does not fit; x in host memory. Keys with
+// outlier channels need their masks (n_kv_heads * head_dim / 32 words): `masks`, or the call's cache's own.
+std::optional<TqRowNorm> first_unstorable_row(const TqEncodeCall& call, const std::uint32_t* masks = nullptr);
 // The rule a row broke, for the Error naming the view.
 std::string unstorable_rule(const TqRowNorm& row, const TqEncodeCall& call);
 

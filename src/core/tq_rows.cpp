@@ -10,6 +10,7 @@
 #include "core/half.hpp"
 #include "core/packing.hpp"
 #include "core/rht.hpp"
+#include "core/tq_outliers.hpp"
 
 namespace flashtq::core {
 namespace {
@@ -45,13 +46,62 @@ void write_exact_row(const TqEncodeCall& c, std::int64_t h, std::int64_t row, co
   }
 }
 
+// A key with outlier channels, part by part: each part of the permuted key is a TurboQuant vector
+// of its own size, rotated over its slice of the signs, its coordinates scaled by sqrt(size / D) to the
+// spread of head_dim's codebook (one codebook per width serves every part); the norm half holds
+// n_p / sqrt(size / D), or n_p / |c[idx_p]| with norm correction, so that half * c[idx] decodes it.
+EncodedRow encode_key_parts(const std::vector<double>& x, const TqTables& t, const std::int32_t* order) {
+  const TqLayout& l = t.layout;
+  const std::int64_t D = l.head_dim;
+  EncodedRow e;
+  e.norm = norm(x);
+  if (e.norm < kZeroNorm) return e;  // a zero vector: every word of its slot is 0
+  e.rotated.assign(std::size_t(D), 0.0);
+  e.codes.assign(std::size_t(D), 0);
+  e.part_norms.assign(std::size_t(l.key_parts()), 0.0);
+  std::vector<double> part;
+  for (int p = 0; p < l.key_parts(); ++p) {
+    const TqLayout::KeyPart kp = l.key_part(p);
+    const TqCodebook& cb = p == 0 ? t.outlier_codebook : t.key_codebook;
+    part.resize(std::size_t(kp.size));
+    for (std::int32_t i = 0; i < kp.size; ++i) part[std::size_t(i)] = x[std::size_t(order[kp.offset + i])];
+    const double n = norm(part);
+    if (n < kZeroNorm) continue;  // a zero part: codes and norm 0, which decode to zeros
+    for (double& v : part) v /= n;
+    rht(part.data(), kp.size, t.polar_sign_bits, kp.offset);
+    const double spread = std::sqrt(double(kp.size) / double(D));
+    double decoded2 = 0;
+    for (std::int32_t i = 0; i < kp.size; ++i) {
+      const std::size_t at = std::size_t(kp.offset + i);
+      e.rotated[at] = part[std::size_t(i)] * (n / e.norm);
+      e.codes[at] = quantize(part[std::size_t(i)] * spread, cb.boundaries.data(), cb.levels - 1);
+      const double c = cb.centroids[std::size_t(e.codes[at])];
+      decoded2 += c * c;
+    }
+    e.part_norms[std::size_t(p)] = l.norm_correction ? n / std::sqrt(decoded2) : n / spread;
+  }
+  e.stored_norm = *std::max_element(e.part_norms.begin(), e.part_norms.end());
+  return e;
+}
+
+// A key slot's codes and norm words with outlier channels (zero-initialised words).
+void put_key_parts(const TqLayout& l, const EncodedRow& e, std::uint32_t* codes, std::uint32_t* norms) {
+  for (int p = 0; p < l.key_parts(); ++p) {
+    const TqLayout::KeyPart kp = l.key_part(p);
+    for (std::int32_t i = 0; i < kp.size; ++i)
+      put_bits(codes, kp.bit_offset + std::int64_t(i) * kp.bits, kp.bits, std::uint32_t(e.codes[std::size_t(kp.offset + i)]));
+    norms[p / 2] |= f16_bits(e.part_norms[std::size_t(p)]) << (16 * (p % 2));
+  }
+}
+
 }  // namespace
 
 double exact_element(const std::uint32_t* row_words, std::int64_t d) {
   return double(bf16_to_f32(std::uint16_t(row_words[d / 2] >> (16 * (d % 2)))));
 }
 
-EncodedRow encode_row(std::vector<double> x, const TqTables& t, bool keys) {
+EncodedRow encode_row(std::vector<double> x, const TqTables& t, bool keys, const std::int32_t* order) {
+  if (keys && t.layout.key_outliers) return encode_key_parts(x, t, order);
   const std::int64_t D = std::int64_t(x.size());
   const TqCodebook& cb = keys ? t.key_codebook : t.value_codebook;
   EncodedRow e;
@@ -85,21 +135,30 @@ void tq_encode_rows(const TqEncodeCall& c, std::int64_t first, std::int64_t end)
   const int bits = c.keys ? l.key_bits : l.value_bits;
   const std::int64_t code_words = c.keys ? l.key_code_words() : l.value_code_words();
   const std::int64_t norm_off = c.keys ? l.key_norm_offset() : l.value_norm_offset();
+  const std::int64_t norm_words = c.keys ? l.key_norm_words() : 1;
+  const bool parts = c.keys && l.key_outliers;
   std::vector<double> r(static_cast<std::size_t>(D));
-  for (std::int64_t t = first; t < end; ++t) {
-    for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
+  std::vector<std::int32_t> order(static_cast<std::size_t>(parts ? D : 0));
+  for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
+    if (parts) key_channel_order(l, key_outlier_mask(l, c.cache, h), order.data());
+    for (std::int64_t t = first; t < end; ++t) {
       const std::int64_t slot = h * l.capacity + c.start_pos + t;
       std::uint32_t* codes = c.cache + slot * code_words;
       std::uint32_t* jl = c.cache + l.key_jl_offset() + slot * l.jl_words();
+      std::uint32_t* norms = c.cache + norm_off + slot * norm_words;
       for (std::int64_t w = 0; w < code_words; ++w) codes[w] = 0;
       if (c.keys)
         for (std::int64_t w = 0; w < l.jl_words(); ++w) jl[w] = 0;
-      c.cache[norm_off + slot] = 0;
+      for (std::int64_t w = 0; w < norm_words; ++w) norms[w] = 0;
       read_row(c.x, t, h, r);
-      const EncodedRow e = encode_row(r, c.tables, c.keys);
+      const EncodedRow e = encode_row(r, c.tables, c.keys, order.data());
       const std::int64_t exact = l.exact_row(c.start_pos + t, c.start_pos + c.tokens());
       if (exact >= 0) write_exact_row(c, h, exact, e);
       if (e.codes.empty()) continue;  // a zero vector
+      if (parts) {
+        put_key_parts(l, e, codes, norms);
+        continue;
+      }
       for (std::int64_t d = 0; d < D; ++d) put_code(codes, d, bits, std::uint32_t(e.codes[std::size_t(d)]));
       std::uint32_t word = f16_bits(e.stored_norm);
       if (c.keys && l.qjl) {
@@ -108,20 +167,37 @@ void tq_encode_rows(const TqEncodeCall& c, std::int64_t first, std::int64_t end)
         }
         word |= f16_bits(e.gamma) << 16;
       }
-      c.cache[norm_off + slot] = word;
+      norms[0] = word;
     }
   }
 }
 
 void tq_rotate_rows(const TqRotateCall& c, std::int64_t first, std::int64_t end) {
   const TqScratchLayout& s = c.scratch_layout;
+  const TqLayout& l = c.tables.layout;
   const std::int64_t D = s.head_dim, nq = c.q.shape[1], H = s.n_heads;
-  std::vector<double> x(static_cast<std::size_t>(D));
+  std::vector<double> x(static_cast<std::size_t>(D)), permuted(static_cast<std::size_t>(D));
+  std::vector<std::int32_t> order(static_cast<std::size_t>(D));
   for (std::int64_t row = first; row < end; ++row) {
     const std::int64_t b = row / nq, j = row % nq;
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t base = offset(c.q, b, j, h);
       for (std::int64_t d = 0; d < D; ++d) x[std::size_t(d)] = load(c.q.data, c.q.dtype, base + d);
+      if (l.key_outliers) {  // the key's order and parts: q_rot[i] pairs with the key's coordinate i
+        key_channel_order(l, key_outlier_mask(l, c.k_cache + b * l.key_words(), h / (H / l.n_kv_heads)),
+                          order.data());
+        for (std::int64_t i = 0; i < D; ++i) permuted[std::size_t(i)] = x[std::size_t(order[std::size_t(i)])];
+        for (int p = 0; p < l.key_parts(); ++p) {
+          const TqLayout::KeyPart kp = l.key_part(p);
+          rht(permuted.data() + kp.offset, kp.size, c.tables.polar_sign_bits, kp.offset);
+        }
+        float* q_rot = c.scratch + s.q_rot(row, h);
+        for (std::int64_t d = 0; d < D; ++d) q_rot[d] = float(permuted[std::size_t(d)]);
+        float* q_jl = c.scratch + s.q_jl(row, h);  // keys with outliers have no QJL bits
+        for (std::int64_t d = 0; d < D; ++d) q_jl[d] = 0.0f;
+        c.scratch[s.sum(row, h)] = 0.0f;
+        continue;
+      }
       rht(x.data(), D, c.tables.polar_sign_bits);
       float* q_rot = c.scratch + s.q_rot(row, h);
       for (std::int64_t d = 0; d < D; ++d) q_rot[d] = float(x[std::size_t(d)]);
@@ -140,6 +216,20 @@ void tq_rotate_rows(const TqRotateCall& c, std::int64_t first, std::int64_t end)
 double tq_key_dot(const TqTables& t, const float* q_rot, const float* q_jl, double q_jl_sum,
                   const std::uint32_t* k_cache, std::int64_t slot, double qjl_scale) {
   const TqLayout& l = t.layout;
+  if (l.key_outliers) {  // part by part: each part's norm half times its codes' dot with q_rot
+    const std::uint32_t* norms = k_cache + l.key_norm_offset() + slot * l.key_norm_words();
+    const std::uint32_t* codes = k_cache + slot * l.key_code_words();
+    double dot = 0;
+    for (int p = 0; p < l.key_parts(); ++p) {
+      const TqLayout::KeyPart kp = l.key_part(p);
+      const TqCodebook& cb = p == 0 ? t.outlier_codebook : t.key_codebook;
+      double part = 0;
+      for (std::int32_t i = 0; i < kp.size; ++i)
+        part += double(q_rot[kp.offset + i]) * cb.centroids[get_bits(codes, kp.bit_offset + std::int64_t(i) * kp.bits, kp.bits)];
+      dot += f16_value(norms[p / 2] >> (16 * (p % 2))) * part;
+    }
+    return dot;
+  }
   const std::uint32_t nw = k_cache[l.key_norm_offset() + slot];
   const double n = f16_value(nw), gamma = f16_value(nw >> 16);
   const std::uint32_t* codes = k_cache + slot * l.key_code_words();

@@ -21,8 +21,12 @@ struct EncodedRow {
   double stored_norm = 0;  // what the norm word holds: norm, or norm / |c[idx]| with norm correction
   std::vector<double> rotated, projected;
   std::vector<int> codes;
+  // Keys with outlier channels: codes and rotated are in permuted coordinates (norm * rotated is the
+  // exact row), part_norms what each part's norm half holds, and stored_norm the largest of them.
+  std::vector<double> part_norms;
 };
-EncodedRow encode_row(std::vector<double> x, const TqTables& tables, bool keys);
+// order: a key's channel order (key_channel_order), needed for keys with outlier channels only.
+EncodedRow encode_row(std::vector<double> x, const TqTables& tables, bool keys, const std::int32_t* order = nullptr);
 
 // Encodes the call's timesteps [first, end) (indices into its x rows).
 void tq_encode_rows(const TqEncodeCall& call, std::int64_t first, std::int64_t end);

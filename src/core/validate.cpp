@@ -224,9 +224,22 @@ void validate_tq_layout(const TqLayout& l) {
     throw Error("recent_tokens", "sink_tokens + recent_tokens (" + std::to_string(l.exact_rows()) +
                                      ") must not exceed capacity " + std::to_string(l.capacity));
   }
+  if (l.key_outliers != 0) {
+    const std::int64_t n = l.key_outliers;
+    if (n < 16 || n > d / 2 || (n & (n - 1)) != 0) {
+      throw Error("key_outliers", std::to_string(n) + " must be 0 or a power of two in [16, head_dim / 2 = " +
+                                      std::to_string(d / 2) + "]");
+    }
+    if (l.qjl) throw Error("key_outliers", "needs keys without QJL (qjl = false)");
+    if (l.key_outlier_bits < l.key_bits || l.key_outlier_bits > 4) {
+      throw Error("key_outlier_bits", "must be in [key_bits = " + std::to_string(l.key_bits) + ", 4]");
+    }
+  } else if (l.key_outlier_bits != 0) {
+    throw Error("key_outlier_bits", "must be 0 without outlier channels (key_outliers = 0)");
+  }
   const std::int64_t slots = checked_mul(l.n_kv_heads, l.capacity, "capacity");
   const std::int64_t words_per_slot =
-      d * 4 / 32 + d / 32 + 1 + d / 2;  // the widest slot, an exact row's share included
+      d * 4 / 32 + d / 32 + 3 + d / 2;  // the widest slot (up to 5 key parts' norms), an exact row's share included
   if (checked_mul(slots, words_per_slot, "capacity") > std::int64_t(std::numeric_limits<std::uint32_t>::max())) {
     throw Error("capacity", "the packed cache must hold fewer than 2^32 words (32-bit word indices)");
   }
@@ -269,6 +282,14 @@ void check_tq_rows_storable(const Backend& backend, const TqEncodeCall& c, const
   if (bad) throw Error(view, unstorable_rule(*bad, c));
 }
 
+void validate_tq_calibration(const Backend& backend, const TqLayout& l, const TensorView& keys) {
+  if (!l.key_outliers) {
+    throw Error("layout", "calibrate() chooses outlier channels, and this layout has none (key_outliers = 0)");
+  }
+  check_view("keys", keys, backend);
+  check_shape("keys", keys, {1, keys.shape[1], l.n_kv_heads, l.head_dim}, "[1, T, n_kv_heads, head_dim]");
+}
+
 TqRotateCall validate_tq_rotate(const Backend& backend, const TqRotateArgs& a) {
   const TqLayout& l = a.tables.layout;
   validate_tq_layout(l);
@@ -280,8 +301,10 @@ TqRotateCall validate_tq_rotate(const Backend& backend, const TqRotateArgs& a) {
   if (q_cap < rows) throw Error("q_cap", "must be >= batch * n_queries");
   checked_mul(checked_mul(q_cap, a.q.shape[2], "q_cap"), 2 * l.head_dim + 1, "q_cap");
   check_pointer("scratch", a.scratch, alignof(float));
+  if (l.key_outliers) check_pointer("k_cache", a.k_cache, alignof(std::uint32_t));
   if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
   TqRotateCall c(Validator::stamp());
+  c.k_cache = a.k_cache;
   c.tables = a.tables;
   c.q = a.q;
   c.scratch_layout = {q_cap, a.q.shape[2], l.head_dim};

@@ -28,6 +28,8 @@ TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& args
 TqEncodeCall validate_tq_encode_views(const Backend& backend, const TqEncodeArgs& args, bool keys, const char* view);
 void check_tq_rows_storable(const Backend& backend, const TqEncodeCall& call, const char* view);
 TqRotateCall validate_tq_rotate(const Backend& backend, const TqRotateArgs& args);
+// TqKvCache::calibrate: a layout with outlier channels, keys [1, T, n_kv_heads, head_dim] in the backend's memory.
+void validate_tq_calibration(const Backend& backend, const TqLayout& layout, const TensorView& keys);
 // check_workspace = false when the call is resolved only to ask for its workspace size.
 TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& args, bool check_workspace = true);
 

@@ -411,7 +411,8 @@ HWY_EXPORT(Supported);
 
 bool tq_attend_simd(const TqAttendCall& a, int threads) {
   const TqLayout& l = a.layout();
-  if (!HWY_DYNAMIC_DISPATCH(Supported)()) return false;
+  // Keys with outlier channels (a norm per part) take the per-row code for now.
+  if (l.key_outliers || !HWY_DYNAMIC_DISPATCH(Supported)()) return false;
   const std::int64_t D = l.head_dim, H = a.n_heads, G = H / l.n_kv_heads, rows = a.batch * a.n_queries;
   // Units of (row, kv head, split); splits keep every thread busy in decode.
   const std::int64_t base_units = rows * l.n_kv_heads;

@@ -77,6 +77,7 @@ class CudaBackend final : public Backend {
   // The check runs on the device; the row it finds is then copied back and described on the host, with
   // the oracle's arithmetic (an error path only).
   std::optional<TqRowNorm> tq_unstorable_row(const TqEncodeCall& c) const override {
+    if (c.keys && c.layout().key_outliers) return unstorable_row_of_parts(c);
     const std::optional<std::int64_t> row = first_unstorable_tq_row(c, core::norm_always_fits(c.tables, c.keys));
     if (!row) return std::nullopt;
     const std::int64_t H = c.layout().n_kv_heads, D = c.layout().head_dim, t = *row / H, h = *row % H;
@@ -89,6 +90,23 @@ class CudaBackend final : public Backend {
     for (std::int64_t d = 0; d < D; ++d) values[std::size_t(d)] = core::load(bytes.data(), c.x.dtype, d);
     const core::RowNorm r = core::row_norm(values, c.tables, c.keys);
     return TqRowNorm{t, h, r.norm, r.stored};
+  }
+  // Keys with outlier channels: each part's norm half must fit, which depends on the head's mask; the rows
+  // and the masks are copied to the host and held to the oracle's rule there (keys are appended a chunk
+  // at a time, so this costs a copy of the chunk).
+  static std::optional<TqRowNorm> unstorable_row_of_parts(const TqEncodeCall& c) {
+    const TqLayout& l = c.layout();
+    std::int64_t extent = c.x.shape[3];
+    for (int d = 0; d < 3; ++d) extent += (c.x.shape[d] - 1) * c.x.strides[d];
+    std::vector<unsigned char> rows(std::size_t(extent) * dtype_size(c.x.dtype));
+    std::vector<std::uint32_t> masks(std::size_t(l.key_mask_words()));
+    FLASHTQ_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(c.stream)));
+    FLASHTQ_CUDA_CHECK(cudaMemcpy(rows.data(), c.x.data, rows.size(), cudaMemcpyDeviceToHost));
+    FLASHTQ_CUDA_CHECK(cudaMemcpy(masks.data(), c.cache + l.key_mask_offset(), masks.size() * 4, cudaMemcpyDeviceToHost));
+    TqEncodeCall host = c;
+    host.x.data = rows.data();
+    host.x.memory = Memory::host;
+    return core::first_unstorable_row(host, masks.data());
   }
   void tq_rotate_queries(const TqRotateCall& c) override { launch_tq_rotate(c); }
   void tq_attend(const TqAttendCall& c) override {

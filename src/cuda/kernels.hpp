@@ -31,6 +31,9 @@ void repair_dense_dq(const BackwardCall& call);
 unsigned* unfinished_rows_flag();
 
 void launch_tq_encode(const TqEncodeCall& call);
+// Keys with outlier channels (tq_outliers.cu): launch_tq_encode and launch_tq_rotate send them there.
+void launch_tq_encode_parts(const TqEncodeCall& call);
+void launch_tq_rotate_parts(const TqRotateCall& call);
 // The first row (t * n_kv_heads + h) of the call's x whose norm f16 cannot hold, rows of at most
 // always_fits passing on their norm alone; waits for the call's stream (src/cuda/tq_norm_check.cu).
 std::optional<std::int64_t> first_unstorable_tq_row(const TqEncodeCall& call, double always_fits);

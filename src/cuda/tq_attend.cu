@@ -22,7 +22,7 @@ template <int D, int HT>
 __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   __shared__ float q_rot[HT][D], q_jl[HT][D], q_sum[HT];
   __shared__ float p[HT][kSplitTokens], v_norm[kSplitTokens];
-  __shared__ float kc[16], vc[16], row_max[HT], row_sum[HT];
+  __shared__ float kc[16], vc[16], oc[16], row_max[HT], row_sum[HT];
   __shared__ int exact_row[kSplitTokens];  // the exact copy each timestep is read from, or -1 for its codes
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int split = blockIdx.x;
@@ -52,6 +52,7 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   if (tid < 16) {
     kc[tid] = a.key_centroids[tid];
     vc[tid] = a.value_centroids[tid];
+    oc[tid] = a.outlier_centroids[tid];
   }
   __syncthreads();
 
@@ -74,6 +75,28 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
 #pragma unroll
       for (int g = 0; g < HT; ++g) p[g][tt] = t0 + tt < first ? -INFINITY : a.scale * dot[g];
       v_norm[tt] = 1.0f;
+      continue;
+    }
+    if (l.key_outliers) {  // part by part: each part's norm half times its codes' dot (docs/turboquant_layout.md)
+      const std::uint32_t* codes = keys + slot * l.key_code_words();
+      const std::uint32_t* norms = keys + l.key_norm_offset() + slot * l.key_norm_words();
+      float score[HT] = {};
+      for (int part = 0; part < l.key_parts(); ++part) {
+        const TqLayout::KeyPart kp = l.key_part(part);
+        const float* cent = part == 0 ? oc : kc;
+        float dot[HT] = {};
+        for (int i = 0; i < kp.size; ++i) {
+          const float c = cent[core::get_bits(codes, kp.bit_offset + std::int64_t(i) * kp.bits, kp.bits)];
+#pragma unroll
+          for (int g = 0; g < HT; ++g) dot[g] = fmaf(q_rot[g][kp.offset + i], c, dot[g]);
+        }
+        const float half = f16_low(norms[part / 2] >> (16 * (part % 2)));
+#pragma unroll
+        for (int g = 0; g < HT; ++g) score[g] = fmaf(half, dot[g], score[g]);
+      }
+#pragma unroll
+      for (int g = 0; g < HT; ++g) p[g][tt] = t0 + tt < first ? -INFINITY : a.scale * score[g];
+      v_norm[tt] = f16_low(values[l.value_norm_offset() + slot]);
       continue;
     }
     const std::uint32_t nw = keys[l.key_norm_offset() + slot];
@@ -324,6 +347,7 @@ void launch_tq_attend(const TqAttendCall& c) {
   for (int i = 0; i < 16; ++i) {
     a.key_centroids[i] = c.tables.key_centroids[std::size_t(i)];
     a.value_centroids[i] = c.tables.value_centroids[std::size_t(i)];
+    a.outlier_centroids[i] = c.tables.outlier_centroids[std::size_t(i)];
   }
   for (int i = 0; i < 8; ++i) a.polar_signs[i] = c.tables.polar_sign_bits[std::size_t(i)];
   auto stream = static_cast<cudaStream_t>(c.stream);

@@ -33,6 +33,7 @@ struct AttendParams {
   int split_tokens;     // timesteps per block (split)
   std::int64_t window;  // 0 = none; else row p sees (p - window, p]
   float key_centroids[16], value_centroids[16];
+  float outlier_centroids[16];  // keys with outlier channels: part 0's codebook
   std::uint32_t polar_signs[8];
 };
 

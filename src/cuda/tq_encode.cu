@@ -136,6 +136,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 }  // namespace
 
 void launch_tq_encode(const TqEncodeCall& c) {
+  if (c.keys && c.layout().key_outliers) return launch_tq_encode_parts(c);
   const std::int64_t rows = c.tokens() * c.layout().n_kv_heads;
   by_dtype_and_width(c.x.dtype, c.layout().head_dim, [&](auto tag, auto width) {
     encode_kernel<decltype(tag), decltype(width)::value>
@@ -146,6 +147,7 @@ void launch_tq_encode(const TqEncodeCall& c) {
 }
 
 void launch_tq_rotate(const TqRotateCall& c) {
+  if (c.layout().key_outliers) return launch_tq_rotate_parts(c);
   const std::int64_t rows = c.rows() * c.scratch_layout.n_heads;
   by_dtype_and_width(c.q.dtype, c.scratch_layout.head_dim, [&](auto tag, auto width) {
     rotate_kernel<decltype(tag), decltype(width)::value>

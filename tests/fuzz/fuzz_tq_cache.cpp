@@ -51,8 +51,12 @@ std::string layout_invalid(const TqLayout& l) {
   if (l.sink_tokens < 0 || l.sink_tokens > 65536 || l.recent_tokens < 0 || l.recent_tokens > 65536)
     return "exact tokens";
   if (std::int64_t(l.sink_tokens) + l.recent_tokens > l.capacity) return "exact tokens > capacity";
+  if (l.key_outliers != 0 && (l.key_outliers < 16 || l.key_outliers > d / 2 || (l.key_outliers & (l.key_outliers - 1)) ||
+                              l.qjl || l.key_outlier_bits < l.key_bits || l.key_outlier_bits > 4))
+    return "key_outliers";
+  if (l.key_outliers == 0 && l.key_outlier_bits != 0) return "key_outlier_bits";
   // The widest slot's words (4-bit codes, the jl words, a norm, an exact row's share) under 2^32.
-  const __int128 slots = (__int128)l.n_kv_heads * l.capacity, words_per_slot = d * 4 / 32 + d / 32 + 1 + d / 2;
+  const __int128 slots = (__int128)l.n_kv_heads * l.capacity, words_per_slot = d * 4 / 32 + d / 32 + 3 + d / 2;
   if (slots > (__int128)0xFFFFFFFFu || slots * words_per_slot > (__int128)0xFFFFFFFFu) return "2^32 words";
   return {};
 }
@@ -130,7 +134,9 @@ void check_unchanged(const Side& s, const Snapshot& before, const char* op, cons
 // and near 65504 it leaves room for the f32 rounding of n.
 enum class NormVerdict { fits, refused, either };
 
-NormVerdict norm_verdict(const Tensor& t, bool norm_correction) {
+// spread: with outlier channels, sqrt(key_outliers / head_dim): a part's norm half holds up to 1 / spread times
+// the row's norm, so fewer rows fit for sure (a row past 65504 still never fits: some half holds at least n).
+NormVerdict norm_verdict(const Tensor& t, bool norm_correction, double spread = 1.0) {
   if (!t.fits || t.view.data == nullptr) return NormVerdict::fits;  // refused for its view first
   NormVerdict verdict = NormVerdict::fits;
   for (std::int64_t s = 0; s < t.view.shape[1]; ++s)
@@ -141,7 +147,7 @@ NormVerdict norm_verdict(const Tensor& t, bool norm_correction) {
         sum += x * x;
       }
       const double n = std::sqrt(sum);
-      const double sure_fit = norm_correction ? 65504.0 / 20 : 65504.0 * (1 - 1e-3);
+      const double sure_fit = spread * (norm_correction ? 65504.0 / 20 : 65504.0 * (1 - 1e-3));
       if (!std::isfinite(n) || (!norm_correction && n > 65504.0 * (1 + 1e-3))) return NormVerdict::refused;
       if (n > sure_fit) verdict = NormVerdict::either;
     }
@@ -190,6 +196,13 @@ void run(const uint8_t* data, size_t size) {
   l.recent_tokens = fuzz::rarely(fdp, 0.5f) ? std::int32_t(fdp.ConsumeIntegralInRange<std::int64_t>(0, exact_max)) : 0;
   if (fuzz::rarely(fdp, 0.05f)) l.recent_tokens = std::int32_t(fuzz::interesting_int64(fdp));
   config.seed = fdp.ConsumeIntegral<std::uint64_t>();
+  // Outlier channels from the seed's top bits (no bytes of their own, so the corpus keeps its meaning): one
+  // input in eight without QJL gets 16 to 128 of them (past head_dim / 2 sometimes: refused), at key_bits to
+  // key_bits + 3 bits (past 4 sometimes: refused).
+  if (!l.qjl && (config.seed >> 61) == 0) {
+    l.key_outliers = 16 << ((config.seed >> 58) & 3);
+    l.key_outlier_bits = l.key_bits + int((config.seed >> 56) & 3);
+  }
 
   std::string why = config.layers < 1 ? "layers" : layout_invalid(l);
   if (why.empty()) {
@@ -262,7 +275,8 @@ void run(const uint8_t* data, size_t size) {
         if (why.empty() && !(k.t.fits && v.t.fits)) break;  // valid, but larger than its buffers
         bool norm_either = false;
         if (why.empty()) {
-          const NormVerdict kv[] = {norm_verdict(k.t, l.norm_correction && !l.qjl),
+          const double spread = l.key_outliers ? std::sqrt(double(l.key_outliers) / double(l.head_dim)) : 1.0;
+          const NormVerdict kv[] = {norm_verdict(k.t, l.norm_correction && !l.qjl, spread),
                                     norm_verdict(v.t, l.norm_correction)};
           for (NormVerdict n : kv) {
             if (n == NormVerdict::refused) why = "a norm past f16";

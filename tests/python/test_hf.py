@@ -147,3 +147,28 @@ def test_exact_tokens_covering_the_sequence_give_exact_attention(build, seed):
         far = torch.cat([model(ids[:, i:i + 4], past_key_values=codes).logits for i in range(0, 20, 4)], 1)
     assert rel_err(got, want) <= 1e-2
     assert rel_err(far, want) > 2 * rel_err(got, want)
+
+
+def test_outlier_channels_calibrate_on_the_prompt_or_on_given_keys(seed):
+    from flashtq.hf.cache import calibration_keys
+
+    model = llama(seed)
+    model.set_attn_implementation("flashtq")
+    ids = torch.randint(1, 256, (1, 24))
+    with torch.no_grad():
+        exact = model(ids).logits
+        # On the prompt: each layer's first keys choose its outliers.
+        cache = flashtq.hf.TurboQuantCache(model.config, "m3o16x4v3n", max_length=24)
+        got = model(ids, past_key_values=cache).logits
+        # Given keys of the same prompt: the same choice, so the same logits.
+        keys = calibration_keys(model, ids)
+        given = flashtq.hf.TurboQuantCache(model.config, "m3o16x4v3n", max_length=24, calibration=keys)
+        again = model(ids, past_key_values=given).logits
+    assert len(keys) == 3 and keys[0].shape == (1, 2, 24, 32)
+    assert torch.equal(got, again)
+    assert rel_err(got, exact) < 0.5
+    for layer in range(3):
+        assert (cache.packed.key_words(layer) == given.packed.key_words(layer)).all()
+    with pytest.raises(flashtq.FlashTQError) as e:
+        flashtq.hf.TurboQuantCache(model.config, "m3o16x4v3n", calibration=keys[:2])
+    assert e.value.argument == "calibration"

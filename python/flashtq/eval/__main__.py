@@ -103,6 +103,14 @@ def bits_per_coordinate(model, config: str, ctx: int) -> tuple[float, float]:
     return per_token, 8 * per_token / (2 * c.num_layers * c.num_kv_heads * c.head_dim)
 
 
+def _has_outliers(config: str) -> bool:
+    from flashtq.cache import parse_config
+    from flashtq.eval import baselines
+
+    parsed = None if baselines.is_baseline(config) else parse_config(config)
+    return bool(parsed and parsed.key_outliers)
+
+
 def run_model(name: str, args, progress) -> dict:
     import torch
 
@@ -126,6 +134,15 @@ def run_model(name: str, args, progress) -> dict:
            "device": args.device,
            "tokens_scored": sum(w.shape[1] - 1 for w in wins), "bf16_bytes_per_token": bf16_bytes}
     exact = [perplexity.window_nll(model, w, None) for w in progress(wins, f"{name} exact")]
+    # Outlier channels are chosen on the corpus's calibration split (never on the text scored): the keys of
+    # its first window of ctx tokens, recorded once.
+    calibration = None
+    if any(_has_outliers(c) for c in configs):
+        from flashtq.hf.cache import calibration_keys
+
+        calib_ids = tokenizer(corpora.calibration(corpora.load_text(args.corpus, args.corpus_path)),
+                              add_special_tokens=False).input_ids
+        calibration = calibration_keys(model, perplexity.windows(calib_ids, args.ctx, 1, prefix)[0])
     exact_nll = [s / n for s, n in exact]
     run["exact"] = {"ppl": math.exp(sum(s for s, _ in exact) / sum(n for _, n in exact)), "window_nll": exact_nll}
     run["configs"] = []
@@ -134,7 +151,8 @@ def run_model(name: str, args, progress) -> dict:
         row = {"name": config, "bytes_per_token": per_token, "bits_per_coordinate": bits,
                "compression_vs_bf16": bf16_bytes / per_token}
         try:
-            got = [perplexity.window_nll(model, w, config, args.chunk) for w in progress(wins, f"{name} {config}")]
+            got = [perplexity.window_nll(model, w, config, args.chunk, calibration)
+                   for w in progress(wins, f"{name} {config}")]
         except ValueError as e:  # FlashTQError: e.g. no TurboQuant cache on this device in this build
             row["error"] = str(e)
             run["configs"].append(row)

@@ -10,11 +10,12 @@ from flashtq.eval import baselines
 from flashtq.hf import TurboQuantCache
 
 
-def make_cache(model, config: str, length: int):
-    """The cache a configuration names: a packed TurboQuant cache, or an outside baseline's (flashtq.eval.baselines)."""
+def make_cache(model, config: str, length: int, calibration: Optional[list] = None):
+    """The cache a configuration names: a packed TurboQuant cache (outlier channels chosen from `calibration`, a
+    list of per-layer keys, where the configuration has them), or an outside baseline's (flashtq.eval.baselines)."""
     if baselines.is_baseline(config):
         return baselines.BaselineCache(model.config, config)
-    return TurboQuantCache(model.config, config, max_length=length, device=model.device.type)
+    return TurboQuantCache(model.config, config, max_length=length, device=model.device.type, calibration=calibration)
 
 
 def windows(token_ids: list[int], ctx: int, count: int, prefix: list[int] = ()) -> list[torch.Tensor]:
@@ -26,7 +27,8 @@ def windows(token_ids: list[int], ctx: int, count: int, prefix: list[int] = ()) 
 
 
 @torch.no_grad()
-def window_nll(model, ids: torch.Tensor, config: Optional[str], chunk: int = 0) -> tuple[float, int]:
+def window_nll(model, ids: torch.Tensor, config: Optional[str], chunk: int = 0,
+               calibration: Optional[list] = None) -> tuple[float, int]:
     """(sum of next-token NLL, tokens predicted) of one window: exact attention when config is None, else the
     window fed through a packed cache of that config in chunks of `chunk` tokens (0: one chunk), each chunk's
     keys and values appended before its queries attend. Small chunks judge a configuration as decoding does:
@@ -36,7 +38,7 @@ def window_nll(model, ids: torch.Tensor, config: Optional[str], chunk: int = 0) 
     if config is None:
         logits = model(ids, use_cache=False).logits
     else:
-        cache = make_cache(model, config, ids.shape[1])
+        cache = make_cache(model, config, ids.shape[1], calibration)
         step = chunk or ids.shape[1]
         logits = torch.cat([model(ids[:, i:i + step], past_key_values=cache, use_cache=True).logits
                             for i in range(0, ids.shape[1], step)], 1)

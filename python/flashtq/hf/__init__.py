@@ -6,8 +6,8 @@ flashtq.hf.TurboQuantCache as past_key_values, every layer appends its new keys 
 cache and attends over the packed words.
 """
 from flashtq.hf.attention import flashtq_attention_forward, flashtq_mask, register
-from flashtq.hf.cache import TurboQuantCache, TurboQuantLayer
+from flashtq.hf.cache import TurboQuantCache, TurboQuantLayer, calibration_keys
 
 register()
 
-__all__ = ["TurboQuantCache", "TurboQuantLayer", "flashtq_attention_forward", "flashtq_mask", "register"]
+__all__ = ["TurboQuantCache", "TurboQuantLayer", "calibration_keys", "flashtq_attention_forward", "flashtq_mask", "register"]

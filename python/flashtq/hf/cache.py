@@ -46,6 +46,12 @@ class TurboQuantLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         packed = self.owner.packed
+        if packed.config.key_outliers and packed.length(self.layer_idx) == 0:
+            # Outlier channels are chosen before the first append: from the calibration keys given, else from
+            # these (a prompt's own keys).
+            given = self.owner.calibration[self.layer_idx] if self.owner.calibration is not None else None
+            keys = key_states.detach() if given is None else given.to(key_states.device)
+            packed.calibrate(self.layer_idx, keys.expand(packed.batch_size, -1, -1, -1), layout="bhsd")
         packed.append(self.layer_idx, key_states.detach(), value_states.detach(), layout="bhsd")
         marked = key_states.view_as(key_states)  # a new tensor object: only it carries the mark
         marked._flashtq_packed = _Packed(packed, self.layer_idx)
@@ -80,11 +86,15 @@ class TurboQuantCache(Cache):
         TurboQuantConfig or a dict; None is the default preset.
     max_length: tokens each sequence may hold (default: the model's max_position_embeddings).
     device: where the packed words live (default: where the first keys are: cpu, or cuda on torch's stream).
+    calibration: with outlier channels (a config with key_outliers), the keys each layer's outliers are chosen
+        from, one [1, Hkv, T, D] tensor per layer (calibration_keys() records them from a text); None chooses them
+        from each layer's first keys (the prompt's).
     The model must run with attn_implementation="flashtq" (import flashtq.hf registers it).
     """
 
     def __init__(self, config, cache_config: Union[str, TurboQuantConfig, dict, None] = None,
-                 max_length: Optional[int] = None, device: Union[str, torch.device, None] = None):
+                 max_length: Optional[int] = None, device: Union[str, torch.device, None] = None,
+                 calibration: Optional[list] = None):
         text = config.get_text_config(decoder=True)
         self.model_config = text
         self.num_layers = text.num_hidden_layers
@@ -92,6 +102,9 @@ class TurboQuantCache(Cache):
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         self.max_length = int(max_length or text.max_position_embeddings)
         self.cache_config, self.device = cache_config, device
+        if calibration is not None and len(calibration) != self.num_layers:
+            raise error("calibration", f"must hold one key tensor per layer ({self.num_layers}), holds {len(calibration)}")
+        self.calibration = calibration
         self.packed: Optional[PackedCache] = None
         layer_types = getattr(text, "layer_types", None) or ["full_attention"] * self.num_layers
         window = getattr(text, "sliding_window", None)
@@ -124,3 +137,15 @@ class TurboQuantCache(Cache):
             return self.packed.bytes_per_token()
         return PackedCache(self.num_layers, self.num_kv_heads, self.head_dim, 1, config=self.cache_config,
                            device="cpu").bytes_per_token()  # the layout's count, wherever the words will live
+
+
+@torch.no_grad()
+def calibration_keys(model, ids: torch.Tensor) -> list:
+    """Each layer's keys [1, Hkv, T, D] (after RoPE, as the cache receives them) for token ids [1, T], with exact
+    attention: what TurboQuantCache(calibration=...) chooses outlier channels from (docs/quality.md uses the
+    calibration split of the corpus, never the text it is evaluated on)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    model(ids.to(model.device), past_key_values=cache, use_cache=True)
+    return [layer.keys.detach() for layer in cache.layers]
