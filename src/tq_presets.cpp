@@ -1,4 +1,5 @@
 // The named TurboQuant presets: the one list the C++ API, the Python package and the conformance suite read.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -12,14 +13,17 @@ namespace flashtq {
 const std::vector<TqPreset>& tq_presets() {
   // Measured in docs/quality.md (python -m flashtq.eval); the first entry is the default.
   static const std::vector<TqPreset> presets = {
-      {"default", 4, 3, 3, false, 4, 32, true,
+      {"default", {3, 0, 0, 3, 4, 32}, {4, 0, 0, 3, 4, 32}, false, true,
        "keys 4-bit codes (3-bit at head_dim <= 64), values 3 bits, norm correction, 4 sink and 32 recent tokens "
        "exact: at least 4x against bf16 at 2048 tokens"},
-      {"quality", 4, 4, 3, false, 4, 32, true,
+      {"quality", {4, 0, 0, 3, 4, 32}, {4, 0, 0, 3, 4, 32}, false, true,
        "keys 4-bit codes, values 3 bits, norm correction, 4 sink and 32 recent tokens exact"},
-      {"small", 3, 3, 2, false, 4, 16, true,
-       "keys 3-bit codes, values 2 bits, norm correction, 4 sink and 16 recent tokens exact: at least 5x"},
-      {"seed", 2, 2, 2, true, 0, 0, false, "the seed kernel's layout: keys 2-bit codes + 1 QJL bit, values 2 bits"},
+      {"small", {2, 2, 4, 2, 4, 20}, {3, 4, 4, 2, 4, 32}, false, true,
+       "keys with outlier channels (half of them 4-bit, the rest 2-bit at head_dim <= 64; a quarter 4-bit, the "
+       "rest 3-bit above), values 2 bits, norm correction, 4 sink and 20 (32 above 64) recent tokens exact: at "
+       "least 5x against bf16 at 2048 tokens; outliers chosen by TqKvCache::calibrate"},
+      {"seed", {2, 0, 0, 2, 0, 0}, {2, 0, 0, 2, 0, 0}, true, false,
+       "the seed kernel's layout: keys 2-bit codes + 1 QJL bit, values 2 bits"},
   };
   return presets;
 }
@@ -33,12 +37,17 @@ TqLayout tq_preset_layout(const std::string& name, std::int64_t head_dim, std::i
       l.head_dim = head_dim;
       l.n_kv_heads = n_kv_heads;
       l.capacity = capacity;
-      l.key_bits = head_dim <= 64 ? p.key_bits_at_64 : p.key_bits;
-      l.value_bits = p.value_bits;
+      const TqPreset::Widths& w = head_dim <= 64 ? p.up_to_64 : p.above_64;
+      l.key_bits = w.key_bits;
+      l.value_bits = w.value_bits;
       l.qjl = p.qjl;
-      l.sink_tokens = p.sink_tokens;
-      l.recent_tokens = p.recent_tokens;
+      l.sink_tokens = w.sink_tokens;
+      l.recent_tokens = w.recent_tokens;
       l.norm_correction = p.norm_correction;
+      if (w.key_outlier_share) {
+        l.key_outliers = std::int32_t(std::max<std::int64_t>(16, head_dim / w.key_outlier_share));
+        l.key_outlier_bits = w.key_outlier_bits;
+      }
       core::validate_tq_layout(l);
       return l;
     }

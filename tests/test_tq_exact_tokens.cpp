@@ -158,7 +158,7 @@ TEST(ExactTokens, PresetSizesAreTheDocumentedOnes) {
   const Row rows[] = {
       {"default", 64, 56, 9216}, {"default", 128, 120, 18432}, {"default", 256, 232, 36864},
       {"quality", 64, 64, 9216}, {"quality", 128, 120, 18432}, {"quality", 256, 232, 36864},
-      {"small", 64, 48, 5120},   {"small", 128, 88, 10240},    {"small", 256, 168, 20480},
+      {"small", 64, 48, 6144},   {"small", 128, 96, 18432},    {"small", 256, 180, 36864},
       {"seed", 64, 48, 0},       {"seed", 128, 88, 0},         {"seed", 256, 168, 0},
   };
   for (const Row& r : rows) {

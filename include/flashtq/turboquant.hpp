@@ -246,12 +246,18 @@ std::size_t tq_attend_workspace_bytes(Backend& backend, const TqAttendArgs& args
 // whatever D, so at D <= 64 they weigh twice what they weigh at D = 128 and a preset that targets a
 // compression keeps fewer key bits there.
 struct TqPreset {
+  // The configuration for one class of head_dim.
+  struct Widths {
+    int key_bits;
+    int key_outlier_share;  // outlier channels: head_dim / share of them (at least 16); 0 = none
+    int key_outlier_bits;
+    int value_bits;
+    std::int32_t sink_tokens, recent_tokens;
+  };
   const char* name;
-  int key_bits;        // D >= 128
-  int key_bits_at_64;  // D <= 64
-  int value_bits;
+  Widths up_to_64;  // head_dim <= 64
+  Widths above_64;  // head_dim >= 128
   bool qjl;
-  std::int32_t sink_tokens, recent_tokens;
   bool norm_correction;
   const char* summary;
 };

@@ -218,19 +218,26 @@ HWY_INLINE hn::Vec<D> exact_chunk(D d, const std::uint32_t* row, std::int64_t c)
 // time (as values are) instead of through tables: the tables of 2- to 4-bit codes are 64 to 256 KB at
 // D = 128 and their reads wait on L2 (this measured about 1.5x faster for 4-bit keys, docs/benchmarks.md).
 // Two chunks a pass, so that the FMA chains interleave.
+// `first`: the coordinate of q_rot where these codes start (a part of a key with outlier channels); dim
+// is a multiple of the lanes (parts are at least 16 coordinates), not always of twice them.
 template <int GT, class D, class Decoder>
 HWY_INLINE void key_dots_decoded(D d, const Decoder& dec, const float* const* q_rot, const std::uint8_t* codes,
-                                 std::int64_t dim, float* out) {
+                                 std::int64_t dim, float* out, std::int64_t first = 0) {
   using V = hn::Vec<D>;
   const std::int64_t N = std::int64_t(hn::Lanes(d));
   V sum0[GT], sum1[GT];
   for (int g = 0; g < GT; ++g) sum0[g] = sum1[g] = hn::Zero(d);
-  for (std::int64_t c = 0; c < dim; c += 2 * N) {
+  std::int64_t c = 0;
+  for (; c + 2 * N <= dim; c += 2 * N) {
     const V cent0 = dec.decode(d, codes, c), cent1 = dec.decode(d, codes, c + N);
     for (int g = 0; g < GT; ++g) {
-      sum0[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + c), cent0, sum0[g]);
-      sum1[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + c + N), cent1, sum1[g]);
+      sum0[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c), cent0, sum0[g]);
+      sum1[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c + N), cent1, sum1[g]);
     }
+  }
+  if (c < dim) {
+    const V cent0 = dec.decode(d, codes, c);
+    for (int g = 0; g < GT; ++g) sum0[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c), cent0, sum0[g]);
   }
   for (int g = 0; g < GT; ++g) out[g] = hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0[g], sum1[g])));
 }
@@ -262,6 +269,8 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   if (t0 >= t1) return;
   thread_local KeyTables tables;
   const ValueDecoder<decltype(d), kKeyBits == 0 ? 2 : kKeyBits> key_codes(d, a.tables.key_centroids.data());
+  // Outlier channels' part: 4 bits (the only width the SIMD path serves for them, tq_attend_simd).
+  const ValueDecoder<decltype(d), 4> outlier_codes(d, a.tables.outlier_centroids.data());
   if (kKeyBits == 0) build_key_tables(q_rot, q_jl, GT, D, fields, lay.qjl, a.tables.key_centroids.data(), tables);
   // The exact copy of timestep t, or null when its codes are read (docs/turboquant_layout.md).
   auto exact = [&](const std::uint32_t* cache, std::int64_t region, std::int64_t t) -> const std::uint32_t* {
@@ -290,6 +299,23 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       }
       const auto* codes = reinterpret_cast<const std::uint8_t*>(keys + slot * lay.key_code_words());
       const std::uint32_t nw = keys[lay.key_norm_offset() + slot];
+      if (kKeyBits != 0 && lay.key_outliers) {  // part by part: its norm half times its codes' dots
+        const std::uint32_t* halves = keys + lay.key_norm_offset() + slot * lay.key_norm_words();
+        for (int g = 0; g < 4; ++g) scores[t][g] = 0.0f;
+        for (int p = 0; p < lay.key_parts(); ++p) {
+          const TqLayout::KeyPart kp = lay.key_part(p);
+          alignas(16) float dots[4] = {};
+          const std::uint8_t* part_codes = codes + kp.bit_offset / 8;  // parts start on whole bytes
+          if (p == 0) {
+            key_dots_decoded<GT>(d, outlier_codes, q_rot, part_codes, kp.size, dots, kp.offset);
+          } else {
+            key_dots_decoded<GT>(d, key_codes, q_rot, part_codes, kp.size, dots, kp.offset);
+          }
+          const float k_scale = scale * f16_low(halves[p / 2] >> (16 * (p % 2)));
+          for (int g = 0; g < 4; ++g) scores[t][g] += k_scale * dots[g];
+        }
+        continue;
+      }
       if (kKeyBits != 0) {  // no QJL with these keys
         alignas(16) float dots[4] = {};
         key_dots_decoded<GT>(d, key_codes, q_rot, codes, D, dots);
@@ -411,8 +437,10 @@ HWY_EXPORT(Supported);
 
 bool tq_attend_simd(const TqAttendCall& a, int threads) {
   const TqLayout& l = a.layout();
-  // Keys with outlier channels (a norm per part) take the per-row code for now.
-  if (l.key_outliers || !HWY_DYNAMIC_DISPATCH(Supported)()) return false;
+  // Keys with outlier channels: 4-bit outliers over 2- to 4-bit codes (every preset's); others take the per-row code.
+  if ((l.key_outliers && (l.key_outlier_bits != 4 || l.key_bits < 2)) || !HWY_DYNAMIC_DISPATCH(Supported)()) {
+    return false;
+  }
   const std::int64_t D = l.head_dim, H = a.n_heads, G = H / l.n_kv_heads, rows = a.batch * a.n_queries;
   // Units of (row, kv head, split); splits keep every thread busy in decode.
   const std::int64_t base_units = rows * l.n_kv_heads;

@@ -147,7 +147,7 @@ void launch_tq_encode(const TqEncodeCall& c) {
 }
 
 void launch_tq_rotate(const TqRotateCall& c) {
-  if (c.layout().key_outliers) return launch_tq_rotate_parts(c);
+  if (c.tables.layout.key_outliers) return launch_tq_rotate_parts(c);
   const std::int64_t rows = c.rows() * c.scratch_layout.n_heads;
   by_dtype_and_width(c.q.dtype, c.scratch_layout.head_dim, [&](auto tag, auto width) {
     rotate_kernel<decltype(tag), decltype(width)::value>

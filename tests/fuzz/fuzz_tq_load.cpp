@@ -125,6 +125,7 @@ void write_corpus(const std::string& dir) {
       {{1, {128, 1, 2, 4, 2, false}, 4}, {2}},                   // 4-bit keys
       {{3, {32, 2, 2, 2, 3, true, false, 0, 2}, 5}, {2, 0, 1}},  // recent tokens only
       {{1, {256, 1, 1, 3, 4, true, false, 1, 0}, 6}, {1}},       // head_dim 256, a sink
+      {{2, {64, 2, 3, 3, 3, false, true, 1, 1, 16, 4}, 7}, {2, 3}},  // outlier channels (masks uncalibrated)
   };
   int i = 0;
   for (const Seed& s : seeds) {
