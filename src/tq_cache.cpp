@@ -28,10 +28,10 @@ static_assert(std::endian::native == std::endian::little, "the cache file format
 
 constexpr char kMagic[8] = {'F', 'T', 'Q', 'C', 'A', 'C', 'H', 'E'};
 // Version 5: the layout gained outlier channels (key_outliers, key_outlier_bits) and, with them, the
-// key words their outlier masks and a norm word per two parts. Version 4: the layout gained its exact tokens (sink_tokens, recent_tokens) and each layer's words
-// their exact region. Version 3: the header holds the configuration as TqCacheConfig lays it out, the
-// layout's qjl flag included, and a CRC-32C of everything before it ends the file (version 2 had
-// neither, version 1 spelt the fields out in another order). Older versions are refused by name.
+// key words their outlier masks and a norm word per two parts. Version 4: the layout gained its exact tokens
+// (sink_tokens, recent_tokens) and each layer's words their exact region. Version 3: the header holds the configuration
+// as TqCacheConfig lays it out, the layout's qjl flag included, and a CRC-32C of everything before it ends the file
+// (version 2 had neither, version 1 spelt the fields out in another order). Older versions are refused by name.
 constexpr std::uint32_t kFileVersion = 5;
 
 struct FileHeader {
@@ -131,9 +131,9 @@ void TqKvCache::calibrate(std::int64_t layer, const TensorView& keys) try {
   const TqLayout& l = config_.layout;
   core::validate_tq_calibration(*backend_, l, keys);
   if (length_[std::size_t(layer)] != 0) {
-    throw Error("layer", "layer " + std::to_string(layer) + " already holds " +
-                             std::to_string(length_[std::size_t(layer)]) +
-                             " timesteps: outlier channels are chosen before the first append (the codes depend on them)");
+    throw Error("layer",
+                "layer " + std::to_string(layer) + " already holds " + std::to_string(length_[std::size_t(layer)]) +
+                    " timesteps: outlier channels are chosen before the first append (the codes depend on them)");
   }
   // The view's extent, copied to the host where it is not there already.
   std::int64_t extent = keys.shape[3];

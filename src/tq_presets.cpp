@@ -13,16 +13,32 @@ namespace flashtq {
 const std::vector<TqPreset>& tq_presets() {
   // Measured in docs/quality.md (python -m flashtq.eval); the first entry is the default.
   static const std::vector<TqPreset> presets = {
-      {"default", {3, 0, 0, 3, 4, 32}, {4, 0, 0, 3, 4, 32}, false, true,
+      {"default",
+       {3, 0, 0, 3, 4, 32},
+       {4, 0, 0, 3, 4, 32},
+       false,
+       true,
        "keys 4-bit codes (3-bit at head_dim <= 64), values 3 bits, norm correction, 4 sink and 32 recent tokens "
        "exact: at least 4x against bf16 at 2048 tokens"},
-      {"quality", {4, 0, 0, 3, 4, 32}, {4, 0, 0, 3, 4, 32}, false, true,
+      {"quality",
+       {4, 0, 0, 3, 4, 32},
+       {4, 0, 0, 3, 4, 32},
+       false,
+       true,
        "keys 4-bit codes, values 3 bits, norm correction, 4 sink and 32 recent tokens exact"},
-      {"small", {2, 2, 4, 2, 4, 20}, {3, 4, 4, 2, 4, 32}, false, true,
+      {"small",
+       {2, 2, 4, 2, 4, 20},
+       {3, 4, 4, 2, 4, 32},
+       false,
+       true,
        "keys with outlier channels (half of them 4-bit, the rest 2-bit at head_dim <= 64; a quarter 4-bit, the "
        "rest 3-bit above), values 2 bits, norm correction, 4 sink and 20 (32 above 64) recent tokens exact: at "
        "least 5x against bf16 at 2048 tokens; outliers chosen by TqKvCache::calibrate"},
-      {"seed", {2, 0, 0, 2, 0, 0}, {2, 0, 0, 2, 0, 0}, true, false,
+      {"seed",
+       {2, 0, 0, 2, 0, 0},
+       {2, 0, 0, 2, 0, 0},
+       true,
+       false,
        "the seed kernel's layout: keys 2-bit codes + 1 QJL bit, values 2 bits"},
   };
   return presets;

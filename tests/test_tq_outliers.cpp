@@ -72,8 +72,7 @@ std::vector<double> decode_key(const TqLayout& l, const TqTables& t, const std::
   const std::int64_t D = l.head_dim, slot = h * l.capacity + time;
   const Parts parts = parts_of(l, words, h);
   const std::uint32_t* codes = words.data() + slot * l.key_code_words();
-  const std::uint32_t* norms =
-      words.data() + l.key_norm_offset() + slot * ((std::int64_t(parts.sizes.size()) + 1) / 2);
+  const std::uint32_t* norms = words.data() + l.key_norm_offset() + slot * ((std::int64_t(parts.sizes.size()) + 1) / 2);
   std::vector<double> y(static_cast<std::size_t>(D));
   std::int64_t offset = 0, pos = 0;
   for (std::size_t p = 0; p < parts.sizes.size(); ++p) {
@@ -92,8 +91,8 @@ std::vector<double> decode_key(const TqLayout& l, const TqTables& t, const std::
 std::vector<double> exact_row(const TqLayout& l, const TqTables& t, const std::vector<std::uint32_t>& words, bool keys,
                               std::int64_t h, std::int64_t row) {
   const std::int64_t D = l.head_dim;
-  const std::uint32_t* w = words.data() + (keys ? l.key_exact_offset() : l.value_exact_offset()) +
-                           (h * l.exact_rows() + row) * (D / 2);
+  const std::uint32_t* w =
+      words.data() + (keys ? l.key_exact_offset() : l.value_exact_offset()) + (h * l.exact_rows() + row) * (D / 2);
   std::vector<double> y(static_cast<std::size_t>(D));
   for (std::int64_t d = 0; d < D; ++d)
     y[std::size_t(d)] = double(core::bf16_to_f32(std::uint16_t(w[d / 2] >> (16 * (d % 2)))));
@@ -160,7 +159,8 @@ double run(const Case& cs, std::mt19937_64& rng) {
   std::vector<std::vector<int>> loud(2);
   for (std::int64_t h = 0; h < Hkv; ++h)
     for (int i = 0; i < cs.outliers / 2; ++i) loud[std::size_t(h)].push_back(int((7 * i + 3 * h + 1) % D));
-  HostTensor k = loud_keys(L, Hkv, D, loud, rng), v({1, L, Hkv, D}, DType::f32, false), q({1, L, H, D}, DType::f32, false);
+  HostTensor k = loud_keys(L, Hkv, D, loud, rng), v({1, L, Hkv, D}, DType::f32, false),
+             q({1, L, H, D}, DType::f32, false);
   v.fill_normal(rng);
   q.fill_normal(rng);
   if (cs.calibrate) cache.calibrate(0, k.view);
@@ -223,8 +223,8 @@ double run(const Case& cs, std::mt19937_64& rng) {
 TEST(OutlierChannels, AttentionEqualsSoftmaxOverKeysDecodedPartByPart) {
   std::mt19937_64 rng = test_rng();
   const Case cases[] = {
-      {32, 2, 16, 3, false, true, 0, 0},  {64, 3, 16, 4, true, true, 2, 7},  {64, 2, 32, 2, false, false, 0, 0},
-      {128, 3, 32, 4, true, true, 0, 0},  {128, 1, 64, 4, false, true, 3, 4}, {256, 4, 64, 4, true, true, 4, 16},
+      {32, 2, 16, 3, false, true, 0, 0},   {64, 3, 16, 4, true, true, 2, 7},   {64, 2, 32, 2, false, false, 0, 0},
+      {128, 3, 32, 4, true, true, 0, 0},   {128, 1, 64, 4, false, true, 3, 4}, {256, 4, 64, 4, true, true, 4, 16},
       {256, 3, 16, 4, false, false, 0, 5},
   };
   for (const Case& c : cases) {
@@ -379,16 +379,28 @@ TEST(OutlierChannels, BadConfigurationsAndCallsAreClearErrors) {
     return l;
   };
   for (int n : {8, 24, 48, 64, -16}) {
-    expect_error([&] { TqKvCache({1, layout(64, n, 4), 0}, &backend("reference")); }, "key_outliers",
-                 "power of two in [16, head_dim / 2 = 32]");
+    expect_error(
+        [&] {
+          TqKvCache({1, layout(64, n, 4), 0}, &backend("reference"));
+        },
+        "key_outliers", "power of two in [16, head_dim / 2 = 32]");
   }
-  expect_error([&] { TqKvCache({1, layout(64, 16, 4, true), 0}, &backend("reference")); }, "key_outliers",
-               "without QJL");
-  expect_error([&] { TqKvCache({1, layout(64, 16, 2), 0}, &backend("reference")); }, "key_outlier_bits",
-               "[key_bits = 3, 4]");
+  expect_error(
+      [&] {
+        TqKvCache({1, layout(64, 16, 4, true), 0}, &backend("reference"));
+      },
+      "key_outliers", "without QJL");
+  expect_error(
+      [&] {
+        TqKvCache({1, layout(64, 16, 2), 0}, &backend("reference"));
+      },
+      "key_outlier_bits", "[key_bits = 3, 4]");
   expect_error([&] { TqKvCache({1, layout(64, 16, 5), 0}, &backend("reference")); }, "key_outlier_bits", "4]");
-  expect_error([&] { TqKvCache({1, layout(64, 0, 4), 0}, &backend("reference")); }, "key_outlier_bits",
-               "must be 0 without outlier channels");
+  expect_error(
+      [&] {
+        TqKvCache({1, layout(64, 0, 4), 0}, &backend("reference"));
+      },
+      "key_outlier_bits", "must be 0 without outlier channels");
 
   std::mt19937_64 rng = test_rng();
   HostTensor k({1, 4, 1, 64}, DType::f32, false), v(k), wrong({1, 4, 2, 64}, DType::f32, false);

@@ -83,7 +83,7 @@ struct TqLayout {
   // Norm words per key slot: one (f16 norm, f16 gamma); with outlier channels one f16 norm per part,
   // two to a word (part 2i in the low half of word i).
   FLASHTQ_HOST_DEVICE std::int64_t key_norm_words() const { return key_outliers ? (key_parts() + 1) / 2 : 1; }
-  FLASHTQ_HOST_DEVICE std::int64_t jl_words() const { return qjl ? head_dim / 32 : 0; }         // per slot
+  FLASHTQ_HOST_DEVICE std::int64_t jl_words() const { return qjl ? head_dim / 32 : 0; }  // per slot
   FLASHTQ_HOST_DEVICE std::int64_t value_code_words() const { return head_dim * value_bits / 32; }
   FLASHTQ_HOST_DEVICE std::int64_t key_jl_offset() const { return slots() * key_code_words(); }
   FLASHTQ_HOST_DEVICE std::int64_t key_norm_offset() const { return key_jl_offset() + slots() * jl_words(); }

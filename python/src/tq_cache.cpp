@@ -54,9 +54,8 @@ TqCacheConfig to_library(const Config& c) {
 
 Config from_library(const TqCacheConfig& c) {
   const TqLayout& l = c.layout;
-  return {c.layers,      l.n_kv_heads,    l.head_dim,        l.capacity,     l.key_bits,
-          l.value_bits,  l.qjl,           c.seed,            l.sink_tokens,  l.recent_tokens,
-          l.norm_correction, l.key_outliers, l.key_outlier_bits};
+  return {c.layers, l.n_kv_heads,  l.head_dim,      l.capacity,        l.key_bits,     l.value_bits,      l.qjl,
+          c.seed,   l.sink_tokens, l.recent_tokens, l.norm_correction, l.key_outliers, l.key_outlier_bits};
 }
 
 // The fields of a configuration that flashtq.TurboQuantConfig holds besides its seed.
@@ -106,10 +105,10 @@ void bind_tq_cache(nb::module_& m) {
              std::int64_t capacity, int key_bits, int value_bits, std::uint64_t seed, const std::string& backend,
              bool qjl, std::int64_t sink_tokens, std::int64_t recent_tokens, bool norm_correction,
              std::int64_t key_outliers, std::int64_t key_outlier_bits) {
-            new (self) TqKvCache(to_library({layers, n_kv_heads, head_dim, capacity, key_bits, value_bits, qjl, seed,
-                                             sink_tokens, recent_tokens, norm_correction, key_outliers,
-                                             key_outlier_bits}),
-                                 &flashtq::backend(backend));
+            new (self)
+                TqKvCache(to_library({layers, n_kv_heads, head_dim, capacity, key_bits, value_bits, qjl, seed,
+                                      sink_tokens, recent_tokens, norm_correction, key_outliers, key_outlier_bits}),
+                          &flashtq::backend(backend));
           },
           nb::arg("layers"), nb::arg("n_kv_heads"), nb::arg("head_dim"), nb::arg("capacity"), nb::arg("key_bits"),
           nb::arg("value_bits"), nb::arg("seed"), nb::arg("backend"), nb::arg("qjl") = true, nb::arg("sink_tokens") = 0,

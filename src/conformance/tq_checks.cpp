@@ -271,8 +271,7 @@ CheckResult check_tq_encode(Backend& backend, const TqCase& c) {
   const TqTables tables = make_tq_tables(l, c.seed, 0);
   const OracleCache ref = oracle_cache(c, tables);
   const HostTensor k = kv_rows(c, 1), v = kv_rows(c, 2);
-  DeviceBuffer dk(backend, k.bytes), dv(backend, v.bytes),
-      kc(backend, poisoned_keys(c, 1)),
+  DeviceBuffer dk(backend, k.bytes), dv(backend, v.bytes), kc(backend, poisoned_keys(c, 1)),
       vc(backend, std::vector<std::uint32_t>(ref.values.size(), kPoisonWord));
   const Memory mem = backend.memory();
   const auto t0 = std::chrono::steady_clock::now();
@@ -300,8 +299,9 @@ CheckResult check_tq_rotate(Backend& backend, const TqCase& c) {
   DeviceBuffer dq(backend, q.bytes), dk(backend, keys),
       scratch(backend, std::vector<float>(ref.size(), std::numeric_limits<float>::quiet_NaN()));
   const auto t0 = std::chrono::steady_clock::now();
-  tq_rotate_queries(backend, {tables, q.on(dq.get(), backend.memory()), c.batch * c.n_queries,
-                              static_cast<float*>(scratch.get()), nullptr, static_cast<const std::uint32_t*>(dk.get())});
+  tq_rotate_queries(
+      backend, {tables, q.on(dq.get(), backend.memory()), c.batch * c.n_queries, static_cast<float*>(scratch.get()),
+                nullptr, static_cast<const std::uint32_t*>(dk.get())});
   backend.synchronize();
   r.seconds = seconds_since(t0);
   const std::vector<float> got = scratch.read<float>();

@@ -21,7 +21,8 @@ struct RowNorm {
   double stored = 0;  // norm, or norm / |c[idx]| with norm correction; 0 for a zero row
 };
 // order: a key's channel order, for keys with outlier channels (whose norm word holds one half per part).
-RowNorm row_norm(const std::vector<double>& row, const TqTables& tables, bool keys, const std::int32_t* order = nullptr);
+RowNorm row_norm(const std::vector<double>& row, const TqTables& tables, bool keys,
+                 const std::int32_t* order = nullptr);
 bool norm_fits(const RowNorm& r);
 // Rows of at most this norm fit whatever their codes: 65504 without norm correction, else 65504 times
 // the shortest decoded unit vector the codebook can give (sqrt(head_dim) times its smallest |centroid|),

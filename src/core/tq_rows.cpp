@@ -89,7 +89,8 @@ void put_key_parts(const TqLayout& l, const EncodedRow& e, std::uint32_t* codes,
   for (int p = 0; p < l.key_parts(); ++p) {
     const TqLayout::KeyPart kp = l.key_part(p);
     for (std::int32_t i = 0; i < kp.size; ++i)
-      put_bits(codes, kp.bit_offset + std::int64_t(i) * kp.bits, kp.bits, std::uint32_t(e.codes[std::size_t(kp.offset + i)]));
+      put_bits(codes, kp.bit_offset + std::int64_t(i) * kp.bits, kp.bits,
+               std::uint32_t(e.codes[std::size_t(kp.offset + i)]));
     norms[p / 2] |= f16_bits(e.part_norms[std::size_t(p)]) << (16 * (p % 2));
   }
 }
@@ -184,8 +185,7 @@ void tq_rotate_rows(const TqRotateCall& c, std::int64_t first, std::int64_t end)
       const std::int64_t base = offset(c.q, b, j, h);
       for (std::int64_t d = 0; d < D; ++d) x[std::size_t(d)] = load(c.q.data, c.q.dtype, base + d);
       if (l.key_outliers) {  // the key's order and parts: q_rot[i] pairs with the key's coordinate i
-        key_channel_order(l, key_outlier_mask(l, c.k_cache + b * l.key_words(), h / (H / l.n_kv_heads)),
-                          order.data());
+        key_channel_order(l, key_outlier_mask(l, c.k_cache + b * l.key_words(), h / (H / l.n_kv_heads)), order.data());
         for (std::int64_t i = 0; i < D; ++i) permuted[std::size_t(i)] = x[std::size_t(order[std::size_t(i)])];
         for (int p = 0; p < l.key_parts(); ++p) {
           const TqLayout::KeyPart kp = l.key_part(p);
@@ -225,7 +225,8 @@ double tq_key_dot(const TqTables& t, const float* q_rot, const float* q_jl, doub
       const TqCodebook& cb = p == 0 ? t.outlier_codebook : t.key_codebook;
       double part = 0;
       for (std::int32_t i = 0; i < kp.size; ++i)
-        part += double(q_rot[kp.offset + i]) * cb.centroids[get_bits(codes, kp.bit_offset + std::int64_t(i) * kp.bits, kp.bits)];
+        part += double(q_rot[kp.offset + i]) *
+                cb.centroids[get_bits(codes, kp.bit_offset + std::int64_t(i) * kp.bits, kp.bits)];
       dot += f16_value(norms[p / 2] >> (16 * (p % 2))) * part;
     }
     return dot;

@@ -102,7 +102,8 @@ class CudaBackend final : public Backend {
     std::vector<std::uint32_t> masks(std::size_t(l.key_mask_words()));
     FLASHTQ_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(c.stream)));
     FLASHTQ_CUDA_CHECK(cudaMemcpy(rows.data(), c.x.data, rows.size(), cudaMemcpyDeviceToHost));
-    FLASHTQ_CUDA_CHECK(cudaMemcpy(masks.data(), c.cache + l.key_mask_offset(), masks.size() * 4, cudaMemcpyDeviceToHost));
+    FLASHTQ_CUDA_CHECK(
+        cudaMemcpy(masks.data(), c.cache + l.key_mask_offset(), masks.size() * 4, cudaMemcpyDeviceToHost));
     TqEncodeCall host = c;
     host.x.data = rows.data();
     host.x.memory = Memory::host;

@@ -62,9 +62,10 @@ __global__ void __launch_bounds__(kThreads)
   for (std::int64_t w = 0; w < l.key_code_words(); ++w) codes[w] = 0u;
   for (std::int64_t w = 0; w < l.key_norm_words(); ++w) norms[w] = 0u;
   const std::int64_t exact_row = l.exact_row(start + t, start + T_rows);
-  unsigned short* exact = exact_row < 0 ? nullptr
-                                        : reinterpret_cast<unsigned short*>(
-                                              cache + l.key_exact_offset() + (h * l.exact_rows() + exact_row) * l.exact_row_words());
+  unsigned short* exact =
+      exact_row < 0 ? nullptr
+                    : reinterpret_cast<unsigned short*>(cache + l.key_exact_offset() +
+                                                        (h * l.exact_rows() + exact_row) * l.exact_row_words());
   if (exact)
     for (std::int32_t d = 0; d < D; ++d) exact[d] = 0;
   if (norm < 1e-12) return;  // a zero vector: every word of its slot is 0
@@ -134,8 +135,9 @@ void by_dtype(DType t, F&& f) {
 void launch_tq_encode_parts(const TqEncodeCall& c) {
   const std::int64_t rows = c.tokens() * c.layout().n_kv_heads;
   by_dtype(c.x.dtype, [&](auto tag) {
-    encode_parts_kernel<decltype(tag)><<<unsigned((rows + kThreads - 1) / kThreads), kThreads, 0,
-                                         static_cast<cudaStream_t>(c.stream)>>>(c.tables, c.x, c.start_pos, c.cache);
+    encode_parts_kernel<decltype(tag)>
+        <<<unsigned((rows + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(c.stream)>>>(
+            c.tables, c.x, c.start_pos, c.cache);
   });
   FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant encode kernel (outlier channels)");
 }
@@ -143,9 +145,9 @@ void launch_tq_encode_parts(const TqEncodeCall& c) {
 void launch_tq_rotate_parts(const TqRotateCall& c) {
   const std::int64_t rows = c.rows() * c.scratch_layout.n_heads;
   by_dtype(c.q.dtype, [&](auto tag) {
-    rotate_parts_kernel<decltype(tag)><<<unsigned((rows + kThreads - 1) / kThreads), kThreads, 0,
-                                         static_cast<cudaStream_t>(c.stream)>>>(c.tables, c.q, c.scratch_layout,
-                                                                                c.scratch, c.k_cache);
+    rotate_parts_kernel<decltype(tag)>
+        <<<unsigned((rows + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(c.stream)>>>(
+            c.tables, c.q, c.scratch_layout, c.scratch, c.k_cache);
   });
   FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant rotate kernel (outlier channels)");
 }

@@ -51,8 +51,9 @@ std::string layout_invalid(const TqLayout& l) {
   if (l.sink_tokens < 0 || l.sink_tokens > 65536 || l.recent_tokens < 0 || l.recent_tokens > 65536)
     return "exact tokens";
   if (std::int64_t(l.sink_tokens) + l.recent_tokens > l.capacity) return "exact tokens > capacity";
-  if (l.key_outliers != 0 && (l.key_outliers < 16 || l.key_outliers > d / 2 || (l.key_outliers & (l.key_outliers - 1)) ||
-                              l.qjl || l.key_outlier_bits < l.key_bits || l.key_outlier_bits > 4))
+  if (l.key_outliers != 0 &&
+      (l.key_outliers < 16 || l.key_outliers > d / 2 || (l.key_outliers & (l.key_outliers - 1)) || l.qjl ||
+       l.key_outlier_bits < l.key_bits || l.key_outlier_bits > 4))
     return "key_outliers";
   if (l.key_outliers == 0 && l.key_outlier_bits != 0) return "key_outlier_bits";
   // The widest slot's words (4-bit codes, the jl words, a norm, an exact row's share) under 2^32.
