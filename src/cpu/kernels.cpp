@@ -159,7 +159,12 @@ float MaxOf(const float* x, size_t n) {
   auto m = hn::Set(d, -std::numeric_limits<float>::infinity());
   size_t i = 0;
   for (; i + N <= n; i += N) m = hn::Max(m, hn::LoadU(d, x + i));
-  float result = hn::GetLane(hn::MaxOfLanes(d, m));
+  // The lanes reduced here rather than by MaxOfLanes: Highway 1.0's EMU128 MaxOfLanes starts from the lowest finite
+  // float, so lanes that are all -inf (a block of masked scores) came back as -3.4e38.
+  float lanes[64];  // at least Lanes(d) for every target's float vectors
+  hn::StoreU(m, d, lanes);
+  float result = -std::numeric_limits<float>::infinity();
+  for (size_t l = 0; l < N; ++l) result = std::max(result, lanes[l]);
   for (; i < n; ++i) result = std::max(result, x[i]);
   return result;
 }
