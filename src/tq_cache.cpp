@@ -162,10 +162,8 @@ void TqKvCache::calibrate(std::int64_t layer, const TensorView& keys) try {
       }
     }
   }
-  const std::vector<std::uint32_t> masks = core::outlier_masks_from_energy(l, energy);
-  std::vector<std::uint32_t> words = storage_->keys[std::size_t(layer)].read<std::uint32_t>();
-  std::copy(masks.begin(), masks.end(), words.begin() + l.key_mask_offset());
-  storage_->keys[std::size_t(layer)].write(words);
+  storage_->keys[std::size_t(layer)].write_at(std::size_t(l.key_mask_offset()),
+                                              core::outlier_masks_from_energy(l, energy));
 } catch (...) {
   core::rethrow_as_error("keys");
 }

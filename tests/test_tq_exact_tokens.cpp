@@ -17,36 +17,15 @@
 #include "core/rht.hpp"
 #include "flashtq/flashtq.hpp"
 #include "seeded.hpp"
+#include "tq_test_support.hpp"
 
 namespace flashtq {
 namespace {
 
 using conformance::HostTensor;
-
-// Row t of kv head h decoded from MSE-only words (keys or values): n * RHT^-1(c[idx]).
-std::vector<double> decode(const TqLayout& l, const TqTables& t, const std::vector<std::uint32_t>& words, bool keys,
-                           std::int64_t h, std::int64_t time) {
-  const std::int64_t D = l.head_dim, slot = h * l.capacity + time;
-  const int bits = keys ? l.key_bits : l.value_bits;
-  const core::Codebook& cb = core::codebook(D, bits);
-  const std::uint32_t* codes = words.data() + slot * (keys ? l.key_code_words() : l.value_code_words());
-  const double n = double(core::f16_to_f32(
-      std::uint16_t(words[std::size_t((keys ? l.key_norm_offset() : l.value_norm_offset()) + slot)] & 0xFFFFu)));
-  std::vector<double> x(static_cast<std::size_t>(D));
-  for (std::int64_t d = 0; d < D; ++d) x[std::size_t(d)] = n * cb.centroids[core::get_code(codes, d, bits)];
-  core::inverse_rht(x.data(), D, t.polar_sign_bits);
-  return x;
-}
-
-// Relative error of got against want (norms over all elements).
-double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num / den);
-}
+using testing_tq::decode;
+using testing_tq::expect_error;
+using testing_tq::relative_error;
 
 struct Errors {
   double against_expected = 0;  // the cache's attention against the softmax written here
@@ -192,17 +171,6 @@ TEST(ExactTokens, FileRoundTripKeepsTheExactRegion) {
   cache.attend(1, q.view, 0, a.view);
   loaded.attend(1, q.view, 0, b.view);
   EXPECT_EQ(a.values(), b.values());
-}
-
-template <typename F>
-void expect_error(F&& f, const std::string& argument, const std::string& rule_part) {
-  try {
-    f();
-    ADD_FAILURE() << "no error (expected one naming '" << argument << "')";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(rule_part), std::string::npos) << e.what();
-  }
 }
 
 // Norm correction: a row decoded from its codes and norm word has the row's length (up to the f16 of the

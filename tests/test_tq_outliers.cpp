@@ -20,15 +20,15 @@
 #include "core/rht.hpp"
 #include "flashtq/flashtq.hpp"
 #include "seeded.hpp"
+#include "tq_test_support.hpp"
 
 namespace flashtq {
 namespace {
 
 using conformance::HostTensor;
-
-double half_value(std::uint32_t word, int which) {
-  return double(core::f16_to_f32(std::uint16_t(word >> (16 * which))));
-}
+using testing_tq::expect_error;
+using testing_tq::half_value;
+using testing_tq::relative_error;
 
 // A kv head's permutation and parts, as docs/turboquant_layout.md says: the mask's channels first (ascending),
 // then the rest (ascending); parts of key_outliers, then the rest in powers of two, largest first.
@@ -99,27 +99,6 @@ std::vector<double> exact_row(const TqLayout& l, const TqTables& t, const std::v
   if (keys) return unrotate(parts_of(l, words, h), t, y);
   core::inverse_rht(y.data(), D, t.polar_sign_bits);
   return y;
-}
-
-std::vector<double> decode_value(const TqLayout& l, const TqTables& t, const std::vector<std::uint32_t>& words,
-                                 std::int64_t h, std::int64_t time) {
-  const std::int64_t D = l.head_dim, slot = h * l.capacity + time;
-  const core::Codebook& cb = core::codebook(D, l.value_bits);
-  const std::uint32_t* codes = words.data() + slot * l.value_code_words();
-  const double n = half_value(words[std::size_t(l.value_norm_offset() + slot)], 0);
-  std::vector<double> x(static_cast<std::size_t>(D));
-  for (std::int64_t d = 0; d < D; ++d) x[std::size_t(d)] = n * cb.centroids[core::get_code(codes, d, l.value_bits)];
-  core::inverse_rht(x.data(), D, t.polar_sign_bits);
-  return x;
-}
-
-double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num / den);
 }
 
 // Keys whose channels `loud` (per kv head) are 8x the others: what calibration must find.
@@ -199,7 +178,7 @@ double run(const Case& cs, std::mt19937_64& rng) {
               EXPECT_NEAR(kr[std::size_t(d)], kv[std::size_t((t * Hkv + kvh) * D + d)], 0.03 * std::sqrt(double(D)));
           } else {
             kr = decode_key(l, tables, kw, kvh, t);
-            vr = decode_value(l, tables, vw, kvh, t);
+            vr = testing_tq::decode(l, tables, vw, false, kvh, t);
           }
           double dot = 0;
           for (std::int64_t d = 0; d < D; ++d) dot += qv[std::size_t((p * H + h) * D + d)] * kr[std::size_t(d)];
@@ -263,20 +242,13 @@ TEST(OutlierChannels, LoudChannelsCodedApartCostLessError) {
     const TqTables tables = make_tq_tables(l, 11, 0);
     const std::vector<std::uint32_t> kw = cache.key_words(0);
     for (std::int64_t t = 0; t < T; ++t) {
-      TqLayout ll = l;
-      const std::vector<double> dec = outliers ? decode_key(ll, tables, kw, 0, t) : std::vector<double>();
+      // With outliers part by part; the plain layout is one part of all D channels.
+      const std::vector<double> dec =
+          outliers ? decode_key(l, tables, kw, 0, t) : testing_tq::decode(l, tables, kw, true, 0, t);
       double exact = 0, coded = 0;
-      for (std::int64_t d = 0; d < D; ++d) exact += qv[std::size_t(d)] * kv[std::size_t(t * D + d)];
-      if (outliers) {
-        for (std::int64_t d = 0; d < D; ++d) coded += qv[std::size_t(d)] * dec[std::size_t(d)];
-      } else {  // the plain layout: one part of all D channels
-        const core::Codebook& cb = core::codebook(D, 3);
-        std::vector<double> x(static_cast<std::size_t>(D));
-        const double n = half_value(kw[std::size_t(l.key_norm_offset() + t)], 0);
-        for (std::int64_t d = 0; d < D; ++d)
-          x[std::size_t(d)] = n * cb.centroids[core::get_code(kw.data() + t * l.key_code_words(), d, 3)];
-        core::inverse_rht(x.data(), D, tables.polar_sign_bits);
-        for (std::int64_t d = 0; d < D; ++d) coded += qv[std::size_t(d)] * x[std::size_t(d)];
+      for (std::int64_t d = 0; d < D; ++d) {
+        exact += qv[std::size_t(d)] * kv[std::size_t(t * D + d)];
+        coded += qv[std::size_t(d)] * dec[std::size_t(d)];
       }
       err += (coded - exact) * (coded - exact);
       n2 += exact * exact;
@@ -357,17 +329,6 @@ TEST(OutlierChannels, FileRoundTripKeepsTheMasks) {
   TqKvCache again = TqKvCache::load(path, &backend("cpu"));
   again.attend(1, q.view, T - 1, b.view);
   EXPECT_EQ(a.values(), b.values());
-}
-
-template <typename F>
-void expect_error(F&& f, const std::string& argument, const std::string& rule_part) {
-  try {
-    f();
-    ADD_FAILURE() << "no error (expected one naming '" << argument << "')";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(rule_part), std::string::npos) << e.what();
-  }
 }
 
 TEST(OutlierChannels, BadConfigurationsAndCallsAreClearErrors) {

@@ -46,6 +46,11 @@ class BackendBuffer {
   void write(const std::vector<T>& host) {
     if (!host.empty()) backend_->upload(ptr_, host.data(), host.size() * sizeof(T));
   }
+  // host's elements into elements [at, at + host.size()) of the buffer, the rest left as it is.
+  template <typename T>
+  void write_at(std::size_t at, const std::vector<T>& host) {
+    if (!host.empty()) backend_->upload(static_cast<T*>(ptr_) + at, host.data(), host.size() * sizeof(T));
+  }
 
  private:
   Backend* backend_;

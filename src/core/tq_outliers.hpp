@@ -10,6 +10,10 @@
 
 namespace flashtq::core {
 
+// The most parts a key has (head_dim 512 with 16 outliers: 16, 256, 128, 64, 32, 16): kernels keep a
+// layout's parts in an array of this size instead of recomputing TqLayout::key_part per key.
+inline constexpr int kMaxKeyParts = 6;
+
 // The mask words of kv head h (head_dim / 32 of them) in a layer's key words.
 FLASHTQ_HD const std::uint32_t* key_outlier_mask(const TqLayout& l, const std::uint32_t* key_words, std::int64_t h) {
   return key_words + l.key_mask_offset() + h * (l.head_dim / 32);

@@ -23,6 +23,7 @@
 #include "core/elements.hpp"
 #include "core/half.hpp"
 #include "core/rht.hpp"
+#include "core/tq_outliers.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/merge.hpp"
 #include "cpu/turboquant.hpp"
@@ -271,6 +272,9 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   const ValueDecoder<decltype(d), kKeyBits == 0 ? 2 : kKeyBits> key_codes(d, a.tables.key_centroids.data());
   // Outlier channels' part: 4 bits (the only width the SIMD path serves for them, tq_attend_simd).
   const ValueDecoder<decltype(d), 4> outlier_codes(d, a.tables.outlier_centroids.data());
+  TqLayout::KeyPart parts[core::kMaxKeyParts];
+  const int n_parts = lay.key_outliers ? lay.key_parts() : 0;
+  for (int p = 0; p < n_parts; ++p) parts[p] = lay.key_part(p);
   if (kKeyBits == 0) build_key_tables(q_rot, q_jl, GT, D, fields, lay.qjl, a.tables.key_centroids.data(), tables);
   // The exact copy of timestep t, or null when its codes are read (docs/turboquant_layout.md).
   auto exact = [&](const std::uint32_t* cache, std::int64_t region, std::int64_t t) -> const std::uint32_t* {
@@ -302,8 +306,8 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       if (kKeyBits != 0 && lay.key_outliers) {  // part by part: its norm half times its codes' dots
         const std::uint32_t* halves = keys + lay.key_norm_offset() + slot * lay.key_norm_words();
         for (int g = 0; g < 4; ++g) scores[t][g] = 0.0f;
-        for (int p = 0; p < lay.key_parts(); ++p) {
-          const TqLayout::KeyPart kp = lay.key_part(p);
+        for (int p = 0; p < n_parts; ++p) {
+          const TqLayout::KeyPart& kp = parts[p];
           alignas(16) float dots[4] = {};
           const std::uint8_t* part_codes = codes + kp.bit_offset / 8;  // parts start on whole bytes
           if (p == 0) {

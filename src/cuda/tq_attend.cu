@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/packing.hpp"
+#include "core/tq_outliers.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
@@ -58,6 +59,9 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
 
   const TqLayout& l = a.l;
   const int kb = l.key_bits, vb = l.value_bits;
+  TqLayout::KeyPart parts[core::kMaxKeyParts];  // keys with outlier channels: the parts, once per block
+  const int n_parts = l.key_outliers ? l.key_parts() : 0;
+  for (int part = 0; part < n_parts; ++part) parts[part] = l.key_part(part);
   const std::int64_t end = sequence_end_of(a, j);
   for (int tt = tid; tt < n; tt += kThreads) {
     const std::int64_t slot = kvh * l.capacity + t0 + tt;
@@ -81,8 +85,8 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
       const std::uint32_t* codes = keys + slot * l.key_code_words();
       const std::uint32_t* norms = keys + l.key_norm_offset() + slot * l.key_norm_words();
       float score[HT] = {};
-      for (int part = 0; part < l.key_parts(); ++part) {
-        const TqLayout::KeyPart kp = l.key_part(part);
+      for (int part = 0; part < n_parts; ++part) {
+        const TqLayout::KeyPart& kp = parts[part];
         const float* cent = part == 0 ? oc : kc;
         float dot[HT] = {};
         for (int i = 0; i < kp.size; ++i) {

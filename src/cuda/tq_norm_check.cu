@@ -46,7 +46,10 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
   const double n = sqrt(warp_sum(n2));  // the same in every lane: the branches below are warp-uniform
   if (n <= always_fits) return;         // the common case (false for NaN)
-  bool bad = !isfinite(n) || (!l.norm_correction && n > kF16Max);
+  // Keys with outlier channels: each part's norm half depends on the head's mask, so a row past always_fits
+  // is only a candidate, which the host decides (CudaBackend::tq_unstorable_row).
+  const bool candidate = keys && l.key_outliers;
+  bool bad = candidate || !isfinite(n) || (!l.norm_correction && n > kF16Max);
   if (!bad && l.norm_correction) {  // n / |c[idx]|: the codes of the rotated unit vector
 #pragma unroll
     for (int e = 0; e < E; ++e) r[e] /= n;
