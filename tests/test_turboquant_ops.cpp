@@ -691,6 +691,44 @@ TEST(TqNormsOnCuda, TheCheckKernelRefusesBeforeTheEncodeKernel) {
   check_every_dtype_and_head_dim(*cuda);
 }
 
+// Keys with outlier channels: a part's norm half holds its norm / sqrt(part size / D), so with 16 outliers of
+// 64 channels (the uncalibrated cache's channels 0-15) a row whose outlier part has norm 40000 (half 80000) is
+// refused and one of 30000 (60000) fits, also beside a rest part of 20000 that puts the row past the bound
+// that needs no parts (32752: the check then decides by the parts), on every backend alike.
+TEST_P(TqNormRule, OutlierPartsHalvesAreHeldTo65504) {
+  Backend& b = under_test();
+  SKIP_UNAVAILABLE(b);
+  TqLayout l{64, 1, 8, 3, 3};
+  l.qjl = false;
+  l.key_outliers = 16;
+  l.key_outlier_bits = 4;
+  if (auto why = b.unsupported(l)) GTEST_SKIP() << b.name() << ": " << *why;
+  struct Row {
+    double outlier, rest;
+    bool fits;
+  };
+  for (const Row& r : {Row{30000, 0, true}, Row{30000, 20000, true}, Row{40000, 0, false}}) {
+    TqKvCache cache({1, l, 3}, &b);
+    HostTensor k({1, 2, 1, 64}, DType::f32, false), v(k);
+    std::vector<double> rows(128, 0.5);
+    rows[64] = r.outlier;    // row 1, channel 0: in the outlier part
+    rows[64 + 16] = r.rest;  // channel 16: in the first rest part (32 channels)
+    k.fill(rows);
+    v.fill(std::vector<double>(128, 0.5));
+    conformance::DeviceBuffer dk(b, k.bytes), dv(b, v.bytes);
+    try {
+      cache.append(0, k.on(dk.get(), b.memory()), v.on(dv.get(), b.memory()), 0);
+      EXPECT_TRUE(r.fits) << "outlier " << r.outlier << " rest " << r.rest << ": accepted";
+      EXPECT_EQ(cache.length(0), 2);
+    } catch (const Error& e) {
+      EXPECT_FALSE(r.fits) << "outlier " << r.outlier << " rest " << r.rest << ": " << e.what();
+      EXPECT_EQ(e.argument(), "k") << e.what();
+      EXPECT_NE(std::string(e.what()).find("outlier channels"), std::string::npos) << e.what();
+      EXPECT_EQ(cache.length(0), 0);
+    }
+  }
+}
+
 // TqKvCache names k or v, and a rejected append or overwrite leaves every word and the length as they were.
 TEST_P(TqNormRule, CacheAppendNamesKOrVAndChangesNothing) {
   Backend& b = under_test();
