@@ -6,12 +6,15 @@ levers named in a configuration, and attention is exact over the result. A lever
 into the library and measured again by `python -m flashtq.eval` (docs/quality.md).
 
 Configuration names, '+'-separated: k<b>v<c> (bits of key and value codes), nc (norm correction), kg<G> / vg<G>
-(key / value block means over G timesteps, f16), s<S> (first S timesteps exact), w<W> (each query sees its last W
+(key / value block means over G timesteps, f16), kp<G> (causal key block means: each block takes the
+mean of the block before it, so a row can be encoded as it arrives), s<S> (first S timesteps exact), w<W> (each query sees its last W
 timesteps exact, as a decode step would with a recent window of W), ko<N>[x<E>] (N outlier key channels, chosen
 per (layer, kv head) by RMS, at E more bits (default 1), their own rotation and norm; the other channels split into
 power-of-two parts in order of RMS, each with its own rotation and norm, as the library would store them), kc<T>
 (outliers chosen from the window's first T timesteps only, as a calibration on the prompt would; default the whole
-window), sm (channel smoothing: per-channel scales balancing queries and keys, equal within RoPE pairs).
+window), sm (channel smoothing: per-channel scales balancing queries and keys, equal within RoPE pairs);
+kivi<b> is the outside baseline of `flashtq.eval.baselines` (keys per channel over groups of 32 timesteps, values
+per token over groups of 32 channels), in the same run so that the levers stand beside it.
 
     python bench/quality_levers.py --model smollm2 --ctx 2048 --windows 3 --configs k4v3,k4v3+kg32
 """
@@ -31,7 +34,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from flashtq import corpora, models
-from flashtq.eval import perplexity
+from flashtq.eval import baselines, perplexity
 from flashtq.eval.stats import relative_change_ci
 
 _CODEBOOKS: dict = {}
@@ -88,6 +91,18 @@ def block_mean(x: torch.Tensor, g: int) -> torch.Tensor:
     return torch.cat(parts, 2).half().float()
 
 
+def previous_block_mean(x: torch.Tensor, g: int) -> torch.Tensor:
+    """Causal block means: each block of g timesteps of x [B, H, S, D] takes the mean of the block before it (the
+    first block none), so a row can be encoded when it arrives; f16."""
+    mean = block_mean(x, g)
+    out = torch.zeros_like(mean)
+    out[:, :, g:] = mean[:, :, : mean.shape[2] - g]
+    full = x.shape[2] // g * g
+    if full < x.shape[2] and full >= g:  # the trailing partial block follows the last full one
+        out[:, :, full:] = mean[:, :, full - 1: full]
+    return out
+
+
 def outlier_parts(d: int, outliers: int) -> list[int]:
     """Part sizes: the outliers, then the rest of d as powers of two, largest first (each part a Hadamard size)."""
     rest, parts = d - outliers, [outliers]
@@ -102,12 +117,16 @@ class Lever:
         self.name = name
         self.kb = self.vb = 16
         self.nc = self.sm = False
+        self.kp = 0
         self.kg = self.vg = self.sinks = self.recent = self.ko = self.kc = 0
         self.ko_extra = 1
+        self.kivi = 0
         self.kx = self.vx = None  # layers whose keys (values) get one more bit: "g" = full-attention ones, or "0.17"
         for part in filter(None, name.split("+")):
             if m := re.fullmatch(r"k(\d)v(\d)", part):
                 self.kb, self.vb = int(m[1]), int(m[2])
+            elif m := re.fullmatch(r"kivi(\d)", part):
+                self.kivi = int(m[1])
             elif part == "nc":
                 self.nc = True
             elif part == "sm":
@@ -116,21 +135,26 @@ class Lever:
                 self.ko, self.ko_extra = int(m[1]), int(m[2])
             elif m := re.fullmatch(r"(kx|vx)([\d.]+|g)", part):
                 setattr(self, m[1], m[2])
-            elif m := re.fullmatch(r"(kg|vg|s|w|ko|kc)(\d+)", part):
-                setattr(self, {"kg": "kg", "vg": "vg", "s": "sinks", "w": "recent", "ko": "ko", "kc": "kc"}[m[1]],
+            elif m := re.fullmatch(r"(kg|kp|vg|s|w|ko|kc)(\d+)", part):
+                setattr(self, {"kg": "kg", "kp": "kp", "vg": "vg", "s": "sinks", "w": "recent", "ko": "ko",
+                               "kc": "kc"}[m[1]],
                         int(m[2]))
             else:
                 raise SystemExit(f"unknown lever {part!r} in {name!r}")
 
     def bytes_per_token(self, d: int, ctx: int) -> float:
+        if self.kivi:
+            return baselines.bytes_per_token_per_head(f"kivi{self.kivi}", d)
         parts = len(outlier_parts(d, self.ko)) if self.ko else 1
-        keys = d * self.kb / 8 + 4 + self.ko * self.ko_extra / 8 + 2 * (parts - 1) + (2 * d / self.kg if self.kg else 0)
+        group = self.kg or self.kp
+        keys = d * self.kb / 8 + 4 + self.ko * self.ko_extra / 8 + 2 * (parts - 1) + (2 * d / group if group else 0)
         values = d * self.vb / 8 + 4 + (2 * d / self.vg if self.vg else 0)
         exact = min(self.sinks + self.recent, ctx) / ctx
         return (1 - exact) * (keys + values) + exact * 4 * d
 
-    def encode(self, x: torch.Tensor, bits: int, group: int, signs: torch.Tensor, outliers: int) -> torch.Tensor:
-        mean = block_mean(x, group) if group else torch.zeros_like(x)
+    def encode(self, x: torch.Tensor, bits: int, group: int, signs: torch.Tensor, outliers: int,
+               causal: bool = False) -> torch.Tensor:
+        mean = (previous_block_mean if causal else block_mean)(x, group) if group else torch.zeros_like(x)
         r = x - mean
         if not outliers:
             return tq(r, bits, signs, self.nc) + mean
@@ -177,18 +201,21 @@ def make_attention(lever: Lever):
 
         kb = lever.kb + boosted(lever.kx)
         vb = lever.vb + boosted(lever.vx)
-        if lever.sm:
+        if lever.kivi:
+            kq, vq = baselines.keys_per_channel(k, lever.kivi), baselines.values_per_token(v, lever.kivi)
+        elif lever.sm:
             s = smoothing(q, k)
             kq = lever.encode(k / s, kb, lever.kg, signs, lever.ko) * s
         else:
-            kq = lever.encode(k, kb, lever.kg, signs, lever.ko) if lever.kb < 16 else k
-        vq = lever.encode(v, vb, lever.vg, signs, 0) if lever.vb < 16 else v
+            kq = lever.encode(k, kb, lever.kg or lever.kp, signs, lever.ko, bool(lever.kp)) if lever.kb < 16 else k
+        if not lever.kivi:
+            vq = lever.encode(v, vb, lever.vg, signs, 0) if lever.vb < 16 else v
         B, H, S, D = q.shape
         hkv = k.shape[1]
         rep = H // hkv
         k, kq, v, vq = (t.repeat_interleave(rep, 1) for t in (k, kq, v, vq))
-        i = torch.arange(S)[:, None]
-        j = torch.arange(k.shape[2])[None, :]
+        i = torch.arange(S, device=q.device)[:, None]
+        j = torch.arange(k.shape[2], device=q.device)[None, :]
         visible = j <= i
         if sliding_window:
             visible &= j > i - sliding_window
@@ -211,9 +238,11 @@ def main() -> int:
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--configs", required=True)
     p.add_argument("--output", default=None)
+    p.add_argument("--device", default="cpu")
     args = p.parse_args()
     torch.set_grad_enabled(False)
     model, tok = models.load(args.model, attn_implementation="eager")
+    model = model.to(args.device)
     text = corpora.held_out(corpora.load_text(args.corpus))
     ids = tok(text, add_special_tokens=False).input_ids
     wins = perplexity.windows(ids, args.ctx, args.windows, models.prefix_ids(args.model, tok))
@@ -229,6 +258,7 @@ def main() -> int:
                 m.config._attn_implementation = "lever"
         out = []
         for w in wins:
+            w = w.to(args.device)
             logits = model(w, use_cache=False).logits
             out.append(float(F.cross_entropy(logits[0, :-1].float(), w[0, 1:], reduction="mean")))
         return out
