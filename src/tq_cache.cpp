@@ -27,12 +27,13 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the cache file format is little-endian");
 
 constexpr char kMagic[8] = {'F', 'T', 'Q', 'C', 'A', 'C', 'H', 'E'};
-// Version 5: the layout gained outlier channels (key_outliers, key_outlier_bits) and, with them, the
-// key words their outlier masks and a norm word per two parts. Version 4: the layout gained its exact tokens
+// Version 6: the layout gained block means (key_block, value_block) and, with them, each layer's words
+// their mean regions. Version 5: the layout gained outlier channels (key_outliers, key_outlier_bits) and, with them,
+// the key words their outlier masks and a norm word per two parts. Version 4: the layout gained its exact tokens
 // (sink_tokens, recent_tokens) and each layer's words their exact region. Version 3: the header holds the configuration
 // as TqCacheConfig lays it out, the layout's qjl flag included, and a CRC-32C of everything before it ends the file
 // (version 2 had neither, version 1 spelt the fields out in another order). Older versions are refused by name.
-constexpr std::uint32_t kFileVersion = 5;
+constexpr std::uint32_t kFileVersion = 6;
 
 struct FileHeader {
   char magic[8];
@@ -40,7 +41,7 @@ struct FileHeader {
   std::uint32_t header_bytes;
   TqCacheConfig config;
 };
-static_assert(std::is_trivially_copyable_v<TqCacheConfig> && sizeof(TqCacheConfig) == 72,
+static_assert(std::is_trivially_copyable_v<TqCacheConfig> && sizeof(TqCacheConfig) == 80,
               "the file header stores TqCacheConfig's bytes: a change to it changes the file format");
 
 // A buffer in the backend's memory that grows to the largest request and is kept.

@@ -1,6 +1,8 @@
 // TqKvCache: accounting, append/attend against the low-level operations, capacity, save/load.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <algorithm>
 #include <cmath>
 #include <sys/resource.h>
@@ -164,12 +166,12 @@ TEST(TqKvCache, SaveLoadRoundTripAndHeaderChecks) {
     f.seekp(at);
     f.put(byte);
   };
-  corrupt(8, 4);  // version 5 -> 4: refused by number
+  corrupt(8, 5);  // version 6 -> 5: refused by number
   try {
     (void)TqKvCache::load(path, &backend("reference"));
-    ADD_FAILURE() << "a version-4 file loaded";
+    ADD_FAILURE() << "a version-5 file loaded";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("file version 4; this build reads version 5"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("file version 5; this build reads version 6"), std::string::npos) << e.what();
   }
   m.cache.save(path);
   corrupt(0, 'X');  // magic
@@ -318,6 +320,79 @@ TEST_P(TqKvCacheOn, AttendEqualsTheOracleOnTheSameWords) {
   std::size_t differ = 0;
   for (std::size_t w = 0; w < mine.size(); ++w) differ += mine[w] != theirs[w];
   EXPECT_LE(double(differ), 1e-3 * double(mine.size())) << differ << " of " << mine.size() << " value words differ";
+}
+
+// Block means on every backend that has them: appends in chunks (each call reads the recent window's rows
+// the calls before it left, and codes the timesteps that leave it) give the oracle's words exactly, and
+// attention over them equals the oracle's on the same words; a backend without them refuses the layout.
+TEST_P(TqKvCacheOn, BlockMeansAfterChunkedAppendsAreTheOraclesWords) {
+  Backend* found = nullptr;
+  for (Backend* x : all_backends())
+    if (x->name() == GetParam()) found = x;
+  ASSERT_NE(found, nullptr);
+  Backend& b = *found;
+  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is not available here: " << b.unavailable_reason();
+  std::mt19937_64 rng = test_rng();
+  const std::int64_t D = std::array<std::int64_t, 3>{64, 128, 256}[rng() % 3], Hkv = 2, H = 4, T = 130;
+  TqLayout l{D, Hkv, 160, 3, 3};
+  l.qjl = false;
+  l.norm_correction = true;
+  l.sink_tokens = 4;
+  l.recent_tokens = 32;
+  l.key_block = 16;
+  l.value_block = 32;
+  if (rng() % 2) {  // and outlier channels, calibrated
+    l.key_outliers = 16;
+    l.key_outlier_bits = 4;
+  }
+  const TqCacheConfig config{1, l, rng()};
+  if (b.unsupported(l)) {  // refused for its block means (perhaps for its outlier channels first)
+    TqLayout means_only = l;
+    means_only.key_outliers = means_only.key_outlier_bits = 0;
+    const auto why = b.unsupported(means_only);
+    ASSERT_TRUE(why.has_value()) << "refuses outlier channels alone";
+    EXPECT_NE(why->find("block means"), std::string::npos) << *why;
+    return;
+  }
+  TqKvCache cache(config, &b), oracle(config, &backend("reference"));
+  HostTensor k({1, T, Hkv, D}, DType::f32, false), v(k), q({1, T, H, D}, DType::f32, false);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  q.fill_normal(rng);
+  conformance::DeviceBuffer dk(b, k.bytes), dv(b, v.bytes), dq(b, q.bytes);
+  if (l.key_outliers) {
+    cache.calibrate(0, k.on(dk.get(), b.memory()));
+    oracle.calibrate(0, k.view);
+  }
+  const std::size_t row_k = std::size_t(Hkv * D) * sizeof(float), row_q = std::size_t(H * D) * sizeof(float);
+  double num = 0, den = 0;
+  for (std::int64_t start = 0, n = 0; start < T; start += n) {
+    n = std::min<std::int64_t>(T - start, std::int64_t(1 + rng() % 40));
+    auto rows = [&](const HostTensor& x, const conformance::DeviceBuffer& d, std::size_t row, bool device) {
+      TensorView view = device ? x.on(d.get(), b.memory()) : x.view;
+      view.shape[1] = n;
+      view.data = static_cast<char*>(view.data) + std::size_t(start) * row;
+      return view;
+    };
+    cache.append(0, rows(k, dk, row_k, true), rows(v, dv, row_k, true), start);
+    oracle.append(0, rows(k, dk, row_k, false), rows(v, dv, row_k, false), start);
+    ASSERT_EQ(cache.key_words(0), oracle.key_words(0)) << "after the append at " << start << " (" << n << " rows)";
+    ASSERT_EQ(cache.value_words(0), oracle.value_words(0)) << "after the append at " << start << " (" << n << " rows)";
+    HostTensor out({1, n, H, D}, DType::f32, false), want(out);
+    out.poison();
+    want.poison();
+    conformance::DeviceBuffer dout(b, out.bytes);
+    cache.attend(0, rows(q, dq, row_q, true), start, out.on(dout.get(), b.memory()));
+    out.assign(dout.read<std::uint8_t>());
+    oracle.attend(0, rows(q, dq, row_q, false), start, want.view);
+    const std::vector<double> got = out.values(), ref = want.values();
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << "element " << i << " of the attend at " << start;
+      num += (got[i] - ref[i]) * (got[i] - ref[i]);
+      den += ref[i] * ref[i];
+    }
+  }
+  EXPECT_LE(std::sqrt(num / den), 1e-5) << "D " << D << (l.key_outliers ? ", outlier channels" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TqKvCacheOn, ::testing::ValuesIn([] {

@@ -50,6 +50,14 @@ struct TqLayout {
   // [key_bits, 4]. Which channels are a head's outliers is a mask in the key words (key_mask_offset).
   std::int32_t key_outliers = 0;
   std::int32_t key_outlier_bits = 0;
+  // Block means (docs/spec.md §2.6): with key_block = g > 0, timesteps [b g, (b + 1) g) of a kv head
+  // share a mean mu_b of their exact (rotated, bf16) rows, stored as head_dim f16 values, and the codes
+  // hold each row minus mu_b; attention adds <q, mu_b> to the score (values: p mu_b to the output).
+  // A timestep is coded when it leaves the recent window, from its exact row, so a block is complete
+  // when its first timestep is coded: g is a power of two in [8, min(recent_tokens, 2 head_dim)],
+  // keys without QJL. value_block the same for values. 0 = none.
+  std::int32_t key_block = 0;
+  std::int32_t value_block = 0;
 
   FLASHTQ_HOST_DEVICE std::int64_t slots() const { return n_kv_heads * capacity; }
   // Parts of a key: one without outlier channels; with them, the outliers then the rest of head_dim in
@@ -93,10 +101,29 @@ struct TqLayout {
   // channels [0, key_outliers): an uncalibrated cache).
   FLASHTQ_HOST_DEVICE std::int64_t key_mask_offset() const { return key_exact_offset() + exact_region_words(); }
   FLASHTQ_HOST_DEVICE std::int64_t key_mask_words() const { return key_outliers ? n_kv_heads * head_dim / 32 : 0; }
-  FLASHTQ_HOST_DEVICE std::int64_t key_words() const { return key_mask_offset() + key_mask_words(); }
+  // The block means, after the masks (values: after their exact region): for kv head h and block b,
+  // head_dim f16 (two per word, element 2i in the low half) at mean_offset + (h * blocks + b) * head_dim / 2.
+  FLASHTQ_HOST_DEVICE std::int64_t key_mean_offset() const { return key_mask_offset() + key_mask_words(); }
+  FLASHTQ_HOST_DEVICE std::int64_t key_words() const { return key_mean_offset() + mean_words(key_block); }
   FLASHTQ_HOST_DEVICE std::int64_t value_norm_offset() const { return slots() * value_code_words(); }
   FLASHTQ_HOST_DEVICE std::int64_t value_exact_offset() const { return value_norm_offset() + slots(); }
-  FLASHTQ_HOST_DEVICE std::int64_t value_words() const { return value_exact_offset() + exact_region_words(); }
+  FLASHTQ_HOST_DEVICE std::int64_t value_mean_offset() const { return value_exact_offset() + exact_region_words(); }
+  FLASHTQ_HOST_DEVICE std::int64_t value_words() const { return value_mean_offset() + mean_words(value_block); }
+  FLASHTQ_HOST_DEVICE std::int32_t mean_block(bool keys) const { return keys ? key_block : value_block; }
+  // Blocks of `block` timesteps per kv head (the last one may pass capacity) and their words.
+  FLASHTQ_HOST_DEVICE std::int64_t mean_blocks(std::int32_t block) const {
+    return block ? (capacity + block - 1) / block : 0;
+  }
+  FLASHTQ_HOST_DEVICE std::int64_t mean_words(std::int32_t block) const {
+    return n_kv_heads * mean_blocks(block) * (head_dim / 2);
+  }
+  // The first word of the mean of timestep t's block for kv head h (keys or values).
+  FLASHTQ_HOST_DEVICE std::int64_t key_mean(std::int64_t h, std::int64_t t) const {
+    return key_mean_offset() + (h * mean_blocks(key_block) + t / key_block) * (head_dim / 2);
+  }
+  FLASHTQ_HOST_DEVICE std::int64_t value_mean(std::int64_t h, std::int64_t t) const {
+    return value_mean_offset() + (h * mean_blocks(value_block) + t / value_block) * (head_dim / 2);
+  }
 
   // The exact region of keys or values: exact_rows() rows per kv head, each head_dim bf16 (two per
   // word, element 2i in the low half); row r of head h at exact_offset + (h * exact_rows() + r) * exact_row_words().
@@ -112,8 +139,11 @@ struct TqLayout {
   }
 
   // Bytes one timestep of one kv head costs in the packed part, keys and values together.
+  // A block mean's share counts (2 head_dim bytes per block; a block is at most 2 head_dim timesteps, so
+  // the share is a whole number of bytes).
   FLASHTQ_HOST_DEVICE std::int64_t bytes_per_token_per_head() const {
-    return 4 * (key_code_words() + jl_words() + key_norm_words() + value_code_words() + 1);
+    return 4 * (key_code_words() + jl_words() + key_norm_words() + value_code_words() + 1) +
+           (key_block ? 2 * head_dim / key_block : 0) + (value_block ? 2 * head_dim / value_block : 0);
   }
   // Bytes of the exact region of one kv head, keys and values together (a fixed cost per sequence).
   FLASHTQ_HOST_DEVICE std::int64_t exact_bytes_per_head() const { return 2 * 4 * exact_rows() * exact_row_words(); }
@@ -288,6 +318,8 @@ class TqKvCache {
   // timesteps start_pos... = the layer's next ones (start_pos must equal length(layer)); a call that
   // would pass capacity is rejected and leaves the cache unchanged.
   void append(std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos);
+  // Block means (layout.key_block or value_block > 0): a timestep's codes are written when it leaves the
+  // recent window, from its exact row, so the calls' rows must be contiguous (append() makes them so).
   // Outlier channels (layout.key_outliers > 0): makes the key_outliers channels of largest mean square
   // over keys [1, T, n_kv_heads, head_dim] (in the backend's memory, any dtype; a prompt's keys or a
   // calibration text's) each kv head's outliers in `layer`. Only while the layer is empty, since its

@@ -21,7 +21,7 @@ from flashtq._errors import error
 from flashtq._tensors import view
 
 
-_NAME = re.compile(r"^(k|m)([1-4])(?:o(\d+)x([1-4]))?v([2-4])(n)?(?:s(\d+))?(?:w(\d+))?$")
+_NAME = re.compile(r"^(k|m)([1-4])(?:o(\d+)x([1-4]))?v([2-4])(n)?(?:s(\d+))?(?:w(\d+))?(?:kg(\d+))?(?:vg(\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,13 @@ class TurboQuantConfig:
     recent_tokens timesteps of a sequence also kept exact (bf16) and attended exactly; norm_correction stores
     n / |c[idx]| so decoded rows keep their length (keys without QJL and values; docs/spec.md §2.6); key_outliers
     channels of each kv head (chosen by calibrate(), on a prompt's keys) coded with key_outlier_bits bits, apart
-    from the rest (keys without QJL).
+    from the rest (keys without QJL); key_block / value_block timesteps sharing a mean that the codes leave out
+    (block means: at most recent_tokens; keys without QJL).
 
     Names: "seed" (keys 2+1 bits, values 2 bits), k<b>v<c> / m<b>v<c> (with / without QJL), m<b>o<N>x<B>v<c>
     (N outlier channels of B bits), optionally followed by n (norm correction), s<S> (sink tokens) and w<W>
-    (recent tokens), e.g. "m4v3ns4w32" or "m3o16x4v3ns4w32"; and the presets of presets()."""
+    (recent tokens), kg<G> and vg<G> (key and value block means), e.g. "m4v3ns4w32", "m3o16x4v3ns4w32" or
+    "m3v3ns4w64kg64vg64"; and the presets of presets()."""
     key_bits: int = 2
     value_bits: int = 2
     seed: int = 0  # the rotations' signs come from (seed, layer)
@@ -45,6 +47,8 @@ class TurboQuantConfig:
     norm_correction: bool = False
     key_outliers: int = 0
     key_outlier_bits: int = 0
+    key_block: int = 0
+    value_block: int = 0
 
     @property
     def name(self) -> str:
@@ -52,9 +56,10 @@ class TurboQuantConfig:
         outliers = f"o{self.key_outliers}x{self.key_outlier_bits}" if self.key_outliers else ""
         base = "seed" if (self.key_bits, self.value_bits, self.qjl) == (2, 2, True) else \
             f"{'k' if self.qjl else 'm'}{self.key_bits}{outliers}v{self.value_bits}"
-        if self.sink_tokens or self.recent_tokens or self.norm_correction:
+        if self.sink_tokens or self.recent_tokens or self.norm_correction or self.key_block or self.value_block:
             base = f"{'k2v2' if base == 'seed' else base}" + ("n" if self.norm_correction else "") + \
-                (f"s{self.sink_tokens}" if self.sink_tokens else "") + (f"w{self.recent_tokens}" if self.recent_tokens else "")
+                (f"s{self.sink_tokens}" if self.sink_tokens else "") + (f"w{self.recent_tokens}" if self.recent_tokens else "") + \
+                (f"kg{self.key_block}" if self.key_block else "") + (f"vg{self.value_block}" if self.value_block else "")
         return base if self.seed == 0 else f"{base} (seed {self.seed})"
 
     @classmethod
@@ -103,7 +108,8 @@ def parse_config(name: str, head_dim: int = 128) -> Optional[TurboQuantConfig]:
         return None
     return TurboQuantConfig(int(m.group(2)), int(m.group(5)), qjl=m.group(1) == "k", norm_correction=bool(m.group(6)),
                             sink_tokens=int(m.group(7) or 0), recent_tokens=int(m.group(8) or 0),
-                            key_outliers=int(m.group(3) or 0), key_outlier_bits=int(m.group(4) or 0))
+                            key_outliers=int(m.group(3) or 0), key_outlier_bits=int(m.group(4) or 0),
+                            key_block=int(m.group(9) or 0), value_block=int(m.group(10) or 0))
 
 
 def resolve_config(config: Union[str, TurboQuantConfig, dict, None], head_dim: int = 128) -> TurboQuantConfig:
@@ -159,7 +165,7 @@ class TurboQuantCache:
                                          self.config.value_bits, self.config.seed, self.backend, self.config.qjl,
                                          self.config.sink_tokens, self.config.recent_tokens,
                                          self.config.norm_correction, self.config.key_outliers,
-                                         self.config.key_outlier_bits)
+                                         self.config.key_outlier_bits, self.config.key_block, self.config.value_block)
                           for _ in range(batch_size)]
 
     @classmethod
@@ -168,7 +174,7 @@ class TurboQuantCache:
         self = cls.__new__(cls)
         self.config = TurboQuantConfig(c["key_bits"], c["value_bits"], c["seed"], c["qjl"], c["sink_tokens"],
                                        c["recent_tokens"], c["norm_correction"], c["key_outliers"],
-                                       c["key_outlier_bits"])
+                                       c["key_outlier_bits"], c["key_block"], c["value_block"])
         self.backend, self.device = backend, device
         self.num_layers, self.num_kv_heads, self.head_dim, self.capacity = (c["layers"], c["n_kv_heads"], c["head_dim"],
                                                                              c["capacity"])

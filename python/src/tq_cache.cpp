@@ -27,6 +27,7 @@ struct Config {
   std::int64_t sink_tokens, recent_tokens;
   bool norm_correction;
   std::int64_t key_outliers, key_outlier_bits;
+  std::int64_t key_block, value_block;
 };
 
 TqCacheConfig to_library(const Config& c) {
@@ -48,14 +49,20 @@ TqCacheConfig to_library(const Config& c) {
   if (c.key_outlier_bits < 0 || c.key_outlier_bits > 8) throw Error("key_outlier_bits", "must be in [0, 8]");
   out.layout.key_outliers = std::int32_t(c.key_outliers);
   out.layout.key_outlier_bits = std::int32_t(c.key_outlier_bits);
+  if (c.key_block < 0 || c.key_block > 1024) throw Error("key_block", "must be in [0, 1024]");
+  if (c.value_block < 0 || c.value_block > 1024) throw Error("value_block", "must be in [0, 1024]");
+  out.layout.key_block = std::int32_t(c.key_block);
+  out.layout.value_block = std::int32_t(c.value_block);
   out.seed = c.seed;
   return out;
 }
 
 Config from_library(const TqCacheConfig& c) {
   const TqLayout& l = c.layout;
-  return {c.layers, l.n_kv_heads,  l.head_dim,      l.capacity,        l.key_bits,     l.value_bits,      l.qjl,
-          c.seed,   l.sink_tokens, l.recent_tokens, l.norm_correction, l.key_outliers, l.key_outlier_bits};
+  return {
+      c.layers,     l.n_kv_heads,  l.head_dim,      l.capacity,        l.key_bits,     l.value_bits,       l.qjl,
+      c.seed,       l.sink_tokens, l.recent_tokens, l.norm_correction, l.key_outliers, l.key_outlier_bits, l.key_block,
+      l.value_block};
 }
 
 // The fields of a configuration that flashtq.TurboQuantConfig holds besides its seed.
@@ -68,6 +75,8 @@ void put_widths(nb::dict& d, const Config& c) {
   d["norm_correction"] = c.norm_correction;
   d["key_outliers"] = c.key_outliers;
   d["key_outlier_bits"] = c.key_outlier_bits;
+  d["key_block"] = c.key_block;
+  d["value_block"] = c.value_block;
 }
 
 nb::bytes words(const std::vector<std::uint32_t>& w) {
@@ -104,16 +113,17 @@ void bind_tq_cache(nb::module_& m) {
           [](TqKvCache* self, std::int64_t layers, std::int64_t n_kv_heads, std::int64_t head_dim,
              std::int64_t capacity, int key_bits, int value_bits, std::uint64_t seed, const std::string& backend,
              bool qjl, std::int64_t sink_tokens, std::int64_t recent_tokens, bool norm_correction,
-             std::int64_t key_outliers, std::int64_t key_outlier_bits) {
-            new (self)
-                TqKvCache(to_library({layers, n_kv_heads, head_dim, capacity, key_bits, value_bits, qjl, seed,
-                                      sink_tokens, recent_tokens, norm_correction, key_outliers, key_outlier_bits}),
-                          &flashtq::backend(backend));
+             std::int64_t key_outliers, std::int64_t key_outlier_bits, std::int64_t key_block,
+             std::int64_t value_block) {
+            new (self) TqKvCache(
+                to_library({layers, n_kv_heads, head_dim, capacity, key_bits, value_bits, qjl, seed, sink_tokens,
+                            recent_tokens, norm_correction, key_outliers, key_outlier_bits, key_block, value_block}),
+                &flashtq::backend(backend));
           },
           nb::arg("layers"), nb::arg("n_kv_heads"), nb::arg("head_dim"), nb::arg("capacity"), nb::arg("key_bits"),
           nb::arg("value_bits"), nb::arg("seed"), nb::arg("backend"), nb::arg("qjl") = true, nb::arg("sink_tokens") = 0,
           nb::arg("recent_tokens") = 0, nb::arg("norm_correction") = false, nb::arg("key_outliers") = 0,
-          nb::arg("key_outlier_bits") = 0)
+          nb::arg("key_outlier_bits") = 0, nb::arg("key_block") = 0, nb::arg("value_block") = 0)
       .def(
           "append",
           [](TqKvCache& c, std::int64_t layer, const TensorView& k, const TensorView& v, std::int64_t start_pos) {

@@ -28,6 +28,8 @@ std::string TqCase::describe() const {
   if (layout.exact_rows()) s << " sink" << layout.sink_tokens << " recent" << layout.recent_tokens;
   if (layout.norm_correction) s << " nc";
   if (layout.key_outliers) s << " outliers" << layout.key_outliers << "x" << layout.key_outlier_bits;
+  if (layout.key_block) s << " key_block" << layout.key_block;
+  if (layout.value_block) s << " value_block" << layout.value_block;
   if (zero_rows) s << " zeros";
   if (batch > 1) s << " batch" << batch << (starts.empty() ? "" : " own-starts");
   s << " seed=" << seed << " data_seed=" << data_seed;
@@ -151,10 +153,18 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
   std::int64_t codes = 0, differ = 0, flips = 0;
   for (std::int64_t w = l.key_mask_offset(); keys && w < l.key_words(); ++w) {
     if (ref[std::size_t(w)] != got[std::size_t(w)]) {
-      detail = "outlier mask word " + std::to_string(w - l.key_mask_offset()) + " changed";
+      detail = "key word " + std::to_string(w) + " (outlier masks, then block means) differs";
       return std::numeric_limits<double>::infinity();
     }
   }
+  for (std::int64_t w = l.value_mean_offset(); !keys && w < l.value_words(); ++w) {
+    if (ref[std::size_t(w)] != got[std::size_t(w)]) {
+      detail = "value block mean word " + std::to_string(w - l.value_mean_offset()) + " differs";
+      return std::numeric_limits<double>::infinity();
+    }
+  }
+  // With block means the codes quantize residuals the rotations below do not give, so every code must match.
+  const bool strict = parts || l.mean_block(keys) > 0;
   for (std::int64_t slot = 0; slot < l.slots(); ++slot) {
     for (std::int64_t w = 0; w < norm_words; ++w) {
       if (ref[std::size_t(norm_off + slot * norm_words + w)] != got[std::size_t(norm_off + slot * norm_words + w)]) {
@@ -172,9 +182,9 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
         }
       continue;
     }
-    if (parts) {  // part by part, each at its own width (no flips allowed for: every code must match)
-      for (int p = 0; p < l.key_parts(); ++p) {
-        const TqLayout::KeyPart kp = l.key_part(p);
+    if (strict) {  // part by part, each at its own width (no flips allowed for: every code must match)
+      for (int p = 0; p < (parts ? l.key_parts() : 1); ++p) {
+        const TqLayout::KeyPart kp = parts ? l.key_part(p) : TqLayout::KeyPart{0, std::int32_t(l.head_dim), bits, 0};
         for (std::int32_t i = 0; i < kp.size; ++i) {
           const std::int64_t pos = kp.bit_offset + std::int64_t(i) * kp.bits;
           ++codes;
@@ -400,6 +410,12 @@ TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
       c.layout.sink_tokens = std::int32_t(range(0, std::min<std::int64_t>(4, c.layout.capacity)));
       c.layout.recent_tokens =
           std::int32_t(range(0, std::min<std::int64_t>(40, c.layout.capacity - c.layout.sink_tokens)));
+    }
+    if (c.layout.recent_tokens >= 8 && range(0, 1) == 0) {  // block means, of at most recent_tokens timesteps
+      const std::int64_t most = std::min<std::int64_t>(c.layout.recent_tokens, 2 * c.layout.head_dim);
+      auto block = [&] { return std::int32_t(8) << range(0, std::bit_width(std::uint64_t(most / 8)) - 1); };
+      if (!c.layout.qjl && range(0, 1) == 0) c.layout.key_block = block();
+      if (range(0, 1) == 0) c.layout.value_block = block();
     }
     if (range(0, 5) == 0) {  // a named preset's layout at this case's shape
       const std::vector<TqPreset>& presets = tq_presets();

@@ -64,12 +64,19 @@ std::optional<TqRowNorm> first_unstorable_row(const TqEncodeCall& c, const std::
   const TqLayout& l = c.layout();
   if (masks == nullptr && c.keys && l.key_outliers) masks = c.cache + l.key_mask_offset();
   const double always = norm_always_fits(c.tables, c.keys);
+  // With block means the codes hold a row minus its block's mean, whose length is at most twice the
+  // longest row of the block (bf16 copies a little more): a sure bound, decided before any block is complete.
+  const bool blocks = l.mean_block(c.keys) > 0;
   std::vector<double> row(static_cast<std::size_t>(l.head_dim));
   std::vector<std::int32_t> order(static_cast<std::size_t>(l.head_dim));
   for (std::int64_t t = 0; t < c.tokens(); ++t) {
     for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
       const std::int64_t base = offset(c.x, 0, t, h);
       for (std::size_t d = 0; d < row.size(); ++d) row[d] = load(c.x.data, c.x.dtype, base + std::int64_t(d));
+      if (blocks) {
+        if (!(length(row) <= always / kBlockResidualGrowth)) return TqRowNorm{t, h, length(row), length(row)};
+        continue;
+      }
       if (length(row) <= always) continue;  // the common case: no codes needed
       if (c.keys && l.key_outliers) key_channel_order(l, masks + h * (l.head_dim / 32), order.data());
       const RowNorm r = row_norm(row, c.tables, c.keys, order.data());
@@ -84,6 +91,11 @@ std::string unstorable_rule(const TqRowNorm& r, const TqEncodeCall& c) {
                      ") [batch, timestep, kv head] (cache timestep " + std::to_string(c.start_pos + r.timestep) + ") ";
   if (!std::isfinite(r.norm)) {
     what += "holds a NaN or an infinity (norm " + number(r.norm) + ")";
+  } else if (c.layout().mean_block(c.keys)) {
+    return what + "has norm " + number(r.norm) + "; with block means a row's norm must be at most " +
+           number(norm_always_fits(c.tables, c.keys) / kBlockResidualGrowth) +
+           " (65504, or what norm correction and outlier parts leave of it, divided by " +
+           number(kBlockResidualGrowth) + "), so that a row minus its block's mean has an f16 norm word";
   } else if (c.keys && c.layout().key_outliers) {
     what += "has norm " + number(r.norm) + " and, with outlier channels, a part whose norm half holds " +
             number(r.stored) + " (its norm / sqrt(part size / head_dim), or / |c[idx]| with norm correction)";

@@ -15,6 +15,10 @@ namespace flashtq::core {
 // another order, webgpu's double-float) never cross into an f16 inf for a row the rule accepted.
 inline constexpr double kF16Max = 65504.0;
 
+// With block means a residual (a row minus its block's mean of bf16 rows) is at most this many times
+// the block's longest row.
+inline constexpr double kBlockResidualGrowth = 2.02;
+
 // What a row's norm word would hold, computed as the oracle's encoder computes it (encode_row).
 struct RowNorm {
   double norm = 0;    // |x|: NaN or inf for a row that holds one

@@ -95,6 +95,43 @@ void put_key_parts(const TqLayout& l, const EncodedRow& e, std::uint32_t* codes,
   }
 }
 
+// Element d of a block mean (f16 pairs, element 2i in the low half of word i).
+double mean_element(const std::uint32_t* words, std::int64_t d) { return f16_value(words[d / 2] >> (16 * (d % 2))); }
+
+// The codes and norm words of slot `slot` for a residual r (a row minus its block's mean) in the exact
+// rows' coordinates: with outlier channels the permuted key, each part already rotated, so each part
+// is its slice of r, normalised and scaled to the spread of head_dim's codebook as encode_key_parts does.
+void put_residual(const TqEncodeCall& c, std::int64_t slot, const std::vector<double>& r) {
+  const TqLayout& l = c.layout();
+  const std::int64_t D = l.head_dim;
+  const bool parts = c.keys && l.key_outliers;
+  const std::int64_t code_words = c.keys ? l.key_code_words() : l.value_code_words();
+  const std::int64_t norm_words = c.keys ? l.key_norm_words() : 1;
+  std::uint32_t* codes = c.cache + slot * code_words;
+  std::uint32_t* norms = c.cache + (c.keys ? l.key_norm_offset() : l.value_norm_offset()) + slot * norm_words;
+  for (std::int64_t w = 0; w < code_words; ++w) codes[w] = 0;
+  for (std::int64_t w = 0; w < norm_words; ++w) norms[w] = 0;
+  const int n_parts = parts ? l.key_parts() : 1;
+  for (int p = 0; p < n_parts; ++p) {
+    const TqLayout::KeyPart kp =
+        parts ? l.key_part(p) : TqLayout::KeyPart{0, std::int32_t(D), c.keys ? l.key_bits : l.value_bits, 0};
+    const TqCodebook& cb =
+        parts && p == 0 ? c.tables.outlier_codebook : (c.keys ? c.tables.key_codebook : c.tables.value_codebook);
+    double n2 = 0;
+    for (std::int32_t i = 0; i < kp.size; ++i) n2 += r[std::size_t(kp.offset + i)] * r[std::size_t(kp.offset + i)];
+    const double n = std::sqrt(n2);
+    if (n < kZeroNorm) continue;  // a zero part: codes and norm 0, which decode to the mean alone
+    const double spread = std::sqrt(double(kp.size) / double(D));
+    double decoded2 = 0;
+    for (std::int32_t i = 0; i < kp.size; ++i) {
+      const int code = quantize(r[std::size_t(kp.offset + i)] / n * spread, cb.boundaries.data(), cb.levels - 1);
+      put_bits(codes, kp.bit_offset + std::int64_t(i) * kp.bits, kp.bits, std::uint32_t(code));
+      decoded2 += cb.centroids[std::size_t(code)] * cb.centroids[std::size_t(code)];
+    }
+    norms[p / 2] |= f16_bits(l.norm_correction ? n / std::sqrt(decoded2) : n / spread) << (16 * (p % 2));
+  }
+}
+
 }  // namespace
 
 double exact_element(const std::uint32_t* row_words, std::int64_t d) {
@@ -170,6 +207,65 @@ void tq_encode_rows(const TqEncodeCall& c, std::int64_t first, std::int64_t end)
       }
       norms[0] = word;
     }
+  }
+}
+
+bool tq_encode_uses_block_means(const TqEncodeCall& c) { return c.layout().mean_block(c.keys) > 0; }
+
+void tq_encode_head_with_means(const TqEncodeCall& c, std::int64_t h) {
+  const TqLayout& l = c.layout();
+  const std::int64_t D = l.head_dim, g = l.mean_block(c.keys), w = l.recent_tokens;
+  const std::int64_t L = c.start_pos, T = c.tokens(), end = L + T;
+  const std::int64_t exact_offset = c.keys ? l.key_exact_offset() : l.value_exact_offset();
+  const bool parts = c.keys && l.key_outliers;
+  std::vector<std::int32_t> order(static_cast<std::size_t>(parts ? D : 0));
+  if (parts) key_channel_order(l, key_outlier_mask(l, c.cache, h), order.data());
+  // The new rows as their exact rows hold them (bf16 of n * RHT(x / n); a float holds a bf16 exactly).
+  std::vector<float> fresh(static_cast<std::size_t>(T * D));
+  std::vector<double> r(static_cast<std::size_t>(D)), sum(static_cast<std::size_t>(D));
+  for (std::int64_t t = 0; t < T; ++t) {
+    read_row(c.x, t, h, r);
+    const EncodedRow e = encode_row(r, c.tables, c.keys, order.data());
+    if (e.rotated.empty()) continue;  // a zero vector: zeros (fresh starts so)
+    for (std::int64_t d = 0; d < D; ++d)
+      fresh[std::size_t(t * D + d)] = bf16_to_f32(f32_to_bf16(float(e.norm * e.rotated[std::size_t(d)])));
+  }
+  // Timestep u's exact row: a new one, or one the cache holds (the sinks and the recent window before this call).
+  auto source = [&](std::int64_t u, std::vector<double>& out) {
+    if (u >= L) {
+      for (std::int64_t d = 0; d < D; ++d) out[std::size_t(d)] = double(fresh[std::size_t((u - L) * D + d)]);
+      return;
+    }
+    const std::uint32_t* words =
+        c.cache + exact_offset + (h * l.exact_rows() + l.exact_row(u, L)) * l.exact_row_words();
+    for (std::int64_t d = 0; d < D; ++d) out[std::size_t(d)] = exact_element(words, d);
+  };
+  // The timesteps that leave the recent window in this call, in order: a block's first timestep comes
+  // first, and then its whole block is there (block <= recent_tokens), so its mean is written then.
+  for (std::int64_t t = std::max<std::int64_t>(0, L - w); t < end - w; ++t) {
+    std::uint32_t* mean = c.cache + (c.keys ? l.key_mean(h, t) : l.value_mean(h, t));
+    if (t % g == 0) {
+      std::fill(sum.begin(), sum.end(), 0.0);
+      for (std::int64_t u = t; u < t + g; ++u) {
+        source(u, r);
+        for (std::int64_t d = 0; d < D; ++d) sum[std::size_t(d)] += r[std::size_t(d)];
+      }
+      for (std::int64_t i = 0; i < D / 2; ++i)
+        mean[i] = f16_bits(sum[std::size_t(2 * i)] / double(g)) | f16_bits(sum[std::size_t(2 * i + 1)] / double(g))
+                                                                      << 16;
+    }
+    source(t, r);
+    for (std::int64_t d = 0; d < D; ++d) r[std::size_t(d)] -= mean_element(mean, d);
+    put_residual(c, h * l.capacity + t, r);
+  }
+  // The new rows' exact copies, after the codes above have read the rows they replace.
+  for (std::int64_t t = L; t < end; ++t) {
+    const std::int64_t row = l.exact_row(t, end);
+    if (row < 0) continue;
+    std::uint32_t* words = c.cache + exact_offset + (h * l.exact_rows() + row) * l.exact_row_words();
+    const float* x = fresh.data() + (t - L) * D;
+    for (std::int64_t i = 0; i < D / 2; ++i)
+      words[i] = f32_to_bf16(x[2 * i]) | std::uint32_t(f32_to_bf16(x[2 * i + 1])) << 16;
   }
 }
 
@@ -275,6 +371,10 @@ void tq_attend_row_head(const TqAttendCall& a, std::int64_t row, std::int64_t h)
       for (std::int64_t d = 0; d < D; ++d) dot += double(q_rot[d]) * exact_element(k, d);
     } else {
       dot = tq_key_dot(a.tables, q_rot, q_jl, q_jl_sum, k_cache, slot0 + t, qjl_scale);
+      if (l.key_block) {  // the block's mean, which the codes do not hold
+        const std::uint32_t* mean = k_cache + l.key_mean(kv_head, t);
+        for (std::int64_t d = 0; d < D; ++d) dot += double(q_rot[d]) * mean_element(mean, d);
+      }
     }
     scores[std::size_t(t)] = scale * dot;
     m = std::max(m, scores[std::size_t(t)]);
@@ -297,6 +397,10 @@ void tq_attend_row_head(const TqAttendCall& a, std::int64_t row, std::int64_t h)
     const std::uint32_t* codes = v_cache + slot * l.value_code_words();
     for (std::int64_t d = 0; d < D; ++d)
       acc[std::size_t(d)] += p * vn * vcb.centroids[get_code(codes, d, l.value_bits)];
+    if (l.value_block) {
+      const std::uint32_t* mean = v_cache + l.value_mean(kv_head, t);
+      for (std::int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += p * mean_element(mean, d);
+    }
   }
   for (double& e : acc) e /= sum;
   inverse_rht(acc.data(), D, a.tables.polar_sign_bits);  // back from rotated space, once

@@ -30,6 +30,13 @@ EncodedRow encode_row(std::vector<double> x, const TqTables& tables, bool keys, 
 
 // Encodes the call's timesteps [first, end) (indices into its x rows).
 void tq_encode_rows(const TqEncodeCall& call, std::int64_t first, std::int64_t end);
+// Block means on the call's side (layout.key_block or value_block): the call's timesteps are not coded as
+// they come; tq_encode_head_with_means(call, h) does kv head h's whole call instead of tq_encode_rows.
+bool tq_encode_uses_block_means(const TqEncodeCall& call);
+// Writes the new rows' exact copies and codes the timesteps that leave the recent window, each minus its
+// block's mean (written with the block's first timestep), from the exact rows: timesteps before
+// call.start_pos come from the cache, so calls must be contiguous appends.
+void tq_encode_head_with_means(const TqEncodeCall& call, std::int64_t kv_head);
 // Rotates scratch rows [first, end) (row = b * n_queries + j).
 void tq_rotate_rows(const TqRotateCall& call, std::int64_t first, std::int64_t end);
 // One (scratch row, query head) of an attention.

@@ -237,9 +237,24 @@ void validate_tq_layout(const TqLayout& l) {
   } else if (l.key_outlier_bits != 0) {
     throw Error("key_outlier_bits", "must be 0 without outlier channels (key_outliers = 0)");
   }
+  for (const bool keys : {true, false}) {
+    const std::int64_t g = l.mean_block(keys);
+    const char* name = keys ? "key_block" : "value_block";
+    if (g == 0) continue;
+    if (g < 8 || g > 2 * d || (g & (g - 1)) != 0) {
+      throw Error(name, std::to_string(g) + " must be 0 or a power of two in [8, 2 head_dim = " +
+                            std::to_string(2 * d) + "] (a block's mean then costs whole bytes per timestep)");
+    }
+    if (g > l.recent_tokens) {
+      throw Error(name, std::to_string(g) + " must not exceed recent_tokens = " + std::to_string(l.recent_tokens) +
+                            " (a timestep is coded as it leaves the recent window, when its whole block is there)");
+    }
+    if (keys && l.qjl) throw Error(name, "needs keys without QJL (qjl = false)");
+  }
   const std::int64_t slots = checked_mul(l.n_kv_heads, l.capacity, "capacity");
-  const std::int64_t words_per_slot =
-      d * 4 / 32 + d / 32 + 3 + d / 2;  // the widest slot (up to 5 key parts' norms), an exact row's share included
+  // The widest slot (up to 5 key parts' norms), with an exact row's share and both block means' (8 timesteps
+  // to a block at least).
+  const std::int64_t words_per_slot = d * 4 / 32 + d / 32 + 3 + d / 2 + d / 8;
   if (checked_mul(slots, words_per_slot, "capacity") > std::int64_t(std::numeric_limits<std::uint32_t>::max())) {
     throw Error("capacity", "the packed cache must hold fewer than 2^32 words (32-bit word indices)");
   }

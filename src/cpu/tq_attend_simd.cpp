@@ -442,7 +442,9 @@ HWY_EXPORT(Supported);
 bool tq_attend_simd(const TqAttendCall& a, int threads) {
   const TqLayout& l = a.layout();
   // Keys with outlier channels: 4-bit outliers over 2- to 4-bit codes (every preset's); others take the per-row code.
-  if ((l.key_outliers && (l.key_outlier_bits != 4 || l.key_bits < 2)) || !HWY_DYNAMIC_DISPATCH(Supported)()) {
+  // Block means take the per-row code.
+  if ((l.key_outliers && (l.key_outlier_bits != 4 || l.key_bits < 2)) || l.key_block || l.value_block ||
+      !HWY_DYNAMIC_DISPATCH(Supported)()) {
     return false;
   }
   const std::int64_t D = l.head_dim, H = a.n_heads, G = H / l.n_kv_heads, rows = a.batch * a.n_queries;

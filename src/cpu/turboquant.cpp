@@ -11,6 +11,12 @@
 namespace flashtq::cpu {
 
 void tq_encode(const TqEncodeCall& c, int threads) {
+  if (core::tq_encode_uses_block_means(c)) {  // a head's timesteps depend on each other (their block's mean)
+    const std::int64_t heads = c.layout().n_kv_heads;
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+    for (std::int64_t h = 0; h < heads; ++h) core::tq_encode_head_with_means(c, h);
+    return;
+  }
   const std::int64_t T = c.tokens(), chunk = 16;
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
   for (std::int64_t t0 = 0; t0 < T; t0 += chunk) core::tq_encode_rows(c, t0, std::min(T, t0 + chunk));

@@ -77,9 +77,11 @@ class CudaBackend final : public Backend {
   // The check runs on the device; the row it finds is then copied back and described on the host, with
   // the oracle's arithmetic (an error path only).
   std::optional<TqRowNorm> tq_unstorable_row(const TqEncodeCall& c) const override {
-    const std::optional<std::int64_t> row = first_unstorable_tq_row(c, core::norm_always_fits(c.tables, c.keys));
+    const bool means = c.layout().mean_block(c.keys) > 0;
+    const double always = core::norm_always_fits(c.tables, c.keys) / (means ? core::kBlockResidualGrowth : 1.0);
+    const std::optional<std::int64_t> row = first_unstorable_tq_row(c, always);
     if (!row) return std::nullopt;
-    if (c.keys && c.layout().key_outliers) return unstorable_row_of_parts(c);  // a candidate: decided on the host
+    if (means || (c.keys && c.layout().key_outliers)) return unstorable_row_on_host(c);  // a candidate
     const std::int64_t H = c.layout().n_kv_heads, D = c.layout().head_dim, t = *row / H, h = *row % H;
     const std::size_t element = dtype_size(c.x.dtype);
     std::vector<unsigned char> bytes(std::size_t(D) * element);
@@ -91,10 +93,10 @@ class CudaBackend final : public Backend {
     const core::RowNorm r = core::row_norm(values, c.tables, c.keys);
     return TqRowNorm{t, h, r.norm, r.stored};
   }
-  // Keys with outlier channels and a row the check kernel could not decide: each part's norm half must fit,
-  // which depends on the head's mask; the rows and the masks are copied to the host and held to the
-  // oracle's rule there (rare: only rows near f16's range get here).
-  static std::optional<TqRowNorm> unstorable_row_of_parts(const TqEncodeCall& c) {
+  // A row the check kernel could not decide (keys with outlier channels: each part's norm half must fit,
+  // which depends on the head's mask; block means): the rows and the masks are copied to the host and held
+  // to the oracle's rule there (rare: only rows near f16's range get here).
+  static std::optional<TqRowNorm> unstorable_row_on_host(const TqEncodeCall& c) {
     const TqLayout& l = c.layout();
     std::int64_t extent = c.x.shape[3];
     for (int d = 0; d < 3; ++d) extent += (c.x.shape[d] - 1) * c.x.strides[d];

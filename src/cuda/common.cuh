@@ -10,6 +10,16 @@
 
 namespace flashtq::cuda {
 
+// f(a value of the element type) for a view's dtype: kernels are templates over the element type.
+template <typename F>
+void by_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: f(float{}); break;
+    case DType::f16: f(__half{}); break;
+    case DType::bf16: f(__nv_bfloat16{}); break;
+  }
+}
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -203,15 +203,6 @@ __global__ void __launch_bounds__(32 * kWarps) dkdv_kernel(BackwardCall c) {
   store_row(static_cast<T*>(c.dv.data) + row_offset(c.dv, b, j, hk), dv, 1.0f, D, lane);
 }
 
-template <typename F>
-void by_dtype(DType t, F&& f) {
-  switch (t) {
-    case DType::f32: f(float{}); break;
-    case DType::f16: f(__half{}); break;
-    case DType::bf16: f(__nv_bfloat16{}); break;
-  }
-}
-
 unsigned blocks_for(std::int64_t rows) { return unsigned((rows + kWarps - 1) / kWarps); }
 
 }  // namespace

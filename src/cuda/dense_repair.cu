@@ -98,15 +98,6 @@ __global__ void __launch_bounds__(32 * kWarps) repair_dq_rows(BackwardCall c) {
   }
 }
 
-template <typename F>
-void by_dtype(DType t, F&& f) {
-  switch (t) {
-    case DType::f32: f(float{}); break;
-    case DType::f16: f(__half{}); break;
-    case DType::bf16: f(__nv_bfloat16{}); break;
-  }
-}
-
 // One wave: a block per SM (at most one per 8 rows). Launched as a dependent of the kernel before it
 // (launch.hpp), so that its launch overlaps that kernel's last blocks; a finished call then costs
 // each block two atomics.

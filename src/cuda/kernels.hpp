@@ -33,6 +33,8 @@ unsigned* unfinished_rows_flag();
 void launch_tq_encode(const TqEncodeCall& call);
 // Keys with outlier channels (tq_outliers.cu): launch_tq_encode and launch_tq_rotate send them there.
 void launch_tq_encode_parts(const TqEncodeCall& call);
+// Block means on the call's side (tq_block_means.cu): launch_tq_encode sends them there.
+void launch_tq_encode_with_means(const TqEncodeCall& call);
 void launch_tq_rotate_parts(const TqRotateCall& call);
 // The first row (t * n_kv_heads + h) of the call's x whose norm f16 cannot hold, rows of at most
 // always_fits passing on their norm alone; waits for the call's stream (src/cuda/tq_norm_check.cu).

@@ -63,6 +63,26 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   const int n_parts = l.key_outliers ? l.key_parts() : 0;
   for (int part = 0; part < n_parts; ++part) parts[part] = l.key_part(part);
   const std::int64_t end = sequence_end_of(a, j);
+  // Block means (docs/turboquant_layout.md): <q_rot, mu_b> of each key block this split touches, once per head,
+  // and later the weight each value block's mean gets. A split starts on a multiple of kSplitTokens, so it
+  // touches at most kSplitTokens / 8 blocks.
+  constexpr int kMaxBlocks = kSplitTokens / 8;
+  __shared__ float key_mean_dot[HT][kMaxBlocks], value_weight[HT][kMaxBlocks];
+  const int kg = l.key_block, vg = l.value_block;
+  const std::int64_t kb0 = kg ? t0 / kg : 0, vb0 = vg ? t0 / vg : 0;
+  const int n_kblocks = kg ? int((t0 + n - 1) / kg - kb0 + 1) : 0;
+  const int n_vblocks = vg ? int((t0 + n - 1) / vg - vb0 + 1) : 0;
+  for (int i = tid; i < HT * n_kblocks; i += kThreads) {
+    const int g = i / n_kblocks, bi = i % n_kblocks;
+    const std::uint32_t* mean = keys + l.key_mean(kvh, (kb0 + bi) * kg);
+    float dot = 0.0f;
+    for (int w = 0; w < D / 2; ++w) {
+      const std::uint32_t word = mean[w];
+      dot = fmaf(q_rot[g][2 * w + 1], f16_low(word >> 16), fmaf(q_rot[g][2 * w], f16_low(word), dot));
+    }
+    key_mean_dot[g][bi] = dot;
+  }
+  if (kg) __syncthreads();
   for (int tt = tid; tt < n; tt += kThreads) {
     const std::int64_t slot = kvh * l.capacity + t0 + tt;
     const int er = int(l.exact_row(t0 + tt, end));
@@ -98,8 +118,10 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
 #pragma unroll
         for (int g = 0; g < HT; ++g) score[g] = fmaf(half, dot[g], score[g]);
       }
+      const int kbi = kg ? int((t0 + tt) / kg - kb0) : 0;
 #pragma unroll
-      for (int g = 0; g < HT; ++g) p[g][tt] = t0 + tt < first ? -INFINITY : a.scale * score[g];
+      for (int g = 0; g < HT; ++g)
+        p[g][tt] = t0 + tt < first ? -INFINITY : a.scale * (score[g] + (kg ? key_mean_dot[g][kbi] : 0.0f));
       v_norm[tt] = f16_low(values[l.value_norm_offset() + slot]);
       continue;
     }
@@ -117,10 +139,11 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
         if (bit) positive[g] += q_jl[g][d];
       }
     }
+    const int kbi = kg ? int((t0 + tt) / kg - kb0) : 0;
 #pragma unroll
     for (int g = 0; g < HT; ++g) {
-      p[g][tt] = t0 + tt < first ? -INFINITY
-                                 : a.scale * norm * (polar[g] + gamma * a.qjl_scale * (2.0f * positive[g] - q_sum[g]));
+      const float score = norm * (polar[g] + gamma * a.qjl_scale * (2.0f * positive[g] - q_sum[g]));
+      p[g][tt] = t0 + tt < first ? -INFINITY : a.scale * (kg ? score + key_mean_dot[g][kbi] : score);
     }
     v_norm[tt] = f16_low(values[l.value_norm_offset() + slot]);
   }
@@ -133,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
     float s = 0.0f;
     for (int tt = lane; tt < n; tt += 32) {
       const float e = expf(p[g][tt] - m);
-      p[g][tt] = e * v_norm[tt];
+      p[g][tt] = vg ? e : e * v_norm[tt];  // with value means the norm goes with the codes (below)
       s += e;
     }
     s = warp_sum(s);
@@ -143,6 +166,16 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
     }
   }
   __syncthreads();
+  for (int i = tid; i < HT * n_vblocks; i += kThreads) {  // each value block's weight: its coded timesteps' p
+    const int g = i / n_vblocks, bi = i % n_vblocks;
+    const std::int64_t from = std::max<std::int64_t>(0, (vb0 + bi) * vg - t0),
+                       to = min(std::int64_t(n), (vb0 + bi + 1) * vg - t0);
+    float w = 0.0f;
+    for (std::int64_t tt = from; tt < to; ++tt)
+      if (exact_row[tt] < 0) w += p[g][tt];
+    value_weight[g][bi] = w;
+  }
+  if (vg) __syncthreads();
   // Values, still rotated: thread owns dims tid, tid + 128.
   constexpr int R = (D + kThreads - 1) / kThreads;
   float acc[HT][R] = {};
@@ -156,9 +189,23 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
     for (int r = 0; r < R; ++r) {
       const int d = tid + r * kThreads;
       if (d < D) {
-        const float c = er >= 0 ? __uint_as_float(std::uint32_t(exact[d]) << 16) : vc[core::get_code(codes, d, vb)];
+        const float c = er >= 0 ? __uint_as_float(std::uint32_t(exact[d]) << 16)
+                        : vg    ? v_norm[tt] * vc[core::get_code(codes, d, vb)]
+                                : vc[core::get_code(codes, d, vb)];
 #pragma unroll
         for (int g = 0; g < HT; ++g) acc[g][r] = fmaf(p[g][tt], c, acc[g][r]);
+      }
+    }
+  }
+  for (int bi = 0; bi < n_vblocks; ++bi) {  // the value blocks' means, once each
+    const std::uint32_t* mean = values + l.value_mean(kvh, (vb0 + bi) * vg);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int d = tid + r * kThreads;
+      if (d < D) {
+        const float mu = f16_low(mean[d / 2] >> (16 * (d % 2)));
+#pragma unroll
+        for (int g = 0; g < HT; ++g) acc[g][r] = fmaf(value_weight[g][bi], mu, acc[g][r]);
       }
     }
   }

@@ -136,6 +136,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 }  // namespace
 
 void launch_tq_encode(const TqEncodeCall& c) {
+  if (c.layout().mean_block(c.keys)) return launch_tq_encode_with_means(c);
   if (c.keys && c.layout().key_outliers) return launch_tq_encode_parts(c);
   const std::int64_t rows = c.tokens() * c.layout().n_kv_heads;
   by_dtype_and_width(c.x.dtype, c.layout().head_dim, [&](auto tag, auto width) {

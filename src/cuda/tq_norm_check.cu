@@ -48,7 +48,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (n <= always_fits) return;         // the common case (false for NaN)
   // Keys with outlier channels: each part's norm half depends on the head's mask, so a row past always_fits
   // is only a candidate, which the host decides (CudaBackend::tq_unstorable_row).
-  const bool candidate = keys && l.key_outliers;
+  // So is any row past the bound with block means (whose rule is the bound: CudaBackend::tq_unstorable_row).
+  const bool candidate = (keys && l.key_outliers) || l.mean_block(keys) > 0;
   bool bad = candidate || !isfinite(n) || (!l.norm_correction && n > kF16Max);
   if (!bad && l.norm_correction) {  // n / |c[idx]|: the codes of the rotated unit vector
 #pragma unroll

@@ -12,38 +12,13 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/tq_row_math.cuh"
 
 namespace flashtq::cuda {
 namespace {
 
 constexpr int kThreads = 64;
-constexpr int kMaxDim = 256;
-
-template <typename T>
-__device__ double element(const TensorView& x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d) {
-  return double(to_float(static_cast<const T*>(x.data)[row_offset(x, b, t, h) + d]));
-}
-
-__device__ double length(const double* x, std::int32_t n) {
-  double s = 0;
-  for (std::int32_t i = 0; i < n; ++i) s = __dadd_rn(s, __dmul_rn(x[i], x[i]));
-  return sqrt(s);
-}
-
-// core::rht over coordinates [first, first + n) of the signs: the signs, the butterflies, 1 / sqrt(n).
-__device__ void part_rht(double* x, std::int32_t n, const std::uint32_t* signs, std::int32_t first) {
-  for (std::int32_t d = 0; d < n; ++d)
-    if ((signs[(first + d) / 32] >> ((first + d) % 32)) & 1u) x[d] = -x[d];
-  for (std::int32_t len = 1; len < n; len <<= 1)
-    for (std::int32_t i = 0; i < n; i += 2 * len)
-      for (std::int32_t j = i; j < i + len; ++j) {
-        const double a = x[j], b = x[j + len];
-        x[j] = __dadd_rn(a, b);
-        x[j + len] = __dsub_rn(a, b);
-      }
-  const double inv = 1.0 / sqrt(double(n));
-  for (std::int32_t d = 0; d < n; ++d) x[d] = __dmul_rn(x[d], inv);
-}
+constexpr int kMaxDim = kRowMaxDim;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -121,13 +96,6 @@ __global__ void __launch_bounds__(kThreads)
     q_jl[d] = 0.0f;
   }
   scratch[s.sum(j, h)] = 0.0f;
-}
-
-template <typename F>
-void by_dtype(DType t, F&& f) {
-  if (t == DType::f32) f(float{});
-  if (t == DType::f16) f(__half{});
-  if (t == DType::bf16) f(__nv_bfloat16{});
 }
 
 }  // namespace

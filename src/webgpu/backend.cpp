@@ -185,6 +185,8 @@ class WebGpuBackend final : public Backend {
   std::optional<std::string> unsupported(const TqLayout& l) const override {
     if (l.head_dim > 256) return "the webgpu TurboQuant kernels take head_dim up to 256";
     if (l.key_outliers) return "keys with outlier channels (key_outliers) run on the reference, cpu and cuda backends";
+    if (l.key_block || l.value_block)
+      return "block means (key_block, value_block) run on the reference, cpu and cuda backends";
     return std::nullopt;
   }
 

@@ -56,6 +56,9 @@ std::string layout_invalid(const TqLayout& l) {
        l.key_outlier_bits < l.key_bits || l.key_outlier_bits > 4))
     return "key_outliers";
   if (l.key_outliers == 0 && l.key_outlier_bits != 0) return "key_outlier_bits";
+  for (const std::int32_t g : {l.key_block, l.value_block})
+    if (g != 0 && (g < 8 || g > 2 * d || (g & (g - 1)) || g > l.recent_tokens)) return "block means";
+  if (l.key_block && l.qjl) return "key_block with QJL";
   // The widest slot's words (4-bit codes, the jl words, a norm, an exact row's share) under 2^32.
   const __int128 slots = (__int128)l.n_kv_heads * l.capacity, words_per_slot = d * 4 / 32 + d / 32 + 3 + d / 2;
   if (slots > (__int128)0xFFFFFFFFu || slots * words_per_slot > (__int128)0xFFFFFFFFu) return "2^32 words";
@@ -204,6 +207,13 @@ void run(const uint8_t* data, size_t size) {
     l.key_outliers = 16 << ((config.seed >> 58) & 3);
     l.key_outlier_bits = l.key_bits + int((config.seed >> 56) & 3);
   }
+  // Block means from the seed's next bits: one input in eight gets key blocks of 8 to 64 timesteps (with QJL or
+  // past recent_tokens sometimes: refused), values the same half the time, and a recent window that holds them.
+  if (((config.seed >> 53) & 7) == 1) {
+    l.key_block = std::int32_t(8) << ((config.seed >> 50) & 3);
+    l.value_block = ((config.seed >> 49) & 1) ? l.key_block : 0;
+    if ((config.seed >> 48) & 1) l.recent_tokens = std::max(l.recent_tokens, l.key_block);
+  }
 
   std::string why = config.layers < 1 ? "layers" : layout_invalid(l);
   if (why.empty()) {
@@ -276,9 +286,10 @@ void run(const uint8_t* data, size_t size) {
         if (why.empty() && !(k.t.fits && v.t.fits)) break;  // valid, but larger than its buffers
         bool norm_either = false;
         if (why.empty()) {
+          // With block means a row must fit twice over (its residual may be up to twice its block's longest row).
           const double spread = l.key_outliers ? std::sqrt(double(l.key_outliers) / double(l.head_dim)) : 1.0;
-          const NormVerdict kv[] = {norm_verdict(k.t, l.norm_correction && !l.qjl, spread),
-                                    norm_verdict(v.t, l.norm_correction)};
+          const NormVerdict kv[] = {norm_verdict(k.t, l.norm_correction && !l.qjl, spread / (l.key_block ? 2.02 : 1)),
+                                    norm_verdict(v.t, l.norm_correction, l.value_block ? 1 / 2.02 : 1.0)};
           for (NormVerdict n : kv) {
             if (n == NormVerdict::refused) why = "a norm past f16";
             norm_either = norm_either || n == NormVerdict::either;

@@ -129,6 +129,41 @@ def test_recent_window_cache_takes_timesteps_in_order(seed):
     assert torch.isfinite(out).all() and cache.length(0) == 5
 
 
+def test_block_means_by_name_follow_a_drifting_mean(seed):
+    # Keys and values whose first 8 channels carry a large offset that turns slowly with the position (post-RoPE
+    # keys look so): key and value block means must bring attention closer to exact attention than the same codes
+    # without them; the cpu backend writes the oracle's words.
+    T = 120
+    turn = 0.01 * torch.arange(T, dtype=torch.float32)[None, :, None, None] + 6.28 * torch.rand(1, 1, 2, 8)
+    k, v = torch.randn(1, T, 2, 64), torch.randn(1, T, 2, 64)
+    k[..., :8] += 6 * torch.cos(turn)
+    v[..., :8] += 6 * torch.sin(turn)
+    q = torch.randn(1, T, 4, 64)
+    exact = oracle(q, k, v, causal=True)[0]
+    spelt = flashtq.TurboQuantConfig.preset("m3v3ns4w32kg16vg32")
+    assert (spelt.key_block, spelt.value_block, spelt.recent_tokens, spelt.qjl) == (16, 32, 32, False)
+    assert spelt.name == "m3v3ns4w32kg16vg32"
+    errors = {}
+    for name in ("m3v3ns4w32kg16vg32", "m3v3ns4w32"):
+        caches = [flashtq.TurboQuantCache(1, 2, 64, 128, config=name, device=d) for d in ("cpu", "reference")]
+        outs = []
+        for start in range(0, T, 20):  # a recent window: each chunk's queries end the sequence
+            for c in caches:
+                c.append(0, k[:, start:start + 20], v[:, start:start + 20])
+            out = torch.full((1, 20, 4, 64), float("nan"))
+            caches[0].attend(0, q[:, start:start + 20], start, out=out)
+            outs.append(out)
+        assert (caches[0].key_words(0) == caches[1].key_words(0)).all()
+        assert (caches[0].value_words(0) == caches[1].value_words(0)).all()
+        errors[name] = rel_err(torch.cat(outs, 1), exact)
+    assert errors["m3v3ns4w32kg16vg32"] < 0.8 * errors["m3v3ns4w32"], errors
+    for bad, argument in (("m3v3ns4w32kg64", "key_block"), ("k3v3s4w32kg16", "key_block"),
+                          ("m3v3ns4w32vg12", "value_block")):
+        with pytest.raises(flashtq.FlashTQError) as e:
+            flashtq.TurboQuantCache(1, 2, 64, 128, config=bad)
+        assert e.value.argument == argument, bad
+
+
 def test_outlier_channels_calibrate_then_attend(seed):
     # Keys whose channels 3, 9, 40 and 41 are loud: calibration must make them outliers (the mask in the key words),
     # and one more bit for the outliers must bring attention closer to exact attention than the plain layout.
