@@ -119,13 +119,14 @@ void write_corpus(const std::string& dir) {
     std::vector<std::int64_t> fill;  // timesteps appended per layer
   };
   const Seed seeds[] = {
-      {{1, {32, 1, 4, 2, 2}, 1}, {3}},                               // the seed's widths
-      {{1, {32, 1, 2, 1, 3}, 2}, {0}},                               // empty
-      {{2, {64, 2, 3, 3, 4, false, true, 1, 1}, 3}, {3, 1}},         // no QJL, norm correction, exact tokens
-      {{1, {128, 1, 2, 4, 2, false}, 4}, {2}},                       // 4-bit keys
-      {{3, {32, 2, 2, 2, 3, true, false, 0, 2}, 5}, {2, 0, 1}},      // recent tokens only
-      {{1, {256, 1, 1, 3, 4, true, false, 1, 0}, 6}, {1}},           // head_dim 256, a sink
-      {{2, {64, 2, 3, 3, 3, false, true, 1, 1, 16, 4}, 7}, {2, 3}},  // outlier channels (masks uncalibrated)
+      {{1, {32, 1, 4, 2, 2}, 1}, {3}},                                    // the seed's widths
+      {{1, {32, 1, 2, 1, 3}, 2}, {0}},                                    // empty
+      {{2, {64, 2, 3, 3, 4, false, true, 1, 1}, 3}, {3, 1}},              // no QJL, norm correction, exact tokens
+      {{1, {128, 1, 2, 4, 2, false}, 4}, {2}},                            // 4-bit keys
+      {{3, {32, 2, 2, 2, 3, true, false, 0, 2}, 5}, {2, 0, 1}},           // recent tokens only
+      {{1, {256, 1, 1, 3, 4, true, false, 1, 0}, 6}, {1}},                // head_dim 256, a sink
+      {{2, {64, 2, 3, 3, 3, false, true, 1, 1, 16, 4}, 7}, {2, 3}},       // outlier channels (masks uncalibrated)
+      {{1, {32, 1, 12, 2, 3, false, false, 1, 8, 0, 0, 8, 8}, 8}, {11}},  // block means (three timesteps coded)
   };
   int i = 0;
   for (const Seed& s : seeds) {
