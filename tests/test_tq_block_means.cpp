@@ -206,6 +206,7 @@ double attention_error(const std::string& name, const TqLayout& l, std::mt19937_
     HostTensor out({1, n, H, D}, DType::f32, false);
     out.poison();
     cache.attend(0, rows_of(q, start, n), start, out.view);
+    if (name == "cpu") EXPECT_EQ(backend(name).last_kernel(), "tq_attend_simd") << "the SIMD path serves block means";
     const std::vector<double> o = out.values();
     got.insert(got.end(), o.begin(), o.end());
     const std::vector<std::uint32_t> kw = cache.key_words(0), vw = cache.value_words(0);

@@ -1,5 +1,5 @@
 // SIMD TurboQuant attention for the cpu backend, every layout (keys of 1 to 4 bits with or without
-// QJL, values of 2 to 4 bits, norm correction, exact sink and recent tokens, a sliding window):
+// QJL, values of 2 to 4 bits, norm correction, exact sink and recent tokens, block means, a sliding window):
 // scores straight from the packed words, keys of 2 to 4 bits without QJL decoded a vector of codes at
 // a time and multiplied with the heads' rotated queries, QJL and 1-bit keys through per-query tables
 // (a field of a key's code stream, 2 to 8 dims, indexes the heads' partial dot products with the
@@ -285,6 +285,25 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   alignas(16) float scores[kBlock][4];
   const std::uint32_t* exact_v[kBlock];
   alignas(64) float vnorm[kBlock];
+  // Block means (docs/turboquant_layout.md): the heads' <q_rot, mu_b> of the key block last seen, computed
+  // once per block; a value block's mean is added once per softmax step, weighted by its coded timesteps' p.
+  std::int64_t key_block_seen = -1;
+  alignas(16) float key_mean_dots[4] = {};
+  auto mean_element = [](const std::uint32_t* mean, std::int64_t i) {
+    return core::f16_to_f32(std::uint16_t(mean[i / 2] >> (16 * (i % 2))));
+  };
+  auto key_mean_dot = [&](std::int64_t t) -> const float* {
+    if (t / lay.key_block != key_block_seen) {
+      key_block_seen = t / lay.key_block;
+      const std::uint32_t* mean = keys + lay.key_mean(kvh, t);
+      for (int g = 0; g < GT; ++g) {
+        float dot = 0.0f;
+        for (std::int64_t i = 0; i < D; ++i) dot += q_rot[g][i] * mean_element(mean, i);
+        key_mean_dots[g] = scale * dot;
+      }
+    }
+    return key_mean_dots;
+  };
   for (std::int64_t tb = t0; tb < t1; tb += kBlock) {
     const std::int64_t n = std::min(kBlock, t1 - tb);
     // Whether the block holds an exact row: the sinks, or the recent window at the sequence's end.
@@ -335,6 +354,13 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       // score = scale |k| (<q, centroids> + gamma qjl <q_jl, signs>)
       hn::Store(hn::Mul(hn::Set(d4, scale * f16_low(nw)), dot), d4, scores[t]);
     }
+    if (lay.key_block) {  // coded keys: plus <q_rot, mu_b> of their block
+      for (std::int64_t t = 0; t < n; ++t) {
+        if (any_exact && exact(keys, lay.key_exact_offset(), tb + t)) continue;
+        const float* dots = key_mean_dot(tb + t);
+        for (int g = 0; g < GT; ++g) scores[t][g] += dots[g];
+      }
+    }
     const std::uint32_t* value_norms = values + lay.value_norm_offset() + kvh * lay.capacity + tb;
     for (std::int64_t t = 0; t < n; ++t) {  // |v_t|, once for the heads (1 for an exact row)
       exact_v[t] = any_exact ? exact(values, lay.value_exact_offset(), tb + t) : nullptr;
@@ -348,6 +374,19 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       l[g] = l[g] * corr + exp_shift_sum(s, std::size_t(n), m_new);
       if (corr != 1.0f) ::flashtq::cpu::scale(acc + g * D, std::size_t(D), corr);
       m[g] = m_new;
+      if (lay.value_block) {  // each value block's mean, weighted by its coded timesteps' p (before the norms)
+        for (std::int64_t t = 0; t < n;) {
+          const std::int64_t block_end = std::min(n, ((tb + t) / lay.value_block + 1) * lay.value_block - tb);
+          float weight = 0.0f;
+          for (std::int64_t u = t; u < block_end; ++u)
+            if (!exact_v[u]) weight += s[u];
+          if (weight != 0.0f) {
+            const std::uint32_t* mean = values + lay.value_mean(kvh, tb + t);
+            for (std::int64_t i = 0; i < D; ++i) acc[g * D + i] += weight * mean_element(mean, i);
+          }
+          t = block_end;
+        }
+      }
       for (std::int64_t t = 0; t < n; ++t) s[t] *= vnorm[t];
     }
     // Values, two chunks at a time: the heads' accumulators of the chunks stay in registers over the
@@ -442,9 +481,7 @@ HWY_EXPORT(Supported);
 bool tq_attend_simd(const TqAttendCall& a, int threads) {
   const TqLayout& l = a.layout();
   // Keys with outlier channels: 4-bit outliers over 2- to 4-bit codes (every preset's); others take the per-row code.
-  // Block means take the per-row code.
-  if ((l.key_outliers && (l.key_outlier_bits != 4 || l.key_bits < 2)) || l.key_block || l.value_block ||
-      !HWY_DYNAMIC_DISPATCH(Supported)()) {
+  if ((l.key_outliers && (l.key_outlier_bits != 4 || l.key_bits < 2)) || !HWY_DYNAMIC_DISPATCH(Supported)()) {
     return false;
   }
   const std::int64_t D = l.head_dim, H = a.n_heads, G = H / l.n_kv_heads, rows = a.batch * a.n_queries;
