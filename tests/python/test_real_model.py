@@ -52,3 +52,13 @@ def test_eval_command_runs_and_reports(tmp_path):
     assert all(c["ci_low"] <= c["rel_change"] <= c["ci_high"] for c in run["configs"])
     assert {c["config"] for c in run["retrieval"]["checks"]} == {"exact", "seed"}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_eval_refuses_a_configuration_the_model_cannot_have_before_it_runs():
+    # A block of 64 timesteps needs a recent window of 64: the run stops before the first window, naming the rule.
+    cmd = [sys.executable, "-m", "flashtq.eval", "--model", "smollm2", "--ctx", "64", "--windows", "1", "--configs",
+           "seed,m3v3ns4w32kg64", "--no-retrieval"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0
+    assert "'m3v3ns4w32kg64'" in done.stderr and "must not exceed recent_tokens = 32" in done.stderr, done.stderr[-2000:]
+    assert "smollm2 exact" not in done.stderr  # refused before exact attention ran over a window
