@@ -109,6 +109,10 @@ def test_turboquant_cache_generates_and_counts_bytes(seed):
     assert out.shape == (1, 18) and cache.get_seq_length() == 17
     # 3 layers x 2 kv heads x (keys 32*3/32 + 1 + 1 words, values 32*4/32 + 1 words) x 4 bytes
     assert cache.bytes_per_token() == 3 * 2 * 4 * ((3 + 1 + 1) + (4 + 1))
+    # Before anything is appended too, for a layout with exact tokens and block means (docs/turboquant_layout.md:
+    # keys 3 + 1 words, values 3 + 1 words, means 2 * 32 / 16 and 2 * 32 / 32 bytes, per layer and kv head).
+    fresh = flashtq.hf.TurboQuantCache(model.config, "m3v3ns4w32kg16vg32", max_length=64)
+    assert fresh.bytes_per_token() == 3 * 2 * (4 * ((3 + 1) + (3 + 1)) + 4 + 2)
 
 
 def test_sliding_window_layers_through_the_packed_cache(seed):

@@ -14,7 +14,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from flashtq._errors import error
-from flashtq.cache import TurboQuantConfig
+from flashtq.cache import TurboQuantConfig, resolve_config
 from flashtq.cache import TurboQuantCache as PackedCache
 from flashtq.hf.attention import NAME
 
@@ -135,8 +135,11 @@ class TurboQuantCache(Cache):
         """Packed bytes one token costs (all layers and kv heads) in one sequence."""
         if self.packed is not None:
             return self.packed.bytes_per_token()
-        return PackedCache(self.num_layers, self.num_kv_heads, self.head_dim, 1, config=self.cache_config,
-                           device="cpu").bytes_per_token()  # the layout's count, wherever the words will live
+        # The layout's count, wherever the words will live, from a cache just large enough for its exact tokens.
+        config = resolve_config(self.cache_config, self.head_dim)
+        capacity = max(1, config.sink_tokens + config.recent_tokens)
+        return PackedCache(self.num_layers, self.num_kv_heads, self.head_dim, capacity, config=config,
+                           device="cpu").bytes_per_token()
 
 
 @torch.no_grad()
