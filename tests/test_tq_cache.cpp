@@ -274,10 +274,15 @@ TEST(TqKvCacheFile, FailedSaveKeepsThePreviousFile) {
 // on the reference), and the words against the oracle's encode (codes may flip at a boundary).
 class TqKvCacheOn : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(TqKvCacheOn, AttendEqualsTheOracleOnTheSameWords) {
-  Backend* found = nullptr;
+// The backend of that name among those compiled in (available here or not), or null.
+Backend* compiled_backend(const std::string& name) {
   for (Backend* x : all_backends())
-    if (x->name() == GetParam()) found = x;
+    if (x->name() == name) return x;
+  return nullptr;
+}
+
+TEST_P(TqKvCacheOn, AttendEqualsTheOracleOnTheSameWords) {
+  Backend* found = compiled_backend(GetParam());
   ASSERT_NE(found, nullptr);
   Backend& b = *found;
   if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is not available here: " << b.unavailable_reason();
@@ -326,9 +331,7 @@ TEST_P(TqKvCacheOn, AttendEqualsTheOracleOnTheSameWords) {
 // the calls before it left, and codes the timesteps that leave it) give the oracle's words exactly, and
 // attention over them equals the oracle's on the same words; a backend without them refuses the layout.
 TEST_P(TqKvCacheOn, BlockMeansAfterChunkedAppendsAreTheOraclesWords) {
-  Backend* found = nullptr;
-  for (Backend* x : all_backends())
-    if (x->name() == GetParam()) found = x;
+  Backend* found = compiled_backend(GetParam());
   ASSERT_NE(found, nullptr);
   Backend& b = *found;
   if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is not available here: " << b.unavailable_reason();
