@@ -91,17 +91,9 @@ __global__ void __launch_bounds__(kThreads)
         parts && p == 0 ? tables.outlier_codebook : (keys ? tables.key_codebook : tables.value_codebook);
     const double n = length(r + kp.offset, kp.size);
     if (n < 1e-12) continue;  // a zero part: it decodes to the mean alone
-    const double spread = sqrt(double(kp.size) / double(D));
-    double decoded2 = 0;
-    for (std::int32_t k = 0; k < kp.size; ++k) {
-      const double y = __dmul_rn(__ddiv_rn(r[kp.offset + k], n), spread);
-      int idx = 0;
-      for (int b = 0; b < cb.levels - 1; ++b) idx += y >= cb.boundaries[b] ? 1 : 0;
-      core::put_bits(codes, kp.bit_offset + std::int64_t(k) * kp.bits, kp.bits, std::uint32_t(idx));
-      decoded2 = __dadd_rn(decoded2, __dmul_rn(cb.centroids[idx], cb.centroids[idx]));
-    }
-    const double stored = l.norm_correction ? __ddiv_rn(n, sqrt(decoded2)) : __ddiv_rn(n, spread);
-    norms[p / 2] |= std::uint32_t(__half_as_ushort(__float2half_rn(float(stored)))) << (16 * (p % 2));
+    code_part(
+        cb, kp, D, l.norm_correction, p, n, [&](std::int32_t k) { return __ddiv_rn(r[kp.offset + k], n); }, codes,
+        norms);
   }
 }
 

@@ -53,21 +53,14 @@ __global__ void __launch_bounds__(kThreads)
     if (n < 1e-12) continue;  // a zero part: codes and norm 0
     for (std::int32_t i = 0; i < kp.size; ++i) part[i] = __ddiv_rn(part[i], n);
     part_rht(part, kp.size, tables.polar_sign_bits.data(), kp.offset);
-    const double spread = sqrt(double(kp.size) / double(D)), share = __ddiv_rn(n, norm);
-    double decoded2 = 0;
-    for (std::int32_t i = 0; i < kp.size; ++i) {
-      if (exact) {
-        const double rotated = __dmul_rn(part[i], share);
-        exact[kp.offset + i] = __bfloat16_as_ushort(__float2bfloat16_rn(float(__dmul_rn(norm, rotated))));
-      }
-      const double y = __dmul_rn(part[i], spread);
-      int idx = 0;
-      for (int b = 0; b < cb.levels - 1; ++b) idx += y >= cb.boundaries[b] ? 1 : 0;
-      core::put_bits(codes, kp.bit_offset + std::int64_t(i) * kp.bits, kp.bits, std::uint32_t(idx));
-      decoded2 = __dadd_rn(decoded2, __dmul_rn(cb.centroids[idx], cb.centroids[idx]));
+    if (exact) {
+      const double share = __ddiv_rn(n, norm);
+      for (std::int32_t k = 0; k < kp.size; ++k)
+        exact[kp.offset + k] =
+            __bfloat16_as_ushort(__float2bfloat16_rn(float(__dmul_rn(norm, __dmul_rn(part[k], share)))));
     }
-    const double stored = l.norm_correction ? __ddiv_rn(n, sqrt(decoded2)) : __ddiv_rn(n, spread);
-    norms[p / 2] |= std::uint32_t(__half_as_ushort(__float2half_rn(float(stored)))) << (16 * (p % 2));
+    code_part(
+        cb, kp, D, l.norm_correction, p, n, [&](std::int32_t k) { return part[k]; }, codes, norms);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "core/packing.hpp"
 #include "core/tq_outliers.hpp"
 #include "cuda/common.cuh"
 #include "flashtq/problem.hpp"
@@ -38,6 +39,25 @@ __device__ inline void part_rht(double* x, std::int32_t n, const std::uint32_t* 
       }
   const double inv = 1.0 / sqrt(double(n));
   for (std::int32_t d = 0; d < n; ++d) x[d] = __dmul_rn(x[d], inv);
+}
+
+// Part p's codes and stored norm, from unit(k): coordinate k of the part's unit vector (rotated), and n, the part's
+// length. Codes of each coordinate times sqrt(size / D) (the codebook is for D coordinates), then the norm the oracle
+// stores: n over the decoded vector's length with norm correction, n / sqrt(size / D) without.
+template <typename Unit>
+__device__ void code_part(const TqCodebook& cb, const TqLayout::KeyPart& kp, std::int32_t D, bool norm_correction,
+                          int p, double n, Unit unit, std::uint32_t* codes, std::uint32_t* norms) {
+  const double spread = sqrt(double(kp.size) / double(D));
+  double decoded2 = 0;
+  for (std::int32_t k = 0; k < kp.size; ++k) {
+    const double y = __dmul_rn(unit(k), spread);
+    int idx = 0;
+    for (int b = 0; b < cb.levels - 1; ++b) idx += y >= cb.boundaries[b] ? 1 : 0;
+    core::put_bits(codes, kp.bit_offset + std::int64_t(k) * kp.bits, kp.bits, std::uint32_t(idx));
+    decoded2 = __dadd_rn(decoded2, __dmul_rn(cb.centroids[idx], cb.centroids[idx]));
+  }
+  const double stored = norm_correction ? __ddiv_rn(n, sqrt(decoded2)) : __ddiv_rn(n, spread);
+  norms[p / 2] |= std::uint32_t(__half_as_ushort(__float2half_rn(float(stored)))) << (16 * (p % 2));
 }
 
 __device__ inline double bf16_round(double x) { return double(__bfloat162float(__float2bfloat16_rn(float(x)))); }
