@@ -40,17 +40,31 @@ def prefix_ids(model: str, tokenizer) -> list[int]:
     return [tokenizer.bos_token_id] if model == "gemma3" and tokenizer.bos_token_id is not None else []
 
 
+def _gguf_file(model: str, path: Optional[Union[str, Path]]) -> Path:
+    os.environ["HF_HUB_OFFLINE"] = "1"  # a local file only; nothing may reach a hub
+    gguf = Path(path) if path is not None else packaged_gguf(model)
+    if not gguf.is_file():
+        raise error("path", f"no GGUF file at {gguf}")
+    return gguf
+
+
+def config(model: str, path: Optional[Union[str, Path]] = None):
+    """The model's transformers configuration from its GGUF file's metadata, without loading (and dequantizing)
+    the weights: a few seconds where load() takes most of a minute on a small CPU."""
+    from transformers import AutoConfig
+
+    gguf = _gguf_file(model, path)
+    return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
 def load(model: str, path: Optional[Union[str, Path]] = None, attn_implementation: str = "eager", dtype=None):
     """(model, tokenizer) from a GGUF file: `path`, or the packaged file of `model` by default."""
-    os.environ["HF_HUB_OFFLINE"] = "1"  # a local file only; nothing may reach a hub
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import flashtq.hf  # noqa: F401  (registers attn_implementation="flashtq")
 
-    gguf = Path(path) if path is not None else packaged_gguf(model)
-    if not gguf.is_file():
-        raise error("path", f"no GGUF file at {gguf}")
+    gguf = _gguf_file(model, path)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     lm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, attn_implementation=attn_implementation,
                                               dtype=dtype or torch.float32)

@@ -118,6 +118,22 @@ def run_model(name: str, args, progress) -> dict:
     from flashtq.eval import perplexity, retrieval
     from flashtq.eval.stats import relative_change_ci
 
+    model_config = models.config(name, args.model_path)
+    configs = args.configs.split(",")
+    # Every configuration is built once for this model (from its configuration alone) before the weights load and
+    # any window is scored, so one that the library refuses for this model (a block longer than its recent window,
+    # outlier channels past head_dim / 2) stops the run at once, naming the rule.
+    from flashtq.cache import TurboQuantCache as PackedCache
+    from flashtq.eval import baselines
+    from flashtq.hf import TurboQuantCache
+
+    for config in configs:
+        if not baselines.is_baseline(config):
+            c = TurboQuantCache(model_config, config, max_length=args.ctx)
+            try:
+                PackedCache(c.num_layers, c.num_kv_heads, c.head_dim, args.ctx, config=c.cache_config, device="reference")
+            except Exception as e:
+                raise SystemExit(f"flashtq.eval: configuration {config!r} for {name}: {e}") from None
     model, tokenizer = models.load(name, args.model_path, attn_implementation="flashtq")
     model.to(args.device)
     text = corpora.held_out(corpora.load_text(args.corpus, args.corpus_path))
@@ -126,21 +142,6 @@ def run_model(name: str, args, progress) -> dict:
     wins = perplexity.windows(ids, args.ctx, args.windows, prefix)
     if not wins:
         raise SystemExit(f"the held-out {args.corpus} text has {len(ids)} tokens, fewer than one window of {args.ctx}")
-    configs = args.configs.split(",")
-    # Every configuration is built once for this model before any window is scored, so one that the library
-    # refuses for this model (a block longer than its recent window, outlier channels past head_dim / 2) stops
-    # the run at once, naming the rule, not after the configurations before it have run.
-    from flashtq.cache import TurboQuantCache as PackedCache
-    from flashtq.eval import baselines
-    from flashtq.hf import TurboQuantCache
-
-    for config in configs:
-        if not baselines.is_baseline(config):
-            c = TurboQuantCache(model.config, config, max_length=args.ctx)
-            try:
-                PackedCache(c.num_layers, c.num_kv_heads, c.head_dim, args.ctx, config=c.cache_config, device="reference")
-            except Exception as e:
-                raise SystemExit(f"flashtq.eval: configuration {config!r} for {name}: {e}") from None
     text_config = model.config.get_text_config()
     bf16_bytes = 2 * 2 * text_config.num_hidden_layers * text_config.num_key_value_heads * (
         getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads)
