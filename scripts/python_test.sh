@@ -9,8 +9,10 @@ wheels=${FLASHTQ_WHEEL_CACHE:-$HOME/.cache/flashtq/wheels}
 requirements=python/requirements.txt
 # The tests run on the CPU; on this project's 2-core machines the CUDA kernels would add many minutes of compiling
 # for code that cannot run here. `pip install .` alone builds every backend it finds; set
-# FLASHTQ_PYTHON_CMAKE_DEFINE="" on a GPU machine to do the same here (the CUDA tests then run).
-defines=${FLASHTQ_PYTHON_CMAKE_DEFINE-FLASHTQ_CUDA=OFF;FLASHTQ_WEBGPU=OFF}
+# FLASHTQ_PYTHON_CMAKE_DEFINE="" on a GPU machine to do the same here (the CUDA tests then run). The SIMD kernels
+# are compiled for AVX2 and the scalar fall-back only, as in the checking builds: each Highway target is another
+# copy of every kernel to compile, and the release tests already run every target the machine has.
+defines=${FLASHTQ_PYTHON_CMAKE_DEFINE-FLASHTQ_CUDA=OFF;FLASHTQ_WEBGPU=OFF;FLASHTQ_HWY_DISABLED_TARGETS=HWY_SSSE3|HWY_SSE4|HWY_AVX3}
 
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 mkdir -p "$wheels"
