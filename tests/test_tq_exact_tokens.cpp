@@ -135,10 +135,10 @@ TEST(ExactTokens, PresetSizesAreTheDocumentedOnes) {
     std::int64_t head_dim, bytes_per_token, exact_bytes;
   };
   const Row rows[] = {
-      {"default", 64, 56, 9216}, {"default", 128, 120, 18432}, {"default", 256, 232, 36864},
-      {"quality", 64, 64, 9216}, {"quality", 128, 120, 18432}, {"quality", 256, 232, 36864},
-      {"small", 64, 48, 6144},   {"small", 128, 96, 18432},    {"small", 256, 180, 36864},
-      {"seed", 64, 48, 0},       {"seed", 128, 88, 0},         {"seed", 256, 168, 0},
+      {"default", 64, 58, 17408}, {"default", 128, 120, 34816}, {"default", 256, 228, 69632},
+      {"quality", 64, 66, 17408}, {"quality", 128, 128, 34816}, {"quality", 256, 248, 69632},
+      {"small", 64, 48, 6144},    {"small", 128, 92, 18432},    {"small", 256, 172, 36864},
+      {"seed", 64, 48, 0},        {"seed", 128, 88, 0},         {"seed", 256, 168, 0},
   };
   for (const Row& r : rows) {
     const TqLayout l = tq_preset_layout(r.name, r.head_dim, 1, 4096);
@@ -150,9 +150,10 @@ TEST(ExactTokens, PresetSizesAreTheDocumentedOnes) {
 
 TEST(ExactTokens, FileRoundTripKeepsTheExactRegion) {
   std::mt19937_64 rng = test_rng();
-  const TqLayout l = tq_preset_layout("default", 64, 2, 50);
+  const TqLayout l = tq_preset_layout("default", 64, 2, 100);
   TqKvCache cache({2, l, rng()}, &backend("reference"));
-  HostTensor k({1, 45, 2, 64}, DType::bf16, false), v(k), q({1, 45, 4, 64}, DType::f32, false);
+  // 90 timesteps: 4 sinks, 22 coded (two of them in a key block of 64 whose mean is written), 64 recent
+  HostTensor k({1, 90, 2, 64}, DType::bf16, false), v(k), q({1, 90, 4, 64}, DType::f32, false);
   k.fill_normal(rng);
   v.fill_normal(rng);
   q.fill_normal(rng);
@@ -162,10 +163,11 @@ TEST(ExactTokens, FileRoundTripKeepsTheExactRegion) {
   TqKvCache loaded = TqKvCache::load(path, &backend("reference"));
   std::remove(path.c_str());
   EXPECT_EQ(loaded.layout().sink_tokens, 4);
-  EXPECT_EQ(loaded.layout().recent_tokens, 32);
+  EXPECT_EQ(loaded.layout().recent_tokens, 64);
+  EXPECT_EQ(loaded.layout().key_block, 64);
   EXPECT_EQ(loaded.key_words(1), cache.key_words(1));
   EXPECT_EQ(loaded.value_words(1), cache.value_words(1));
-  HostTensor a({1, 45, 4, 64}, DType::f32, false), b(a);
+  HostTensor a({1, 90, 4, 64}, DType::f32, false), b(a);
   a.poison();
   b.poison();
   cache.attend(1, q.view, 0, a.view);
@@ -235,7 +237,7 @@ TEST(ExactTokens, BadConfigurationsAreClearErrors) {
   expect_error([&] { tq_preset_layout("default", 64, 1, 20); }, "recent_tokens", "must not exceed capacity");
 
   // A cache with a recent window takes timesteps in order and attends the rows that end its sequence.
-  TqKvCache cache({1, tq_preset_layout("default", 64, 1, 64), 0}, &backend("reference"));
+  TqKvCache cache({1, tq_preset_layout("default", 64, 1, 128), 0}, &backend("reference"));
   HostTensor k({1, 4, 1, 64}, DType::f32, false), v(k), q({1, 2, 1, 64}, DType::f32, false), out(q);
   std::mt19937_64 rng = test_rng();
   k.fill_normal(rng);

@@ -283,6 +283,7 @@ struct TqPreset {
     int key_outlier_bits;
     int value_bits;
     std::int32_t sink_tokens, recent_tokens;
+    std::int32_t key_block, value_block;  // block means over this many timesteps; 0 = none
   };
   const char* name;
   Widths up_to_64;  // head_dim <= 64

@@ -419,9 +419,10 @@ TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
     }
     if (range(0, 5) == 0) {  // a named preset's layout at this case's shape
       const std::vector<TqPreset>& presets = tq_presets();
-      const TqLayout p =
-          tq_preset_layout(presets[std::size_t(range(0, std::int64_t(presets.size()) - 1))].name, c.layout.head_dim,
-                           c.layout.n_kv_heads, std::max<std::int64_t>(c.layout.capacity, 36));
+      const char* name = presets[std::size_t(range(0, std::int64_t(presets.size()) - 1))].name;
+      const TqLayout widths = tq_preset_layout(name, c.layout.head_dim, c.layout.n_kv_heads, 1 << 16);
+      const TqLayout p = tq_preset_layout(name, c.layout.head_dim, c.layout.n_kv_heads,
+                                          std::max<std::int64_t>(c.layout.capacity, widths.exact_rows()));
       c.layout = p;
       c.tokens = std::min<std::int64_t>(c.tokens, c.layout.capacity);
     }

@@ -98,17 +98,19 @@ def test_device_cache_matches_the_host_cache(device, seed):
 def test_presets_names_and_the_default():
     assert flashtq.cache.DEFAULT_PRESET == "default" and list(flashtq.presets())[0] == "default"
     d64, d128 = flashtq.TurboQuantConfig.preset("default", head_dim=64), flashtq.TurboQuantConfig.preset("default")
-    assert d64 == flashtq.TurboQuantConfig.preset("m3v3ns4w32") and d128 == flashtq.TurboQuantConfig.preset("m4v3ns4w32")
-    assert (d128.key_bits, d128.value_bits, d128.qjl, d128.sink_tokens, d128.recent_tokens, d128.norm_correction) == \
-        (4, 3, False, 4, 32, True)
+    assert d64 == flashtq.TurboQuantConfig.preset("m3v3ns4w64kg64") and d128 == flashtq.TurboQuantConfig.preset(
+        "m3o32x4v3ns4w64kg64vg64")
+    assert (d128.key_bits, d128.value_bits, d128.qjl, d128.sink_tokens, d128.recent_tokens, d128.norm_correction,
+            d128.key_outliers, d128.key_outlier_bits, d128.key_block, d128.value_block) == \
+        (3, 3, False, 4, 64, True, 32, 4, 64, 64)
     assert flashtq.TurboQuantConfig.preset("seed") == flashtq.cache_configs()["seed"]
     spelt = flashtq.TurboQuantConfig.preset("m3v2s2w8")
     assert spelt == flashtq.TurboQuantConfig(3, 2, qjl=False, sink_tokens=2, recent_tokens=8) and spelt.name == "m3v2s2w8"
     assert flashtq.TurboQuantConfig.preset(d128.name) == d128
-    cache = flashtq.TurboQuantCache(2, 1, 64, 64)  # the default preset at head_dim 64
+    cache = flashtq.TurboQuantCache(2, 1, 64, 128)  # the default preset at head_dim 64
     assert cache.config == d64
-    assert cache.bytes_per_token() == 2 * 56 and cache.exact_bytes() == 2 * 9216  # docs/turboquant_layout.md
-    assert abs(cache.compression_vs_bf16(2048) - 256 * 2048 / (56 * 2048 + 9216)) < 1e-12
+    assert cache.bytes_per_token() == 2 * 58 and cache.exact_bytes() == 2 * 17408  # docs/turboquant_layout.md
+    assert abs(cache.compression_vs_bf16(4096) - 256 * 4096 / (58 * 4096 + 17408)) < 1e-12
     for bad, argument in [(lambda: flashtq.TurboQuantConfig.preset("lossless"), "config"),
                           (lambda: flashtq.TurboQuantCache(1, 1, 64, 16, config="default"), "recent_tokens"),
                           (lambda: flashtq.TurboQuantCache(1, 1, 64, 16, config="m3v2w99"), "recent_tokens"),
