@@ -11,6 +11,8 @@
 #include <limits>
 
 #include "core/tq_norm_rule.hpp"
+#include "core/tq_outliers.hpp"
+#include "core/tq_rows.hpp"
 #include "core/validate.hpp"
 #include "flashtq/error.hpp"
 #include "webgpu/context.hpp"
@@ -184,9 +186,6 @@ class WebGpuBackend final : public Backend {
   }
   std::optional<std::string> unsupported(const TqLayout& l) const override {
     if (l.head_dim > 256) return "the webgpu TurboQuant kernels take head_dim up to 256";
-    if (l.key_outliers) return "keys with outlier channels (key_outliers) run on the reference, cpu and cuda backends";
-    if (l.key_block || l.value_block)
-      return "block means (key_block, value_block) run on the reference, cpu and cuda backends";
     return std::nullopt;
   }
 
@@ -278,27 +277,62 @@ void add_double(Params& P, double x) {
   P.f(hi).f(float(x - double(hi)));
 }
 
+// The parts a side is coded in (_tq_parts.wgsl): keys with outlier channels have TqLayout's, every other
+// side one part of head_dim coordinates at its width.
+std::vector<TqLayout::KeyPart> coded_parts(const TqLayout& l, bool keys) {
+  if (!keys) return {{0, std::int32_t(l.head_dim), l.value_bits, 0}};
+  std::vector<TqLayout::KeyPart> parts;
+  for (int p = 0; p < l.key_parts(); ++p) parts.push_back(l.key_part(p));
+  return parts;
+}
+
+// The kernels' part table: core::kMaxKeyParts entries (offset, size, bits, bit_offset), zeros after the last.
+void add_parts(Params& P, const std::vector<TqLayout::KeyPart>& parts) {
+  for (std::size_t p = 0; p < std::size_t(core::kMaxKeyParts); ++p) {
+    const TqLayout::KeyPart kp = p < parts.size() ? parts[p] : TqLayout::KeyPart{0, 0, 0, 0};
+    P.u(kp.offset).u(kp.size).u(kp.bits).u(kp.bit_offset);
+  }
+}
+
+// Centroids and boundaries in double-float (16 + 16 entries, the unused ones zero).
+void add_codebook(Params& P, const TqCodebook& cb) {
+  for (int i = 0; i < 16; ++i) add_double(P, i < cb.levels ? cb.centroids[std::size_t(i)] : 0.0);
+  for (int i = 0; i < 16; ++i) add_double(P, i < cb.levels - 1 ? cb.boundaries[std::size_t(i)] : 0.0);
+}
+
 constexpr std::int64_t kSplitTokens = 256;  // timesteps per workgroup of the attention kernel
 
 std::int64_t n_splits(const TqAttendCall& c) {
   return std::max<std::int64_t>(1, (c.longest_row + kSplitTokens - 1) / kSplitTokens);
 }
 
-void WebGpuBackend::tq_encode(const TqEncodeCall& c) {
+// The encoder's modes (tq_encode.wgsl): rows of x into their slots; rows of x into the exact rows of a
+// side with block means (the `rows` scratch); residuals of those rows minus their block means.
+enum class EncodeMode { rows = 0, exact_rows = 1, residuals = 2 };
+
+// What one encode call's dispatches share: its views, and with block means the exact rows of timesteps
+// [first, first + n_rows) of each kv head (head-major, bf16), which the means and residuals read.
+struct EncodeSpan {
+  Placed x, cache;
+  void* rows = nullptr;
+  std::int64_t first = 0, n_rows = 0;
+};
+
+// The encoder over `count` rows in `mode`: rows of x (from row 0) or residuals of `rows` rows (from row 0).
+void dispatch_encode(const TqEncodeCall& c, const EncodeSpan& s, EncodeMode mode, std::int64_t count) {
   const bool keys = c.keys;
   const TqLayout& l = c.layout();
-  const std::int64_t D = l.head_dim, T = c.x.shape[1];
-  const int bits = keys ? l.key_bits : l.value_bits;
-  const Placed x = place(c.x, "x");
-  Outputs outputs({x.buffer});
-  const std::int64_t cache_words = keys ? l.key_words() : l.value_words();
-  const Placed cache = outputs.add(place(c.cache, cache_words, 4, "cache"), cache_words, 4);
-  const TqCodebook& cb = keys ? c.tables.key_codebook : c.tables.value_codebook;
+  const std::int64_t D = l.head_dim;
+  const std::int32_t g = l.mean_block(keys);
+  const std::vector<TqLayout::KeyPart> parts = coded_parts(l, keys);
   Params P;
-  // The kernel's `keys` means a QJL sketch: MSE-only keys are coded as values are.
-  P.u(D).u(l.n_kv_heads).u(l.capacity).u(bits).u(keys && l.qjl ? 1 : 0).u(dtype_code(c.x.dtype)).u(c.start_pos).u(T);
-  add_view(P, x, c.x, "x");
-  P.u(cache.offset, "cache")
+  // `qjl` means keys with the QJL sketch: MSE-only keys are coded as values are, with their own codebook.
+  P.u(D).u(l.n_kv_heads).u(l.capacity).u(keys && l.qjl ? 1 : 0);
+  P.u(dtype_code(c.x.dtype)).u(c.start_pos).u(c.tokens());
+  const std::size_t t0 = P.size();
+  P.u(0);
+  add_view(P, s.x, c.x, "x");
+  P.u(s.cache.offset, "cache")
       .u(keys ? l.key_code_words() : l.value_code_words())
       .u(l.key_jl_offset(), "cache")
       .u(keys ? l.key_norm_offset() : l.value_norm_offset(), "cache");
@@ -306,16 +340,89 @@ void WebGpuBackend::tq_encode(const TqEncodeCall& c) {
       .u(l.sink_tokens)
       .u(l.recent_tokens)
       .u(l.norm_correction ? 1 : 0);
+  P.u(int(mode)).u(std::int64_t(parts.size())).u(keys ? l.key_outliers : 0).u(l.key_mask_offset(), "cache");
+  P.u(keys ? l.key_norm_words() : 1)
+      .u(keys ? l.key_mean_offset() : l.value_mean_offset(), "cache")
+      .u(l.mean_blocks(g), "cache")
+      .u(g);
+  P.u(c.start_pos - s.first, "rows").u(s.n_rows, "rows").f(1.0f).u(0);  // the kernel's opaque 1.0
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
-  add_double(P, 1.0 / std::sqrt(double(D)));
-  P.f(1.0f);  // the kernel's opaque 1.0
-  const std::size_t t0 = P.size();
-  P.u(0);
-  // Centroids and boundaries in double-float (16 + 15 entries, the unused ones zero).
-  for (int i = 0; i < 16; ++i) add_double(P, i < cb.levels ? cb.centroids[std::size_t(i)] : 0.0);
-  for (int i = 0; i < 16; ++i) add_double(P, i < cb.levels - 1 ? cb.boundaries[std::size_t(i)] : 0.0);
-  dispatch_chunked("tq_encode", P, t0, {{x.buffer}, {cache.buffer}}, {T, l.n_kv_heads, 1}, 0);
+  add_parts(P, parts);
+  for (std::size_t p = 0; p < std::size_t(core::kMaxKeyParts); ++p) {  // 1 / sqrt(size), sqrt(size / D)
+    const double size = p < parts.size() ? double(parts[p].size) : 0.0;
+    add_double(P, size > 0 ? 1.0 / std::sqrt(size) : 0.0);
+    add_double(P, std::sqrt(size / double(D)));
+  }
+  add_codebook(P, keys ? c.tables.key_codebook : c.tables.value_codebook);
+  add_codebook(P, c.tables.outlier_codebook);
+  void* rows = s.rows ? s.rows : Context::get().dummy_buffer(1);
+  dispatch_chunked("tq_encode", P, t0, {{s.x.buffer}, {s.cache.buffer}, {rows}}, {count, l.n_kv_heads, 1}, 0);
+}
+
+// Block means (core::tq_encode_head_with_means, docs/turboquant_layout.md): the exact rows of the timesteps
+// that leave the recent window in this call, [first, stop), and of the call's own rows are gathered in a
+// scratch (the old ones copied from the exact region, the new ones computed by the encoder); then the means
+// of the blocks that start there, the residuals' codes, and last the new rows' exact copies, after the codes
+// have read the rows they replace.
+void encode_with_means(const TqEncodeCall& c, EncodeSpan s) {
+  Context& ctx = Context::get();
+  const TqLayout& l = c.layout();
+  const std::int64_t g = l.mean_block(c.keys), w = l.recent_tokens, L = c.start_pos, end = L + c.tokens();
+  const std::int64_t H = l.n_kv_heads, row_words = l.exact_row_words();
+  s.first = std::max<std::int64_t>(0, L - w);
+  s.n_rows = end - s.first;
+  const std::int64_t stop = std::max(s.first, end - w);
+  s.rows = ctx.scratch(1, std::uint64_t(H * s.n_rows * row_words) * 4);
+  const std::int64_t exact = s.cache.offset + (c.keys ? l.key_exact_offset() : l.value_exact_offset());
+  // Copies the exact rows of timesteps [from, to) of a sequence of `seq_end` between the exact region and
+  // the scratch, run by run of consecutive rows.
+  auto copy_rows = [&](std::int64_t from, std::int64_t to, std::int64_t seq_end, bool into_scratch) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      for (std::int64_t u = from, n = 1; u < to; u += n) {
+        const std::int64_t row = l.exact_row(u, seq_end);
+        n = 1;
+        if (row < 0) continue;
+        while (u + n < to && l.exact_row(u + n, seq_end) == row + n) ++n;
+        const std::uint64_t region = std::uint64_t(exact + (h * l.exact_rows() + row) * row_words) * 4;
+        const std::uint64_t scratch = std::uint64_t((h * s.n_rows + u - s.first) * row_words) * 4;
+        const std::uint64_t bytes = std::uint64_t(n * row_words) * 4;
+        if (into_scratch) {
+          ctx.copy(s.cache.buffer, region, s.rows, scratch, bytes);
+        } else {
+          ctx.copy(s.rows, scratch, s.cache.buffer, region, bytes);
+        }
+      }
+    }
+  };
+  copy_rows(s.first, L, L, true);
+  dispatch_encode(c, s, EncodeMode::exact_rows, c.tokens());
+  const std::int64_t first_block = (s.first + g - 1) / g, end_block = (stop + g - 1) / g;
+  if (end_block > first_block) {
+    Params P;
+    P.u(l.head_dim).u(s.n_rows, "rows").u(g).u(s.first, "rows");
+    P.u(first_block, "blocks");
+    const std::size_t b0 = P.size();
+    P.u(0).u(s.cache.offset, "cache").u(c.keys ? l.key_mean_offset() : l.value_mean_offset(), "cache");
+    P.u(l.mean_blocks(std::int32_t(g)), "cache").f(1.0f).u(0).u(0);
+    dispatch_chunked("tq_means", P, b0, {{s.rows}, {s.cache.buffer}}, {end_block - first_block, H, 1}, 0);
+  }
+  if (stop > s.first) dispatch_encode(c, s, EncodeMode::residuals, stop - s.first);
+  copy_rows(L, end, end, false);
+}
+
+void WebGpuBackend::tq_encode(const TqEncodeCall& c) {
+  const TqLayout& l = c.layout();
+  const Placed x = place(c.x, "x");
+  Outputs outputs({x.buffer});
+  const std::int64_t cache_words = c.keys ? l.key_words() : l.value_words();
+  const Placed cache = outputs.add(place(c.cache, cache_words, 4, "cache"), cache_words, 4);
+  const EncodeSpan span{x, cache};
+  if (core::tq_encode_uses_block_means(c)) {
+    encode_with_means(c, span);
+  } else {
+    dispatch_encode(c, span, EncodeMode::rows, c.tokens());
+  }
   outputs.finish();
 }
 
@@ -332,24 +439,36 @@ std::optional<TqRowNorm> WebGpuBackend::tq_unstorable_row(const TqEncodeCall& c)
   TqEncodeCall on_host = c;
   on_host.x.data = host.data();
   on_host.x.memory = Memory::host;
-  return core::first_unstorable_row(on_host);
+  // Keys with outlier channels: each part's half must fit, which depends on the heads' masks.
+  std::vector<std::uint32_t> masks(std::size_t(c.keys ? c.layout().key_mask_words() : 0));
+  if (!masks.empty()) {
+    Context::get().download(masks.data(), c.cache + c.layout().key_mask_offset(), masks.size() * 4);
+  }
+  return core::first_unstorable_row(on_host, masks.empty() ? nullptr : masks.data());
 }
 
 void WebGpuBackend::tq_rotate_queries(const TqRotateCall& c) {
   const TqScratchLayout& s = c.scratch_layout;
+  const TqLayout& l = c.tables.layout;
   const std::int64_t D = s.head_dim, B = c.q.shape[0], nq = c.q.shape[1], H = s.n_heads;
   const Placed q = place(c.q, "q");
-  Outputs outputs({q.buffer});
+  // With outlier channels the kv heads' masks in the keys order the channels; else no keys are read.
+  Placed keys{Context::get().dummy_buffer(0), 0};
+  if (l.key_outliers) keys = place(c.k_cache, B * l.key_words(), 4, "k_cache");
+  Outputs outputs({q.buffer, keys.buffer});
   const std::int64_t scratch_floats = s.floats();
   const Placed scratch = outputs.add(place(c.scratch, scratch_floats, 4, "scratch"), scratch_floats, 4);
   Params P;
   P.u(D).u(nq).u(H).u(dtype_code(c.q.dtype)).u(s.region(), "q_cap").u(scratch.offset, "scratch");
   const std::size_t row0 = P.size();
-  P.u(0).u(0);
+  P.u(0).u(l.n_kv_heads);
   add_view(P, q, c.q, "q");
+  P.u(l.key_parts()).u(l.key_outliers).u(keys.offset, "k_cache").u(l.key_words(), "k_cache");
+  P.u(l.key_mask_offset(), "k_cache").u(0).u(0).u(0);
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
-  dispatch_chunked("tq_rotate", P, row0, {{q.buffer}, {scratch.buffer}}, {B * nq, H, 1}, 0);
+  add_parts(P, coded_parts(l, true));
+  dispatch_chunked("tq_rotate", P, row0, {{q.buffer}, {scratch.buffer}, {keys.buffer}}, {B * nq, H, 1}, 0);
   outputs.finish();
 }
 
@@ -390,10 +509,17 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   const std::size_t row0 = P.size();
   P.u(0).u(c.window, "window");
   P.u(l.qjl ? 1 : 0).u(l.sink_tokens).u(l.recent_tokens).u(l.exact_rows(), "exact rows");
-  P.u(l.key_exact_offset(), "k_cache").u(l.value_exact_offset(), "v_cache").u(0).u(0);
+  P.u(l.key_exact_offset(), "k_cache").u(l.value_exact_offset(), "v_cache").u(l.key_code_words()).u(l.key_norm_words());
+  P.u(l.key_parts()).u(l.key_outliers ? 1 : 0).u(l.key_block).u(l.value_block);
+  P.u(l.key_mean_offset(), "k_cache")
+      .u(l.value_mean_offset(), "v_cache")
+      .u(l.mean_blocks(l.key_block), "k_cache")
+      .u(l.mean_blocks(l.value_block), "v_cache");
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
+  add_parts(P, coded_parts(l, true));
   for (int i = 0; i < 16; ++i) P.f(c.tables.key_centroids[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.value_centroids[std::size_t(i)]);
+  for (int i = 0; i < 16; ++i) P.f(c.tables.outlier_centroids[std::size_t(i)]);
   dispatch_chunked("tq_attend#partial", P, row0,
                    {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}},
                    {splits, c.n_heads, rows}, 2);

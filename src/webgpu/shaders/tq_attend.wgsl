@@ -7,6 +7,9 @@
 //            and rotates back once (inverse RHT_polar).
 // Decode and chunked prefill are the same kernel: row j of sequence b sees timesteps
 // [0, min(start_b + j + 1, max_seq, capacity)), with a sliding window only those after p - window.
+// Keys with outlier channels are scored part by part (_tq_parts.wgsl: each part's norm half times its
+// codes' dot with q_rot, the outlier part with its own centroids); with block means (docs/turboquant_layout.md)
+// a coded key's score adds <q_rot, mu_b> and a coded value adds p mu_b, its block's f16 mean, read per token.
 
 struct Params {
   D: u32, n_kv: u32, capacity: u32, key_bits: u32,
@@ -18,10 +21,14 @@ struct Params {
   value_norm_off: u32, ws_off: u32, out_off: u32, out_sb: u32,
   out_ss: u32, out_sh: u32, row0: u32, window: u32,  // row0: first query row of this dispatch; window 0 = none
   qjl: u32, sink: u32, recent: u32, exact_rows: u32,  // qjl 0: MSE-only keys; exact tokens (docs/spec.md §2.6)
-  key_exact_off: u32, value_exact_off: u32, pad0: u32, pad1: u32,
+  key_exact_off: u32, value_exact_off: u32, key_code_words: u32, key_norm_words: u32,
+  n_parts: u32, outliers: u32, key_block: u32, value_block: u32,  // outliers: part 0 has its own centroids
+  key_mean_off: u32, value_mean_off: u32, key_mean_blocks: u32, value_mean_blocks: u32,
   polar: array<vec4<u32>, 2>,
+  parts: array<vec4<u32>, 6>,
   key_centroids: array<vec4<f32>, 4>,
   value_centroids: array<vec4<f32>, 4>,
+  outlier_centroids: array<vec4<f32>, 4>,
 };
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -44,16 +51,18 @@ var<workgroup> end_shared: u32;
 
 fn f16_lo(w: u32) -> f32 { return unpack2x16float(w).x; }
 fn f16_hi(w: u32) -> f32 { return unpack2x16float(w).y; }
+// Element d of f16 pairs (element 2i in the low half of word i) starting at word `base`: block means.
+fn key_mean(base: u32, d: u32) -> f32 { return unpack2x16float(KEYS[base + d / 2u])[d % 2u]; }
+fn value_mean(base: u32, d: u32) -> f32 { return unpack2x16float(VALUES[base + d / 2u])[d % 2u]; }
 
-// Code `d` (b bits, LSB first across words) of the stream starting at word `base` of `buf`.
-fn key_code(base: u32, d: u32, bits: u32) -> u32 {
-  let bit = d * bits;
+// The code of b bits at bit `bit` (LSB first across words) of the stream starting at word `base`.
+fn key_code(base: u32, bit: u32, bits: u32) -> u32 {
   var c = KEYS[base + bit / 32u] >> (bit % 32u);
   if ((bit % 32u) + bits > 32u) { c |= KEYS[base + bit / 32u + 1u] << (32u - bit % 32u); }
   return c & ((1u << bits) - 1u);
 }
 fn value_code(base: u32, d: u32, bits: u32) -> u32 {
-  let bit = d * bits;
+  let bit = d * bits;  // values are one part
   var c = VALUES[base + bit / 32u] >> (bit % 32u);
   if ((bit % 32u) + bits > 32u) { c |= VALUES[base + bit / 32u + 1u] << (32u - bit % 32u); }
   return c & ((1u << bits) - 1u);
@@ -128,7 +137,6 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
   let jl_sum = SCRATCH[scratch_sum(P.scratch_off, P.region, row, P.H, h)];
   let keys = P.k_off + b * P.key_words;
   let values = P.v_off + b * P.value_words;
-  let key_code_words = D * P.key_bits / 32u;
   let value_code_words = D * P.value_bits / 32u;
   let seq_end = sequence_end(row);
   let exact_base = kvh * P.exact_rows * (D / 2u);
@@ -148,19 +156,33 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
       s = P.scale * dot;
     } else if (t < t_end) {
       let slot = kvh * P.capacity + t;
-      let codes = keys + slot * key_code_words;
+      let codes = keys + slot * P.key_code_words;
+      let norms = keys + P.key_norm_off + slot * P.key_norm_words;
       let jl = keys + P.key_jl_off + slot * (D / 32u);
-      var polar = 0.0;
+      var dot = 0.0;
       var positive = 0.0;
-      for (var d = 0u; d < D; d++) {
-        let idx = key_code(codes, d, P.key_bits);
-        let c = P.key_centroids[idx / 4u][idx % 4u];
-        polar = fma(q_rot[d], c, polar);
-        if (P.qjl != 0u && ((KEYS[jl + d / 32u] >> (d % 32u)) & 1u) != 0u) { positive += q_jl[d]; }
+      for (var p = 0u; p < P.n_parts; p++) {
+        let part = P.parts[p];  // offset, size, bits, bit_offset
+        let outlier = P.outliers != 0u && p == 0u;
+        var polar = 0.0;
+        for (var i = 0u; i < part.y; i++) {
+          let idx = key_code(codes, part.w + i * part.z, part.z);
+          let c = select(P.key_centroids[idx / 4u][idx % 4u], P.outlier_centroids[idx / 4u][idx % 4u], outlier);
+          let d = part.x + i;
+          polar = fma(q_rot[d], c, polar);
+          if (P.qjl != 0u && ((KEYS[jl + d / 32u] >> (d % 32u)) & 1u) != 0u) { positive += q_jl[d]; }
+        }
+        dot = fma(unpack2x16float(KEYS[norms + p / 2u])[p % 2u], polar, dot);  // part p's norm half
       }
-      let nw = KEYS[keys + P.key_norm_off + slot];
-      s = P.scale * f16_lo(nw) * polar;
-      if (P.qjl != 0u) { s = P.scale * f16_lo(nw) * (polar + f16_hi(nw) * P.qjl_scale * (2.0 * positive - jl_sum)); }
+      if (P.qjl != 0u) {
+        let nw = KEYS[norms];
+        dot += f16_lo(nw) * f16_hi(nw) * P.qjl_scale * (2.0 * positive - jl_sum);
+      }
+      if (P.key_block != 0u) {  // the block's mean, which the codes do not hold
+        let mean = keys + P.key_mean_off + (kvh * P.key_mean_blocks + t / P.key_block) * (D / 2u);
+        for (var d = 0u; d < D; d++) { dot = fma(q_rot[d], key_mean(mean, d), dot); }
+      }
+      s = P.scale * dot;
     }
     weight[tid] = s;
     workgroupBarrier();
@@ -209,6 +231,12 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
       if (tid + TILE < D) {
         let idx = value_code(base, tid + TILE, P.value_bits);
         acc1 = fma(wi, P.value_centroids[idx / 4u][idx % 4u], acc1);
+      }
+      if (P.value_block != 0u) {  // p mu_b: the block's mean, which the codes do not hold
+        let mean = values + P.value_mean_off + (kvh * P.value_mean_blocks + (t0 + i) / P.value_block) * (D / 2u);
+        let pi = prob[i];
+        if (tid < D) { acc0 = fma(pi, value_mean(mean, tid), acc0); }
+        if (tid + TILE < D) { acc1 = fma(pi, value_mean(mean, tid + TILE), acc1); }
       }
     }
     workgroupBarrier();

@@ -1,36 +1,55 @@
-// TurboQuant encode (docs/spec.md §2): one workgroup per (timestep, kv head), thread d owns coordinate d.
-// The oracle computes in double, and every norm word must equal its; so norms, the rotation, the
-// residual and the comparisons with the codebook's boundaries run in double-float (_df64.wgsl).
-// Keys: norm, codes of RHT_polar(k / |k|), residual norm and the QJL signs of H diag(s_jl) e.
-// Every workgroupBarrier() sits in main, in uniform control flow (see the WebGPU issue's note on
-// barriers reached through function calls).
-// Values: norm and codes. Every word of the slot is written (zeros for a zero vector).
-// `keys` means keys with the QJL bit: MSE-only keys are encoded as values are, with their own codebook.
-// A sink or recent timestep also gets its exact row: n * RHT(x / n) in bf16 (round to nearest even).
+// TurboQuant encode (docs/spec.md §2, docs/turboquant_layout.md): one workgroup per (row, kv head), thread i
+// owns coordinate i of the coded vector. The oracle computes in double, and every norm word must equal its;
+// so norms, the rotation, the residual and the comparisons with the codebook's boundaries run in
+// double-float (_df64.wgsl). Every workgroupBarrier() sits in main, in uniform control flow (see the
+// WebGPU issue's note on barriers reached through function calls).
+// The vector is coded in parts (_tq_parts.wgsl): keys with outlier channels permute their channels by
+// the kv head's mask and code each part as a vector of its own (its norm, its rotation over its slice of
+// the signs, its coordinates spread by sqrt(size / D) to head_dim's codebook, its norm half); every other
+// vector is one part, spread 1. `qjl` means keys with the QJL bit: the residual's norm and the signs of
+// H diag(s_jl) e; every other side is coded as values are, with its own codebook.
+// Modes (uniform):
+//   0: rows of x into their slots: codes and norm words (every word of the slot, zeros for a zero
+//      vector), and for a sink or recent timestep its exact row n * RHT(x / n) in bf16.
+//   1: rows of x of a side with block means: their exact rows only, into ROWS, for the means and the
+//      residuals (row rows_first + t of its head's n_rows rows).
+//   2: residuals (block means, core::put_residual): ROWS row t (timestep start_pos - rows_first + t),
+//      already rotated, minus its block's f16 mean, coded into its slot.
 
 struct Params {
-  D: u32, n_kv: u32, capacity: u32, bits: u32,
-  keys: u32, dtype: u32, start_pos: u32, T: u32,
+  D: u32, n_kv: u32, capacity: u32, qjl: u32,
+  dtype: u32, start_pos: u32, T: u32, t0: u32,  // t0: first row of this dispatch
   x_off: u32, x_sb: u32, x_ss: u32, x_sh: u32,
   cache_off: u32, code_words: u32, jl_off: u32, norm_off: u32,
   exact_off: u32, sink: u32, recent: u32, nc: u32,  // exact tokens, norm correction (docs/spec.md §2.6)
+  mode: u32, n_parts: u32, outliers: u32, mask_off: u32,
+  norm_words: u32, mean_off: u32, mean_blocks: u32, block: u32,
+  rows_first: u32, n_rows: u32, one: f32, pad: u32,  // one = 1.0, opaque to the compiler (_df64.wgsl)
   polar: array<vec4<u32>, 2>,
   jl: array<vec4<u32>, 2>,
-  inv_sqrt_d: vec2<f32>, one: f32, t0: u32,  // one = 1.0, opaque to the compiler (_df64.wgsl); t0: first timestep of this dispatch
-  centroids: array<vec4<f32>, 8>,   // double-float pairs: entry i at [i / 2] components 2 (i % 2), +1
+  parts: array<vec4<u32>, 6>,
+  scales: array<vec4<f32>, 6>,  // per part, double-float: 1 / sqrt(size), then sqrt(size / D)
+  // Codebooks in double-float pairs: entry i at [i / 2] components 2 (i % 2), +1; the outlier part's apart.
+  centroids: array<vec4<f32>, 8>,
   boundaries: array<vec4<f32>, 8>,
+  outlier_centroids: array<vec4<f32>, 8>,
+  outlier_boundaries: array<vec4<f32>, 8>,
 };
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> X: array<u32>;
 @group(0) @binding(2) var<storage, read_write> CACHE: array<u32>;
+@group(0) @binding(3) var<storage, read_write> ROWS: array<u32>;  // bf16 rows, head-major (modes 1, 2)
 
 const ZERO_NORM: f32 = 1e-12;
 
 var<workgroup> hi: array<f32, 256>;
 var<workgroup> lo: array<f32, 256>;
+var<workgroup> permuted: array<f32, 256>;  // x in the coded order
+var<workgroup> part_sq: array<vec2<f32>, 6>;  // |x_p|^2 of each part
+var<workgroup> part_c2: array<vec2<f32>, 6>;  // |c[idx_p]|^2 of each part, for norm correction
+var<workgroup> halves: array<u32, 6>;  // the f16 halves of the norm words, low first
 var<workgroup> total: vec2<f32>;
-var<workgroup> decoded: vec2<f32>;  // |c[idx]|^2 of the row, for norm correction
 var<workgroup> code_words: array<atomic<u32>, 32>;
 var<workgroup> jl_words: array<atomic<u32>, 8>;
 var<workgroup> exact_bits: array<u32, 256>;
@@ -46,29 +65,42 @@ fn flips(signs: array<vec4<u32>, 2>, d: u32) -> bool {
   let w = d / 32u;
   return ((signs[w / 4u][w % 4u] >> (d % 32u)) & 1u) != 0u;
 }
-fn centroid(i: u32) -> vec2<f32> {
-  let v = P.centroids[i / 2u];
-  return select(vec2<f32>(v.x, v.y), vec2<f32>(v.z, v.w), (i & 1u) == 1u);
+fn pick(v: vec4<f32>, i: u32) -> vec2<f32> { return select(vec2<f32>(v.x, v.y), vec2<f32>(v.z, v.w), (i & 1u) == 1u); }
+fn centroid(outlier: bool, i: u32) -> vec2<f32> {
+  return select(pick(P.centroids[i / 2u], i), pick(P.outlier_centroids[i / 2u], i), outlier);
 }
-fn boundary(i: u32) -> vec2<f32> {
-  let v = P.boundaries[i / 2u];
-  return select(vec2<f32>(v.x, v.y), vec2<f32>(v.z, v.w), (i & 1u) == 1u);
+fn boundary(outlier: bool, i: u32) -> vec2<f32> {
+  return select(pick(P.boundaries[i / 2u], i), pick(P.outlier_boundaries[i / 2u], i), outlier);
 }
 
-// One step of the tree sum of (hi, lo)[0..D): pairs (tid, tid + len). No barrier here: the
-// loops and their barriers stay in main (see the header).
-fn reduce_step(tid: u32, len: u32) {
-  if (tid < len && tid + len < P.D) {
-    let s = df_add(vec2<f32>(hi[tid], lo[tid]), vec2<f32>(hi[tid + len], lo[tid + len]));
-    hi[tid] = s.x;
-    lo[tid] = s.y;
+// The outlier mask of kv head h.
+fn head_mask(h: u32) -> array<u32, 8> {
+  var m: array<u32, 8>;
+  for (var w = 0u; w < P.D / 32u; w++) { m[w] = CACHE[P.cache_off + P.mask_off + h * (P.D / 32u) + w]; }
+  return m;
+}
+
+// One step of the tree sums of (hi, lo) over each part: coordinate i adds i + len of its part (offset,
+// size, ..), so each part's sum ends at its first coordinate. No barrier here (see the header).
+fn reduce_step(i: u32, len: u32, part: vec4<u32>) {
+  let k = i - part.x;
+  if (k < len && k + len < part.y) {
+    let s = df_add(vec2<f32>(hi[i], lo[i]), vec2<f32>(hi[i + len], lo[i + len]));
+    hi[i] = s.x;
+    lo[i] = s.y;
   }
 }
+// Each part's sum after the tree sums, for thread p < n_parts.
+fn part_sum(p: u32) -> vec2<f32> {
+  let at = P.parts[p].x;
+  return vec2<f32>(hi[at], lo[at]);
+}
 
-// One round of Walsh-Hadamard butterflies over (hi, lo)[0..D), span `len`.
-fn butterfly_step(tid: u32, len: u32) {
-  if (tid < P.D / 2u) {
-    let i = (tid / len) * 2u * len + tid % len;
+// One round of Walsh-Hadamard butterflies over (hi, lo), span `len`, each part on its own: pair k of
+// the whole vector lies in `part` (the part of coordinate 2k).
+fn butterfly_step(k: u32, len: u32, part: vec4<u32>) {
+  if (k < P.D / 2u && len < part.y) {
+    let i = butterfly_low(k - part.x / 2u, len, part.x);
     let a = vec2<f32>(hi[i], lo[i]);
     let b = vec2<f32>(hi[i + len], lo[i + len]);
     let s = df_add(a, b);
@@ -88,75 +120,111 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   let h = wid.y;
   let D = P.D;
   let in_range = tid < D;
-  let slot = h * P.capacity + P.start_pos + t;
+  let residual = P.mode == 2u;
+  let u = select(P.start_pos + t, P.start_pos - P.rows_first + t, residual);  // the timestep
+  let slot = h * P.capacity + u;
+  let p = part_of(P.parts, P.n_parts, min(tid, D - 1u));
+  let part = P.parts[p];  // offset, size, bits, bit_offset
+  let pair_part = P.parts[part_of(P.parts, P.n_parts, min(2u * tid, D - 1u))];  // of butterfly pair tid
+  let outlier = P.outliers != 0u && p == 0u;
   if (tid < 32u) { atomicStore(&code_words[tid], 0u); }
   if (tid < 8u) { atomicStore(&jl_words[tid], 0u); }
-  var x = 0.0;
-  if (in_range) {
-    let i = P.x_off + t * P.x_ss + h * P.x_sh + tid;
-    x = widen(X[word_of(i, P.dtype)], i, P.dtype);
+  // v: coordinate tid of the vector to code (a row of x in the coded order, or a residual)
+  var v = vec2<f32>(0.0, 0.0);
+  if (residual) {
+    if (in_range) {
+      let row = (h * P.n_rows + t) * (D / 2u) + tid / 2u;
+      let mean = P.cache_off + P.mean_off + (h * P.mean_blocks + u / P.block) * (D / 2u) + tid / 2u;
+      let r = bitcast<f32>(((ROWS[row] >> (16u * (tid % 2u))) & 0xffffu) << 16u);
+      v = two_sum(r, -unpack2x16float(CACHE[mean])[tid % 2u]);  // exact, as the double difference is
+    }
+  } else {
+    if (in_range) {
+      let i = P.x_off + t * P.x_ss + h * P.x_sh + tid;
+      var at = tid;
+      if (P.outliers != 0u) { at = key_position(head_mask(h), D, P.outliers, tid); }
+      permuted[at] = widen(X[word_of(i, P.dtype)], i, P.dtype);
+    }
+    workgroupBarrier();
+    if (in_range) { v = vec2<f32>(permuted[tid], 0.0); }
   }
-  // n = |x|
+  // n_p = |v_p| per part, n = |v|
   var sq = vec2<f32>(0.0, 0.0);
-  if (in_range) { sq = two_prod(x, x); }
+  if (in_range) { sq = df_mul(v, v); }
   hi[tid] = sq.x;
   lo[tid] = sq.y;
   workgroupBarrier();
-  for (var len = 128u; len > 0u; len >>= 1u) {  // tree sum of (hi, lo)[0..D) into total
-    reduce_step(tid, len);
+  for (var len = 128u; len > 0u; len >>= 1u) {  // tree sums of (hi, lo) over each part
+    reduce_step(tid, len, part);
     workgroupBarrier();
   }
-  if (tid == 0u) { total = vec2<f32>(hi[0], lo[0]); }
+  if (tid < P.n_parts) { part_sq[tid] = part_sum(tid); }
   workgroupBarrier();
-  let n = df_sqrt(total);
-  workgroupBarrier();
+  var all_sq = vec2<f32>(0.0, 0.0);
+  for (var q = 0u; q < P.n_parts; q++) { all_sq = df_add(all_sq, part_sq[q]); }
+  let n = df_sqrt(all_sq);
+  let n_p = df_sqrt(part_sq[p]);
   let zero = df_lt(n, vec2<f32>(ZERO_NORM, 0.0));
-  // r = RHT_polar(x / n): signs, butterflies, 1/sqrt(D)
-  var u = vec2<f32>(0.0, 0.0);
-  if (in_range && !zero) {
-    u = df_div(vec2<f32>(x, 0.0), n);
-    if (flips(P.polar, tid)) { u = df_neg(u); }
+  let part_zero = df_lt(n_p, vec2<f32>(ZERO_NORM, 0.0));  // codes and norm half 0, decoded as zeros
+  // r = RHT_polar(v_p / n_p) per part (signs, butterflies, 1 / sqrt(size)); residuals are rotated already
+  var w = vec2<f32>(0.0, 0.0);
+  if (in_range && !part_zero) {
+    w = df_div(v, n_p);
+    if (!residual && flips(P.polar, tid)) { w = df_neg(w); }
   }
-  hi[tid] = u.x;
-  lo[tid] = u.y;
+  hi[tid] = w.x;
+  lo[tid] = w.y;
   workgroupBarrier();
-  for (var len = 1u; len < D; len <<= 1u) {  // Walsh-Hadamard butterflies over (hi, lo)[0..D)
-    butterfly_step(tid, len);
-    workgroupBarrier();
+  if (!residual) {
+    for (var len = 1u; len < D; len <<= 1u) {  // Walsh-Hadamard butterflies over each part of (hi, lo)
+      butterfly_step(tid, len, pair_part);
+      workgroupBarrier();
+    }
+  }
+  var r = vec2<f32>(hi[tid], lo[tid]);
+  if (!residual) { r = df_mul(r, P.scales[p].xy); }
+  exact_bits[tid] = 0u;
+  if (in_range && !part_zero && !residual) {
+    // the exact row n * (r * (n_p / n)), in the oracle's order (one part: n * r)
+    exact_bits[tid] = bf16_bits(df_mul(df_mul(r, df_div(n_p, n)), n).x);
   }
   var e = vec2<f32>(0.0, 0.0);
   var my_code = 0u;
-  exact_bits[tid] = 0u;
-  if (in_range && !zero) {
-    let r = df_mul(vec2<f32>(hi[tid], lo[tid]), P.inv_sqrt_d);
-    exact_bits[tid] = bf16_bits(df_mul(r, n).x);
+  if (in_range && !part_zero) {
+    let y = df_mul(r, P.scales[p].zw);  // spread to head_dim's codebook
     var idx = 0u;
-    let n_bounds = (1u << P.bits) - 1u;
+    let n_bounds = (1u << part.z) - 1u;
     for (var k = 0u; k < n_bounds; k++) {
-      if (df_ge(r, boundary(k))) { idx = k + 1u; }
+      if (df_ge(y, boundary(outlier, k))) { idx = k + 1u; }
     }
-    e = df_sub(r, centroid(idx));
+    e = df_sub(r, centroid(outlier, idx));  // the QJL residual (keys with QJL: one part, spread 1)
     my_code = idx;
-    // code stream: coordinate d at bits [d * bits, d * bits + bits), LSB first, across words
-    let bit = tid * P.bits;
+    // code stream: coordinate i of part p at bits [bit_offset + (i - offset) * bits, + bits), LSB first
+    let bit = part.w + (tid - part.x) * part.z;
     atomicOr(&code_words[bit / 32u], idx << (bit % 32u));
-    if ((bit % 32u) + P.bits > 32u) { atomicOr(&code_words[bit / 32u + 1u], idx >> (32u - bit % 32u)); }
+    if ((bit % 32u) + part.z > 32u) { atomicOr(&code_words[bit / 32u + 1u], idx >> (32u - bit % 32u)); }
   }
   workgroupBarrier();
-  // |c[idx]|^2 (norm correction): a tree sum every invocation takes part in, so its barriers stay uniform.
+  if (P.mode == 1u) {
+    if (tid < D / 2u) {
+      ROWS[(h * P.n_rows + P.rows_first + t) * (D / 2u) + tid] = exact_bits[2u * tid] | (exact_bits[2u * tid + 1u] << 16u);
+    }
+    return;
+  }
+  // |c[idx_p]|^2 per part (norm correction): tree sums every invocation takes part in, so barriers stay uniform.
   var c2 = vec2<f32>(0.0, 0.0);
-  if (in_range && !zero) { c2 = df_mul(centroid(my_code), centroid(my_code)); }
+  if (in_range && !part_zero) { c2 = df_mul(centroid(outlier, my_code), centroid(outlier, my_code)); }
   hi[tid] = c2.x;
   lo[tid] = c2.y;
   workgroupBarrier();
-  for (var len = 128u; len > 0u; len >>= 1u) {  // tree sum of (hi, lo)[0..D) into decoded
-    reduce_step(tid, len);
+  for (var len = 128u; len > 0u; len >>= 1u) {  // tree sums of (hi, lo) over each part
+    reduce_step(tid, len, part);
     workgroupBarrier();
   }
-  if (tid == 0u) { decoded = vec2<f32>(hi[0], lo[0]); }
+  if (tid < P.n_parts) { part_c2[tid] = part_sum(tid); }
   workgroupBarrier();
   var gamma = vec2<f32>(0.0, 0.0);
-  if (P.keys != 0u) {
+  if (P.qjl != 0u) {
     // gamma = |e|, then the signs of H diag(s_jl) e (the 1/sqrt(D) does not change a sign)
     var sq_e = vec2<f32>(0.0, 0.0);
     if (in_range) { sq_e = df_mul(e, e); }
@@ -164,7 +232,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     lo[tid] = sq_e.y;
     workgroupBarrier();
     for (var len = 128u; len > 0u; len >>= 1u) {  // tree sum of (hi, lo)[0..D) into total
-      reduce_step(tid, len);
+      reduce_step(tid, len, part);
       workgroupBarrier();
     }
     if (tid == 0u) { total = vec2<f32>(hi[0], lo[0]); }
@@ -177,7 +245,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     lo[tid] = f.y;
     workgroupBarrier();
     for (var len = 1u; len < D; len <<= 1u) {  // Walsh-Hadamard butterflies over (hi, lo)[0..D)
-      butterfly_step(tid, len);
+      butterfly_step(tid, len, pair_part);
       workgroupBarrier();
     }
     if (in_range && !zero && !df_lt(gamma, vec2<f32>(ZERO_NORM, 0.0)) && df_ge(vec2<f32>(hi[tid], lo[tid]), vec2<f32>(0.0, 0.0))) {
@@ -185,24 +253,29 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     }
     workgroupBarrier();
   }
-  let words = P.code_words;
+  // The norm halves: part q's f16(n_q / sqrt(size / D)), or f16(n_q / |c[idx_q]|) with norm correction;
+  // keys with QJL hold f16(gamma) in the high half of their one word.
+  if (tid < 6u) {
+    var half = 0u;
+    if (tid < P.n_parts && !zero) {
+      let nq = df_sqrt(part_sq[tid]);
+      if (!df_lt(nq, vec2<f32>(ZERO_NORM, 0.0))) {
+        var stored = df_div(nq, P.scales[tid].zw);
+        if (P.nc != 0u) { stored = df_div(nq, df_sqrt(part_c2[tid])); }
+        half = f16_bits(stored.x);  // f16(f32(n)): the double-float's hi is the f32 nearest to it
+      }
+    }
+    if (tid == 1u && P.qjl != 0u && !zero) { half = f16_bits(gamma.x); }
+    halves[tid] = half;
+  }
+  workgroupBarrier();
   let base = P.cache_off;
-  let er = exact_row(P.start_pos + t, P.start_pos + P.T);
-  if (er >= 0 && tid < D / 2u) {
+  let er = exact_row(u, P.start_pos + P.T);
+  if (!residual && er >= 0 && tid < D / 2u) {
     let exact_rows = P.sink + P.recent;
     CACHE[base + P.exact_off + (h * exact_rows + u32(er)) * (D / 2u) + tid] = exact_bits[2u * tid] | (exact_bits[2u * tid + 1u] << 16u);
   }
-  if (tid < words) { CACHE[base + slot * words + tid] = atomicLoad(&code_words[tid]); }
-  if (P.keys != 0u && tid < D / 32u) { CACHE[base + P.jl_off + slot * (D / 32u) + tid] = atomicLoad(&jl_words[tid]); }
-  if (tid == 0u) {
-    var word = 0u;
-    if (!zero) {
-      // f16(f32(n)): the double-float's hi is the f32 nearest to it
-      var stored = n;
-      if (P.nc != 0u) { stored = df_div(n, df_sqrt(decoded)); }
-      word = f16_bits(stored.x);
-      if (P.keys != 0u) { word |= f16_bits(gamma.x) << 16u; }
-    }
-    CACHE[base + P.norm_off + slot] = word;
-  }
+  if (tid < P.code_words) { CACHE[base + slot * P.code_words + tid] = atomicLoad(&code_words[tid]); }
+  if (P.qjl != 0u && tid < D / 32u) { CACHE[base + P.jl_off + slot * (D / 32u) + tid] = atomicLoad(&jl_words[tid]); }
+  if (tid < P.norm_words) { CACHE[base + P.norm_off + slot * P.norm_words + tid] = halves[2u * tid] | (halves[2u * tid + 1u] << 16u); }
 }
