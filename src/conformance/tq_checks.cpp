@@ -14,6 +14,8 @@
 #include "core/codebook.hpp"
 #include "core/half.hpp"
 #include "core/packing.hpp"
+#include "core/rht.hpp"
+#include "core/tq_outliers.hpp"
 #include "core/tq_rows.hpp"
 
 namespace flashtq::conformance {
@@ -100,28 +102,83 @@ OracleCache oracle_cache(const TqCase& c, const TqTables& tables, std::int64_t s
   return o;
 }
 
-// The oracle's rotated coordinates (what its codes quantize) and, for keys, the QJL projections of
-// the residual (what its sign bits keep), per slot [slot * D + d]; NaN where the oracle wrote zeros.
-// They tell which differing codes and bits are flips at a boundary, which docs/spec.md §3 allows: a
-// coordinate that lies within rounding of a boundary, and the QJL bits of a slot whose code flipped
-// that way (its residual is another vector).
+// The parts a side is coded in: keys with outlier channels have the layout's, every other side one part.
+std::vector<TqLayout::KeyPart> coded_parts(const TqLayout& l, bool keys) {
+  if (!(keys && l.key_outliers)) return {{0, std::int32_t(l.head_dim), keys ? l.key_bits : l.value_bits, 0}};
+  std::vector<TqLayout::KeyPart> parts;
+  for (int p = 0; p < l.key_parts(); ++p) parts.push_back(l.key_part(p));
+  return parts;
+}
+
+// What the oracle's quantizer compares with the boundaries (core::encode_row, core::put_residual) for a
+// vector y in the coded order: each part's slice over its norm, rotated over its slice of the signs when y is
+// a row of x (a residual is rotated already), times sqrt(size / D); NaN for a part the oracle does not code.
+std::vector<double> quantizer_inputs(const TqLayout& l, const TqTables& tables, bool keys, std::vector<double> y,
+                                     bool rotate) {
+  for (const TqLayout::KeyPart& kp : coded_parts(l, keys)) {
+    double* part = y.data() + kp.offset;
+    double n2 = 0;
+    for (std::int32_t i = 0; i < kp.size; ++i) n2 += part[i] * part[i];
+    const double n = std::sqrt(n2);
+    for (std::int32_t i = 0; i < kp.size; ++i)
+      part[i] = n < core::kZeroNorm ? std::numeric_limits<double>::quiet_NaN() : part[i] / n;
+    if (n < core::kZeroNorm) continue;
+    if (rotate) core::rht(part, kp.size, tables.polar_sign_bits, kp.offset);
+    const double spread = std::sqrt(double(kp.size) / double(l.head_dim));
+    for (std::int32_t i = 0; i < kp.size; ++i) part[i] *= spread;
+  }
+  return y;
+}
+
+// The oracle's quantizer inputs (quantizer_inputs) and, for keys with QJL, the projections of the residual
+// (what its sign bits keep), per slot [slot * D + i], i a coordinate of the coded vector (the permuted key
+// with outlier channels); NaN where the oracle codes nothing. They tell which differing codes and bits are
+// flips at a boundary, which docs/spec.md §3 allows: a coordinate that lies within rounding of a boundary,
+// and the QJL bits of a slot whose code flipped that way (its residual is another vector).
+// With block means the coded vectors are the residuals of the timesteps that leave the recent window, from
+// their exact rows (the call's own rows, or what `before`, the words before the call, holds) minus their
+// block's mean as `ref` holds it (compared with the backend's before this is needed).
 struct OracleRotations {
   std::vector<double> rotated, projected;
 };
 OracleRotations oracle_rotations(const TqLayout& l, const TqTables& tables, const HostTensor& x, std::int64_t start,
-                                 bool keys) {
-  const std::int64_t D = l.head_dim, T = x.view.shape[1];
+                                 bool keys, const std::vector<std::uint32_t>& before,
+                                 const std::vector<std::uint32_t>& ref) {
+  const std::int64_t D = l.head_dim, T = x.view.shape[1], end = start + T, g = l.mean_block(keys);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   OracleRotations o{std::vector<double>(std::size_t(l.slots() * D), nan),
                     std::vector<double>(std::size_t(l.slots() * D), nan)};
   const std::vector<double> v = x.values();
-  for (std::int64_t t = 0; t < T; ++t) {
-    for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
+  std::vector<std::int32_t> order(static_cast<std::size_t>(D));
+  std::vector<double> coded(static_cast<std::size_t>(D));
+  for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
+    if (keys && l.key_outliers) core::key_channel_order(l, core::key_outlier_mask(l, before.data(), h), order.data());
+    std::vector<std::vector<double>> exact(static_cast<std::size_t>(T));  // the call's rows as exact rows hold them
+    for (std::int64_t t = 0; t < T; ++t) {
       const auto row = v.begin() + (t * l.n_kv_heads + h) * D;
-      const core::EncodedRow e = core::encode_row(std::vector<double>(row, row + D), tables, keys);
+      const core::EncodedRow e = core::encode_row(std::vector<double>(row, row + D), tables, keys, order.data());
       const std::int64_t slot = h * l.capacity + start + t;
-      std::copy(e.rotated.begin(), e.rotated.end(), o.rotated.begin() + slot * D);
+      exact[std::size_t(t)].assign(std::size_t(D), 0.0);
+      for (std::size_t d = 0; d < e.rotated.size(); ++d)
+        exact[std::size_t(t)][d] = double(core::bf16_to_f32(core::f32_to_bf16(float(e.norm * e.rotated[d]))));
       std::copy(e.projected.begin(), e.projected.end(), o.projected.begin() + slot * D);
+      if (g || e.rotated.empty()) continue;
+      for (std::int64_t i = 0; i < D; ++i)
+        coded[std::size_t(i)] = row[keys && l.key_outliers ? order[std::size_t(i)] : i];
+      const std::vector<double> in = quantizer_inputs(l, tables, keys, coded, true);
+      std::copy(in.begin(), in.end(), o.rotated.begin() + slot * D);
+    }
+    for (std::int64_t u = std::max<std::int64_t>(0, start - l.recent_tokens); g && u < end - l.recent_tokens; ++u) {
+      const std::uint32_t* mean = ref.data() + (keys ? l.key_mean(h, u) : l.value_mean(h, u));
+      const std::uint32_t* old = u >= start ? nullptr
+                                            : before.data() + (keys ? l.key_exact_offset() : l.value_exact_offset()) +
+                                                  (h * l.exact_rows() + l.exact_row(u, start)) * l.exact_row_words();
+      for (std::int64_t d = 0; d < D; ++d) {
+        const double r = old ? core::exact_element(old, d) : exact[std::size_t(u - start)][std::size_t(d)];
+        coded[std::size_t(d)] = r - double(core::f16_to_f32(std::uint16_t(mean[d / 2] >> (16 * (d % 2)))));
+      }
+      const std::vector<double> in = quantizer_inputs(l, tables, keys, coded, false);
+      std::copy(in.begin(), in.end(), o.rotated.begin() + (h * l.capacity + u) * D);
     }
   }
   return o;
@@ -134,14 +191,12 @@ OracleRotations oracle_rotations(const TqLayout& l, const TqTables& tables, cons
 double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, const std::vector<std::uint32_t>& got,
                      bool keys, const std::function<OracleRotations()>& rotations, std::string& detail) {
   constexpr double kRounding = 1e-9;  // far above the arithmetic's error, far below the codebook's spacing
-  const int bits = keys ? l.key_bits : l.value_bits;
-  const core::Codebook& cb = core::codebook(l.head_dim, bits);
   const std::int64_t code_words = keys ? l.key_code_words() : l.value_code_words();
   const std::int64_t norm_off = keys ? l.key_norm_offset() : l.value_norm_offset();
   const std::int64_t norm_words = keys ? l.key_norm_words() : 1;
-  const bool parts = keys && l.key_outliers;
-  auto at_boundary = [&](double x) {
-    for (double b : cb.boundaries)
+  const std::vector<TqLayout::KeyPart> parts = coded_parts(l, keys);
+  auto at_boundary = [&](int bits, double x) {
+    for (double b : core::codebook(l.head_dim, bits).boundaries)
       if (std::fabs(x - b) < kRounding) return true;
     return false;
   };
@@ -163,8 +218,6 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
       return std::numeric_limits<double>::infinity();
     }
   }
-  // With block means the codes quantize residuals the rotations below do not give, so every code must match.
-  const bool strict = parts || l.mean_block(keys) > 0;
   for (std::int64_t slot = 0; slot < l.slots(); ++slot) {
     for (std::int64_t w = 0; w < norm_words; ++w) {
       if (ref[std::size_t(norm_off + slot * norm_words + w)] != got[std::size_t(norm_off + slot * norm_words + w)]) {
@@ -182,22 +235,13 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
         }
       continue;
     }
-    if (strict) {  // part by part, each at its own width (no flips allowed for: every code must match)
-      for (int p = 0; p < (parts ? l.key_parts() : 1); ++p) {
-        const TqLayout::KeyPart kp = parts ? l.key_part(p) : TqLayout::KeyPart{0, std::int32_t(l.head_dim), bits, 0};
-        for (std::int32_t i = 0; i < kp.size; ++i) {
-          const std::int64_t pos = kp.bit_offset + std::int64_t(i) * kp.bits;
-          ++codes;
-          if (core::get_bits(r, pos, kp.bits) != core::get_bits(g, pos, kp.bits)) ++differ;
-        }
-      }
-      continue;
-    }
-    bool flipped = false;  // a code of this slot flipped at a boundary
-    for (std::int64_t d = 0; d < l.head_dim; ++d) {
-      ++codes;
-      if (core::get_code(r, d, bits) != core::get_code(g, d, bits)) {
-        if (at_boundary(rot().rotated[std::size_t(slot * l.head_dim + d)])) {
+    bool flipped = false;                        // a code of this slot flipped at a boundary
+    for (const TqLayout::KeyPart& kp : parts) {  // part by part, each at its own width and codebook
+      for (std::int32_t i = 0; i < kp.size; ++i) {
+        const std::int64_t pos = kp.bit_offset + std::int64_t(i) * kp.bits;
+        ++codes;
+        if (core::get_bits(r, pos, kp.bits) == core::get_bits(g, pos, kp.bits)) continue;
+        if (at_boundary(kp.bits, rot().rotated[std::size_t(slot * l.head_dim + kp.offset + i)])) {
           ++flips;
           flipped = true;
         } else {
@@ -291,8 +335,12 @@ CheckResult check_tq_encode(Backend& backend, const TqCase& c) {
                    {tables, v.on(dv.get(), mem), encode_start(c), static_cast<std::uint32_t*>(vc.get()), nullptr});
   backend.synchronize();
   r.seconds = seconds_since(t0);
+  const std::vector<std::uint32_t> keys_before = poisoned_keys(c, 1), values_before(ref.values.size(), kPoisonWord);
   auto rotations = [&](const HostTensor& x, bool keys) {
-    return [&l, &tables, &c, rows = &x, keys] { return oracle_rotations(l, tables, *rows, encode_start(c), keys); };
+    return [&, rows = &x, keys] {
+      return oracle_rotations(l, tables, *rows, encode_start(c), keys, keys ? keys_before : values_before,
+                              keys ? ref.keys : ref.values);
+    };
   };
   r.error = std::max(compare_words(l, ref.keys, kc.read<std::uint32_t>(), true, rotations(k, true), r.detail),
                      compare_words(l, ref.values, vc.read<std::uint32_t>(), false, rotations(v, false), r.detail));
