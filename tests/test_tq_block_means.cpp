@@ -1,13 +1,15 @@
-// Block means of keys and values (docs/spec.md §2.6, docs/turboquant_layout.md) on the oracle and the cpu
-// backend: the stored means against means computed here from the exact rows' formula, attention against a
-// softmax written here over rows decoded by the documented formula (mean plus codes), codes that do not depend
-// on how appends are chunked, the documented sizes, the file, bad configurations and rows.
+// Block means of keys and values (docs/spec.md §2.6, docs/turboquant_layout.md) on the oracle and every
+// backend available here (cpu; webgpu and cuda where they run, their rows in their memory): the stored means against
+// means computed here from the exact rows' formula, attention against a softmax written here over rows decoded by the
+// documented formula (mean plus codes), codes that do not depend on how appends are chunked, the documented sizes, the
+// file, bad configurations and rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <random>
 #include <cstdlib>
 #include <string>
@@ -16,6 +18,7 @@
 
 #include <unistd.h>
 
+#include "conformance/device_buffer.hpp"
 #include "conformance/host_tensor.hpp"
 #include "core/codebook.hpp"
 #include "core/half.hpp"
@@ -107,11 +110,37 @@ std::vector<double> decoded(const TqLayout& l, const TqTables& tables, const std
 }
 
 // A view of rows [start, start + n) of x [1, T, H, D] (f32).
-TensorView rows_of(const HostTensor& x, std::int64_t start, std::int64_t n) {
-  TensorView v = x.view;
+TensorView rows_of(const TensorView& x, std::int64_t start, std::int64_t n) {
+  TensorView v = x;
   v.shape[1] = n;
-  v.data = static_cast<float*>(x.view.data) + start * v.shape[2] * v.shape[3];
+  v.data = static_cast<float*>(x.data) + start * v.shape[2] * v.shape[3];
   return v;
+}
+
+// A host tensor in a backend's memory: itself on a host backend, else a copy in a buffer of the backend.
+class On {
+ public:
+  On(Backend& b, const HostTensor& x) : view_(x.view) {
+    if (b.memory() == Memory::host) return;
+    buffer_.emplace(b, x.bytes);
+    view_ = x.on(buffer_->get(), b.memory());
+  }
+  const TensorView& view() const { return view_; }
+  std::vector<std::uint8_t> read() const {
+    return buffer_ ? buffer_->read<std::uint8_t>() : std::vector<std::uint8_t>{};
+  }
+
+ private:
+  TensorView view_;
+  std::optional<conformance::DeviceBuffer> buffer_;
+};
+
+// The backends this file runs block means on: the oracle, then every other one available here.
+std::vector<std::string> backends_here() {
+  std::vector<std::string> names{"reference"};
+  for (const Backend* b : available_backends())
+    if (b->name() != "reference") names.push_back(b->name());
+  return names;
 }
 
 // Random chunk lengths that add up to T.
@@ -123,9 +152,10 @@ std::vector<std::int64_t> chunks(std::int64_t T, std::mt19937_64& rng) {
 }
 
 void append_in(TqKvCache& cache, const HostTensor& k, const HostTensor& v, const std::vector<std::int64_t>& sizes) {
+  const On dk(cache.backend(), k), dv(cache.backend(), v);
   std::int64_t start = 0;
   for (std::int64_t n : sizes) {
-    cache.append(0, rows_of(k, start, n), rows_of(v, start, n), start);
+    cache.append(0, rows_of(dk.view(), start, n), rows_of(dv.view(), start, n), start);
     start += n;
   }
 }
@@ -198,15 +228,21 @@ double attention_error(const std::string& name, const TqLayout& l, std::mt19937_
   q.fill_normal(rng);
   const std::vector<double> qv = q.values();
   const double scale = 1.0 / std::sqrt(double(D));
+  Backend& b = cache.backend();
+  const On dk(b, k), dv(b, v), dq(b, q);
   std::vector<double> got, want;
   std::int64_t start = 0;
   for (std::int64_t n : chunks(T, rng)) {
     const std::int64_t end = start + n;
-    cache.append(0, rows_of(k, start, n), rows_of(v, start, n), start);
+    cache.append(0, rows_of(dk.view(), start, n), rows_of(dv.view(), start, n), start);
     HostTensor out({1, n, H, D}, DType::f32, false);
     out.poison();
-    cache.attend(0, rows_of(q, start, n), start, out.view);
-    if (name == "cpu") EXPECT_EQ(backend(name).last_kernel(), "tq_attend_simd") << "the SIMD path serves block means";
+    const On dout(b, out);
+    cache.attend(0, rows_of(dq.view(), start, n), start, dout.view());
+    if (b.memory() != Memory::host) out.assign(dout.read());
+    if (name == "cpu") {
+      EXPECT_EQ(backend(name).last_kernel(), "tq_attend_simd") << "the SIMD path serves block means";
+    }
     const std::vector<double> o = out.values();
     got.insert(got.end(), o.begin(), o.end());
     const std::vector<std::uint32_t> kw = cache.key_words(0), vw = cache.value_words(0);
@@ -237,7 +273,7 @@ double attention_error(const std::string& name, const TqLayout& l, std::mt19937_
 }
 
 TEST(BlockMeans, AttentionIsTheSoftmaxOverMeanPlusCodes) {
-  for (const char* name : {"reference", "cpu"}) {
+  for (const std::string& name : backends_here()) {
     for (const auto& [D, kg, vg] : std::vector<std::tuple<std::int64_t, std::int32_t, std::int32_t>>{
              {64, 16, 32}, {64, 32, 0}, {64, 0, 8}, {128, 32, 32}}) {
       std::mt19937_64 rng = test_rng();
@@ -257,10 +293,11 @@ TEST(BlockMeans, WordsDoNotDependOnHowAppendsAreChunkedOrOnTheBackend) {
   const std::uint64_t seed = rng();
   const HostTensor k = drifting_rows(T, Hkv, D, rng), v = drifting_rows(T, Hkv, D, rng);
   std::vector<std::uint32_t> keys0, values0;
-  for (const char* name : {"reference", "cpu"}) {
+  for (const std::string& name : backends_here()) {
     for (int way = 0; way < 3; ++way) {
       TqKvCache cache({1, l, seed}, &backend(name));
-      cache.calibrate(0, k.view);
+      const On keys(backend(name), k);
+      cache.calibrate(0, keys.view());
       append_in(cache, k, v, way == 0 ? std::vector<std::int64_t>{T} : chunks(T, rng));
       if (keys0.empty()) {
         keys0 = cache.key_words(0);
