@@ -36,6 +36,7 @@ inline BruteForce brute_force_attention(const DenseProblem& p, const std::vector
           for (std::int64_t d = 0; d < D; ++d)
             dot += q[std::size_t(((b * Sq + i) * H + h) * D + d)] * k[std::size_t(((b * Sk + j) * Hkv + hk) * D + d)];
           double s = p.scale * dot;
+          if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);  // §1.8: before the mask
           if (p.mask) {
             s += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
           }
@@ -45,10 +46,12 @@ inline BruteForce brute_force_attention(const DenseProblem& p, const std::vector
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t i = 0; i < Sq; ++i) {
-        double m = ninf;
+        // §1.9: the sink is one more logit of the softmax, with no value.
+        const double sink = p.sinks ? double(p.sinks[h]) : ninf;
+        double m = sink;
         for (std::int64_t j = 0; j < Sk; ++j) m = std::max(m, s_at(b, h, i, j));
         if (m == ninf) continue;
-        double l = 0;
+        double l = std::exp(sink - m);
         for (std::int64_t j = 0; j < Sk; ++j) l += std::exp(s_at(b, h, i, j) - m);
         r.lse[std::size_t((b * H + h) * Sq + i)] = m + std::log(l);
         for (std::int64_t j = 0; j < Sk; ++j) {

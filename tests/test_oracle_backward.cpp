@@ -17,6 +17,8 @@ struct GradCase {
   bool causal, mask;
   std::int64_t window;
   float dropout;
+  float softcap = 0;
+  bool sinks = false;
 };
 
 class OracleBackward : public ::testing::TestWithParam<GradCase> {};
@@ -49,6 +51,10 @@ TEST_P(OracleBackward, MatchesCentralFiniteDifferences) {
     for (double& e : x) e = n(rng);
     return x;
   };
+  p.softcap = gc.softcap;
+  std::vector<float> sinks(std::size_t(p.H));
+  for (std::size_t h = 0; h < sinks.size(); ++h) sinks[h] = h == 1 ? -INFINITY : float(n(rng) + 1.0);
+  if (gc.sinks) p.sinks = sinks.data();
   std::vector<double> q = draw(p.B * p.Sq * p.H * p.D), k = draw(p.B * p.Sk * p.Hkv * p.D),
                       v = draw(std::int64_t(k.size())), dout = draw(std::int64_t(q.size()));
   std::vector<double> out(q.size()), lse(std::size_t(p.B * p.H * p.Sq));
@@ -59,9 +65,9 @@ TEST_P(OracleBackward, MatchesCentralFiniteDifferences) {
     return s;
   };
   loss();
-  std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
+  std::vector<double> dq(q.size()), dk(k.size()), dv(v.size()), dsinks(sinks.size());
   reference::dense_backward(p, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(), dq.data(), dk.data(),
-                            dv.data());
+                            dv.data(), dsinks.data());
   const double h = 1e-5;
   auto numeric = [&](std::vector<double>& x) {
     std::vector<double> g(x.size());
@@ -80,6 +86,22 @@ TEST_P(OracleBackward, MatchesCentralFiniteDifferences) {
   EXPECT_LE(conformance::relative_error(numeric(q), dq, detail), 1e-6) << "dq " << detail;
   EXPECT_LE(conformance::relative_error(numeric(k), dk, detail), 1e-6) << "dk " << detail;
   EXPECT_LE(conformance::relative_error(numeric(v), dv, detail), 1e-6) << "dv " << detail;
+  if (!gc.sinks) return;
+  // The sinks are f32: each is moved by +-2^-10 (exact in f32 at these magnitudes) and the loss read in double.
+  std::vector<double> numeric_sinks(sinks.size());
+  for (std::size_t h = 0; h < sinks.size(); ++h) {
+    if (sinks[h] == -INFINITY) continue;  // no sink, no gradient (the oracle's is 0)
+    const float saved = sinks[h], step = 1.0f / 1024;
+    sinks[h] = saved + step;
+    const double up = loss();
+    sinks[h] = saved - step;
+    const double down = loss();
+    sinks[h] = saved;
+    numeric_sinks[h] = (up - down) / (2 * double(step));
+  }
+  loss();
+  // A central difference at step 2^-10 is exact to about step^2 * the third derivative: 1e-6 of the gradient.
+  EXPECT_LE(conformance::relative_error(numeric_sinks, dsinks, detail), 1e-5) << "dsinks " << detail;
 }
 
 INSTANTIATE_TEST_SUITE_P(Features, OracleBackward,
@@ -89,7 +111,12 @@ INSTANTIATE_TEST_SUITE_P(Features, OracleBackward,
                                            GradCase{"dropout", 2, 2, 8, false, false, 0, 0.3f},
                                            GradCase{"dropout_gqa", 4, 1, 8, true, true, 0, 0.2f},
                                            GradCase{"mask_window", 2, 1, 5, true, true, 3, 0.0f},
-                                           GradCase{"window_not_causal", 2, 2, 8, false, false, 2, 0.1f}),
+                                           GradCase{"window_not_causal", 2, 2, 8, false, false, 2, 0.1f},
+                                           GradCase{"softcap", 2, 2, 8, false, false, 0, 0.0f, 0.8f},
+                                           GradCase{"softcap_mask_dropout", 4, 2, 8, true, true, 0, 0.2f, 3.0f},
+                                           GradCase{"sinks", 3, 1, 8, false, false, 0, 0.0f, 0.0f, true},
+                                           GradCase{"sinks_causal_window", 2, 2, 5, true, true, 2, 0.1f, 0.0f, true},
+                                           GradCase{"softcap_sinks_gqa", 4, 2, 8, true, false, 0, 0.0f, 2.0f, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -77,6 +77,13 @@ TEST_P(OracleForward, MatchesBruteForce) {
     params.dropout_p = 0.3f;
     params.seed = std::uint32_t(rng());
   }
+  if (i % 3 == 2) params.softcap = i % 2 ? 0.7f : 5.0f;  // a cap that bends every score, and a mild one
+  std::vector<float> sinks(static_cast<std::size_t>(H));
+  if (i % 4 == 1 || i % 7 == 3) {
+    std::normal_distribution<float> logit(1.0f, 2.0f);
+    for (std::size_t h = 0; h < sinks.size(); ++h) sinks[h] = h % 3 == 2 ? -INFINITY : logit(rng);
+    params.sinks = sinks.data();
+  }
   HostTensor q({B, Sq, H, fc.D}, fc.dtype, i % 2 == 1), k({B, Sk, Hkv, fc.D}, fc.dtype, false), v(k);
   q.fill_normal(rng);
   k.fill_normal(rng);
@@ -103,6 +110,8 @@ TEST_P(OracleForward, MatchesBruteForce) {
   p.mask_strides = params.mask_strides;
   p.dropout_p = params.dropout_p;
   p.seed = params.seed;
+  p.softcap = params.softcap;
+  p.sinks = params.sinks;
   const auto expect = testing::brute_force_attention(p, q.values(), k.values(), v.values());
 
   // The oracle's own double result must agree with the formula to rounding.

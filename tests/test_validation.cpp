@@ -134,7 +134,18 @@ INSTANTIATE_TEST_SUITE_P(
                    p.mask_elements = 24; }},
         BadDense{"mask_misaligned", "mask", [](Dense& d, ForwardArgs&, AttentionParams& p) {
                    p.mask = reinterpret_cast<const float*>(reinterpret_cast<const char*>(d.mask.data()) + 1);
-                   p.mask_strides = {0, 0, 6, 1}; p.mask_elements = 24; }}),
+                   p.mask_strides = {0, 0, 6, 1}; p.mask_elements = 24; }},
+        BadDense{"softcap_negative", "softcap", [](Dense&, ForwardArgs&, AttentionParams& p) { p.softcap = -1.0f; }},
+        BadDense{"softcap_nan", "softcap", [](Dense&, ForwardArgs&, AttentionParams& p) {
+                   p.softcap = std::numeric_limits<float>::quiet_NaN(); }},
+        BadDense{"softcap_infinite", "softcap", [](Dense&, ForwardArgs&, AttentionParams& p) {
+                   p.softcap = std::numeric_limits<float>::infinity(); }},
+        BadDense{"sinks_misaligned", "sinks", [](Dense& d, ForwardArgs&, AttentionParams& p) {
+                   p.sinks = reinterpret_cast<const float*>(reinterpret_cast<const char*>(d.mask.data()) + 2); }},
+        BadDense{"sink_nan", "sinks", [](Dense& d, ForwardArgs&, AttentionParams& p) {
+                   d.mask[3] = std::numeric_limits<float>::quiet_NaN(); p.sinks = d.mask.data(); }},
+        BadDense{"sink_plus_infinity", "sinks", [](Dense& d, ForwardArgs&, AttentionParams& p) {
+                   d.mask[1] = std::numeric_limits<float>::infinity(); p.sinks = d.mask.data(); }}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Query positions i + causal_offset, i in [0, Sq), may be any int32 (issue 18 item 7): the validator
@@ -229,6 +240,13 @@ TEST(BackwardBadInput, NamesTheArgument) {
   a = d.bwd();
   a.dq.data = nullptr;
   expect_arg(a, "dq");
+  std::vector<float> sinks(4, 0.5f), dsinks(5, 0.0f);
+  a = d.bwd();
+  a.dsinks = dsinks.data();  // without params.sinks there is no gradient to write
+  expect_arg(a, "dsinks");
+  d.params.sinks = sinks.data();
+  a.dsinks = reinterpret_cast<float*>(reinterpret_cast<char*>(dsinks.data()) + 1);
+  expect_arg(a, "dsinks");
 }
 
 // Reading the registry while another thread registers is safe (before all_backends returned a copy,

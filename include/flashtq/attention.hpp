@@ -38,6 +38,12 @@ struct AttentionParams {
   // tensor-core products per multiply, f32 accuracy: docs/spec.md §3's 1e-5), as PyTorch's efficient attention
   // does; other backends always use f32 FMAs.
   bool pedantic_f32 = false;
+  // Logit soft-capping (docs/spec.md §1.8, Gemma 2): with softcap > 0 the score is
+  // softcap * tanh(scale * <q, k> / softcap), the mask added after; 0 = none.
+  float softcap = 0.0f;
+  // Attention sinks (docs/spec.md §1.9, gpt-oss): optional f32 [H] logits in the backend's memory, one
+  // per query head, that join every row's softmax denominator and carry no value; -inf = no sink.
+  const float* sinks = nullptr;
 };
 
 struct ForwardArgs {
@@ -54,6 +60,10 @@ struct BackwardArgs {
   const float* lse = nullptr;     // required, from the forward
   TensorView dq, dk, dv;          // shaped like q, k, v
   void* stream = nullptr;
+  // With params.sinks: optional f32 [H] in the backend's memory, written with the sinks' gradient
+  // (summed over the batch and the rows); null when the caller does not need it. Last, so that
+  // positional initialisers written before it keep their meaning.
+  float* dsinks = nullptr;
 };
 
 // Runs on the named backend's memory (see backend.hpp). Validation happens before any work.

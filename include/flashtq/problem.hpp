@@ -37,6 +37,8 @@ struct DenseProblem {
   std::uint32_t seed = 0;
   bool tf32 = false;      // f32 products may run on TF32 tensor cores (AttentionParams::allow_tf32)
   bool pedantic = false;  // f32 products in f32 FMAs only (AttentionParams::pedantic_f32, without tf32)
+  float softcap = 0.0f;   // > 0: scores are softcap * tanh(scale * <q, k> / softcap) (docs/spec.md §1.8)
+  const float* sinks = nullptr;  // [H] logits in the backend's memory, or none (docs/spec.md §1.9)
 
   FLASHTQ_HOST_DEVICE std::int64_t group() const { return H / Hkv; }  // query heads per kv head
 };
@@ -54,6 +56,7 @@ struct BackwardCall {
   DenseProblem p;
   TensorView q, k, v, out, dout, dq, dk, dv;
   const float* lse = nullptr;
+  float* dsinks = nullptr;  // [H], only with p.sinks; null = not wanted
   void* stream = nullptr;
 };
 

@@ -15,17 +15,17 @@ _Array = Union[torch.Tensor, np.ndarray]
 @overload
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = ..., causal_offset: Optional[int] = ...,
               window: int = ..., mask: Optional[_Array] = ..., dropout_p: float = ..., seed: int = ...,
-              scale: Optional[float] = ..., return_lse: Literal[False] = ..., layout: Literal["bshd", "bhsd"] = ...,
+              scale: Optional[float] = ..., softcap: float = ..., sinks: Optional[_Array] = ..., return_lse: Literal[False] = ..., layout: Literal["bshd", "bhsd"] = ...,
               backend: Optional[str] = ...) -> torch.Tensor: ...
 @overload
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = ..., causal_offset: Optional[int] = ...,
               window: int = ..., mask: Optional[_Array] = ..., dropout_p: float = ..., seed: int = ...,
-              scale: Optional[float] = ..., return_lse: Literal[True], layout: Literal["bshd", "bhsd"] = ...,
+              scale: Optional[float] = ..., softcap: float = ..., sinks: Optional[_Array] = ..., return_lse: Literal[True], layout: Literal["bshd", "bhsd"] = ...,
               backend: Optional[str] = ...) -> tuple[torch.Tensor, torch.Tensor]: ...
 @overload
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = ..., causal_offset: Optional[int] = ...,
               window: int = ..., mask: Optional[_Array] = ..., dropout_p: float = ..., seed: int = ...,
-              scale: Optional[float] = ..., return_lse: bool = ..., layout: Literal["bshd", "bhsd"] = ...,
+              scale: Optional[float] = ..., softcap: float = ..., sinks: Optional[_Array] = ..., return_lse: bool = ..., layout: Literal["bshd", "bhsd"] = ...,
               backend: Optional[str] = ...) -> Union[np.ndarray, tuple[np.ndarray, np.ndarray]]: ...
 
 def backends() -> list[BackendInfo]: ...

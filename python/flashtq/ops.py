@@ -50,20 +50,20 @@ def _new_out(q: Tensor, bhsd: bool) -> Tensor:
 
 @torch.library.custom_op("flashtq::attention_forward", mutates_args=())
 def _forward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: Optional[float], causal: bool,
-             causal_offset: Optional[int], window: int, dropout_p: float, seed: int, bhsd: bool,
-             backend: str) -> tuple[Tensor, Tensor]:
+             causal_offset: Optional[int], window: int, dropout_p: float, seed: int, softcap: float,
+             sinks: Optional[Tensor], bhsd: bool, backend: str) -> tuple[Tensor, Tensor]:
     out = _new_out(q, bhsd)
     B, Sq, H, _ = q.shape
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     with _device_scope(q):
         _ext.forward(backend_for(q, backend or None), view(q, "q"), view(k, "k"), view(v, "v"), view(out, "out"),
                      lse.data_ptr(), scale, causal, causal_offset, window, *_mask_args(mask), dropout_p, seed,
-                     stream_of(q))
+                     softcap, _pointer(sinks), stream_of(q))
     return out, lse
 
 
 @_forward.register_fake
-def _(q, k, v, mask, scale, causal, causal_offset, window, dropout_p, seed, bhsd, backend):
+def _(q, k, v, mask, scale, causal, causal_offset, window, dropout_p, seed, softcap, sinks, bhsd, backend):
     B, Sq, H, _ = q.shape
     return _new_out(q, bhsd), q.new_empty((B, H, Sq), dtype=torch.float32)
 
@@ -71,52 +71,72 @@ def _(q, k, v, mask, scale, causal, causal_offset, window, dropout_p, seed, bhsd
 @torch.library.custom_op("flashtq::attention_backward", mutates_args=())
 def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor, mask: Optional[Tensor],
               scale: Optional[float], causal: bool, causal_offset: Optional[int], window: int, dropout_p: float,
-              seed: int, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+              seed: int, softcap: float, sinks: Optional[Tensor],
+              backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dsinks = _new_dsinks(q, sinks)
     with _device_scope(q):
         _ext.backward(backend_for(q, backend or None), view(q, "q"), view(k, "k"), view(v, "v"), view(out, "out"),
                       view(dout, "dout"), lse.data_ptr(), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"), scale,
-                      causal, causal_offset, window, *_mask_args(mask), dropout_p, seed, stream_of(q))
-    return dq, dk, dv
+                      causal, causal_offset, window, *_mask_args(mask), dropout_p, seed, softcap, _pointer(sinks),
+                      _pointer(dsinks if sinks is not None else None), stream_of(q))
+    return dq, dk, dv, dsinks
 
 
 @_backward.register_fake
-def _(q, k, v, out, dout, lse, mask, scale, causal, causal_offset, window, dropout_p, seed, backend):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(q, k, v, out, dout, lse, mask, scale, causal, causal_offset, window, dropout_p, seed, softcap, sinks, backend):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), _new_dsinks(q, sinks)
+
+
+def _pointer(t: Optional[Tensor]) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _new_dsinks(q: Tensor, sinks: Optional[Tensor]) -> Tensor:
+    """The sinks' gradient, f32 [H]; an empty tensor without sinks (a custom op returns tensors only)."""
+    return q.new_empty((q.shape[2] if sinks is not None else 0,), dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, mask, scale, causal, causal_offset, window, dropout_p, seed, bhsd, backend = inputs
+    q, k, v, mask, scale, causal, causal_offset, window, dropout_p, seed, softcap, sinks, bhsd, backend = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, mask)
-    ctx.params = (scale, causal, causal_offset, window, dropout_p, seed, backend)
+    ctx.save_for_backward(q, k, v, out, lse, mask, sinks)
+    ctx.params = (scale, causal, causal_offset, window, dropout_p, seed, softcap)
+    ctx.backend = backend
     ctx.set_materialize_grads(False)  # an unused lse gets no gradient, and costs nothing
 
 
 def _autograd_backward(ctx, dout, dlse):
-    q, k, v, out, lse, mask = ctx.saved_tensors
-    scale, causal, causal_offset, window, dropout_p, seed, backend = ctx.params
+    q, k, v, out, lse, mask, sinks = ctx.saved_tensors
+    softcap = ctx.params[-1]
     if dout is None:
         dout = torch.zeros_like(out)
     elif dout.stride(-1) != 1 or 0 in dout.stride():
         dout = dout.contiguous()  # the library needs D contiguous; autograd hands out expanded views at times
-    dq, dk, dv = _backward(q, k, v, out, dout, lse, mask, *ctx.params)
+    dq, dk, dv, dsinks = _backward(q, k, v, out, dout, lse, mask, *ctx.params, sinks, ctx.backend)
     if dlse is not None:
-        dq, dk = _lse_gradients(q, k, lse, mask, dlse, dq, dk, ctx.params)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+        if softcap:
+            raise error("softcap", "a loss on lse is not differentiable through the softcap in flashtq yet "
+                                   "(the loss on out is)")
+        dq, dk = _lse_gradients(q, k, lse, mask, sinks, dlse, dq, dk, ctx.params, ctx.backend)
+        if sinks is not None:  # d lse_i / d sink_h = P_sink = exp(sink_h - lse_i)
+            p_sink = torch.where(torch.isneginf(lse), 0.0, torch.exp(sinks.view(1, -1, 1) - lse))
+            dsinks = dsinks + (dlse * p_sink).sum(dim=(0, 2))
+    return (dq, dk, dv, None, None, None, None, None, None, None, None,
+            dsinks if sinks is not None else None, None, None)
 
 
-def _lse_gradients(q, k, lse, mask, dlse, dq, dk, params):
-    """Adds what a loss on lse contributes. d lse_i / d s_ij = P_ij (softmax without dropout), so
-    dq_i += scale * dlse_i * sum_j P_ij k_j, which is attention with V = K, and
+def _lse_gradients(q, k, lse, mask, sinks, dlse, dq, dk, params, backend):
+    """Adds what a loss on lse contributes. d lse_i / d s_ij = P_ij (softmax without dropout; the sink in its
+    denominator), so dq_i += scale * dlse_i * sum_j P_ij k_j, which is attention with V = K, and
     dk_j += scale * sum_i P_ij dlse_i q_i, which is the dv of a backward with V = K and dout_i = scale * dlse_i q_i."""
-    scale, causal, causal_offset, window, _, _, backend = params
+    scale, causal, causal_offset, window = params[:4]
     s = (q.shape[-1] ** -0.5) if scale is None else scale
     w = (dlse.transpose(1, 2).unsqueeze(-1) * s)  # [B, Sq, H, 1]
-    exact = (scale, causal, causal_offset, window, 0.0, 0, backend)  # lse never sees dropout
-    okk, _ = _forward(q, k, k, mask, *exact[:6], False, backend)
+    exact = (scale, causal, causal_offset, window, 0.0, 0, 0.0, sinks)  # lse never sees dropout (nor a softcap here)
+    okk, _ = _forward(q, k, k, mask, *exact, False, backend)
     dq = (dq.float() + w * okk.float()).to(dq.dtype)
-    _, _, dk_extra = _backward(q, k, k, okk, (w * q.float()).to(q.dtype).contiguous(), lse, mask, *exact)
+    _, _, dk_extra, _ = _backward(q, k, k, okk, (w * q.float()).to(q.dtype).contiguous(), lse, mask, *exact, backend)
     return dq, (dk.float() + dk_extra.float()).to(dk.dtype)
 
 
@@ -152,15 +172,30 @@ def _prepare_mask(mask, B: int, H: int, Sq: int, Sk: int, device: torch.device) 
         raise error("mask", f"must broadcast to [B, H, Sq, Sk] = {[B, H, Sq, Sk]}, got shape {tuple(mask.shape)}") from None
 
 
+def _prepare_sinks(sinks, H: int, device: torch.device) -> Optional[Tensor]:
+    """The sinks as a contiguous f32 [H] tensor on q's device (autograd follows the conversion)."""
+    if sinks is None:
+        return None
+    sinks = _as_tensor(sinks, "sinks")
+    if sinks.device != device:
+        raise error("sinks", f"must be on {device} like q, is on {sinks.device}")
+    if not sinks.dtype.is_floating_point or tuple(sinks.shape) != (H,):
+        raise error("sinks", f"must be a floating-point tensor of shape [H] = [{H}], got {sinks.dtype} "
+                             f"{tuple(sinks.shape)}")
+    return sinks.to(torch.float32).contiguous()
+
+
 def attention(q, k, v, *, causal: bool = False, causal_offset: Optional[int] = None, window: int = 0, mask=None,
-              dropout_p: float = 0.0, seed: int = 0, scale: Optional[float] = None, return_lse: bool = False,
-              layout: str = "bshd", backend: Optional[str] = None):
+              dropout_p: float = 0.0, seed: int = 0, scale: Optional[float] = None, softcap: float = 0.0, sinks=None,
+              return_lse: bool = False, layout: str = "bshd", backend: Optional[str] = None):
     """Exact attention (SPEC §1). See docs/python.md.
 
     q [B, Sq, H, D], k/v [B, Sk, Hkv, D] (layout "bshd") or [B, H, S, D] (layout "bhsd", PyTorch's);
     any strides with D contiguous. causal_offset defaults to Sk - Sq (bottom-right); 0 is PyTorch's
     is_causal. mask broadcasts to [B, H, Sq, Sk] (bool True = visible, or additive float). Returns out
-    in q's layout and dtype, and lse [B, H, Sq] (f32, natural log) with return_lse=True. numpy inputs
+    in q's layout and dtype, and lse [B, H, Sq] (f32, natural log) with return_lse=True. softcap > 0 caps every
+    score at softcap * tanh(score / softcap) (SPEC §1.8); sinks, f32 [H] on q's device, adds one logit per head
+    to the softmax's denominator (SPEC §1.9) and gets a gradient when it requires one. numpy inputs
     give numpy outputs. backend overrides the device's default ("reference", "cpu", "cuda", ...).
     """
     numpy_in = isinstance(q, np.ndarray)
@@ -186,8 +221,12 @@ def attention(q, k, v, *, causal: bool = False, causal_offset: Optional[int] = N
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     B, Sq, H, _ = q.shape
     mask = _prepare_mask(mask, B, H, Sq, k.shape[1], q.device)
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise error("softcap", f"must be a number (0 = no softcap), got {softcap!r}")
+    sinks = _prepare_sinks(sinks, H, q.device)
     out, lse = torch.ops.flashtq.attention_forward(q, k, v, mask, None if scale is None else float(scale), bool(causal),
-                                                   causal_offset, window, float(dropout_p), seed, bhsd, backend or "")
+                                                   causal_offset, window, float(dropout_p), seed, float(softcap), sinks,
+                                                   bhsd, backend or "")
     if bhsd:
         out = out.transpose(1, 2)
     if numpy_in:

@@ -19,8 +19,11 @@ namespace {
 // Arguments of AttentionParams, as the Python layer passes them (mask as a pointer, 0 = none).
 AttentionParams make_params(std::optional<float> scale, bool causal, std::optional<std::int64_t> causal_offset,
                             std::int64_t window, std::uintptr_t mask, std::array<std::int64_t, 4> mask_strides,
-                            std::int64_t mask_elements, float dropout_p, std::uint32_t seed) {
+                            std::int64_t mask_elements, float dropout_p, std::uint32_t seed, float softcap,
+                            std::uintptr_t sinks) {
   AttentionParams p;
+  p.softcap = softcap;
+  p.sinks = reinterpret_cast<const float*>(sinks);
   p.scale = scale;
   p.causal = causal;
   p.causal_offset = causal_offset;
@@ -42,35 +45,39 @@ void bind_dense(nb::module_& m) {
          const TensorView& out, std::uintptr_t lse, std::optional<float> scale, bool causal,
          std::optional<std::int64_t> causal_offset, std::int64_t window, std::uintptr_t mask,
          std::array<std::int64_t, 4> mask_strides, std::int64_t mask_elements, float dropout_p, std::uint32_t seed,
-         std::uintptr_t stream) {
+         float softcap, std::uintptr_t sinks, std::uintptr_t stream) {
         Backend& be = flashtq::backend(backend);
-        const AttentionParams p =
-            make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements, dropout_p, seed);
+        const AttentionParams p = make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements,
+                                              dropout_p, seed, softcap, sinks);
         nb::gil_scoped_release release;
         attention_forward(be, {q, k, v, out, reinterpret_cast<float*>(lse), reinterpret_cast<void*>(stream)}, p);
       },
       nb::arg("backend"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
       nb::arg("scale").none(), nb::arg("causal"), nb::arg("causal_offset").none(), nb::arg("window"), nb::arg("mask"),
-      nb::arg("mask_strides"), nb::arg("mask_elements"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("stream"));
+      nb::arg("mask_strides"), nb::arg("mask_elements"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("softcap"),
+      nb::arg("sinks"), nb::arg("stream"));
   m.def(
       "backward",
       [](const std::string& backend, const TensorView& q, const TensorView& k, const TensorView& v,
          const TensorView& out, const TensorView& dout, std::uintptr_t lse, const TensorView& dq, const TensorView& dk,
          const TensorView& dv, std::optional<float> scale, bool causal, std::optional<std::int64_t> causal_offset,
          std::int64_t window, std::uintptr_t mask, std::array<std::int64_t, 4> mask_strides, std::int64_t mask_elements,
-         float dropout_p, std::uint32_t seed, std::uintptr_t stream) {
+         float dropout_p, std::uint32_t seed, float softcap, std::uintptr_t sinks, std::uintptr_t dsinks,
+         std::uintptr_t stream) {
         Backend& be = flashtq::backend(backend);
-        const AttentionParams p =
-            make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements, dropout_p, seed);
+        const AttentionParams p = make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements,
+                                              dropout_p, seed, softcap, sinks);
         nb::gil_scoped_release release;
-        attention_backward(
-            be, {q, k, v, out, dout, reinterpret_cast<const float*>(lse), dq, dk, dv, reinterpret_cast<void*>(stream)},
-            p);
+        attention_backward(be,
+                           {q, k, v, out, dout, reinterpret_cast<const float*>(lse), dq, dk, dv,
+                            reinterpret_cast<void*>(stream), reinterpret_cast<float*>(dsinks)},
+                           p);
       },
       nb::arg("backend"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"),
       nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("scale").none(), nb::arg("causal"),
       nb::arg("causal_offset").none(), nb::arg("window"), nb::arg("mask"), nb::arg("mask_strides"),
-      nb::arg("mask_elements"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("stream"));
+      nb::arg("mask_elements"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("softcap"), nb::arg("sinks"),
+      nb::arg("dsinks"), nb::arg("stream"));
 }
 
 }  // namespace flashtq::python

@@ -38,11 +38,13 @@ struct DenseCase {
   bool bhsd_layout = false;  // PyTorch's [B, H, S, D] memory order
   bool tf32 = false;         // f32 only: AttentionParams::allow_tf32, checked at the TF32 bound
   bool pedantic = false;     // f32 only, not with tf32: AttentionParams::pedantic_f32 (f32 FMAs only)
+  float softcap = 0;         // AttentionParams::softcap (docs/spec.md §1.8)
+  bool sinks = false;        // AttentionParams::sinks: one drawn logit per head, some -inf (docs/spec.md §1.9)
   Extreme extreme = Extreme::none;
   std::uint64_t data_seed = 0;
 
   std::string describe() const;
-  DenseProblem shape() const;  // sizes and dtype only: what Backend::unsupported reads
+  DenseProblem shape() const;  // sizes, dtype and the §1.8/§1.9 features: what Backend::unsupported reads
 };
 
 struct TqCase {

@@ -46,6 +46,8 @@ std::string DenseCase::describe() const {
   if (scale) s << " scale" << *scale;
   if (tf32) s << " tf32";
   if (pedantic) s << " pedantic";
+  if (softcap > 0) s << " softcap" << softcap;
+  if (sinks) s << " sinks";
   if (extreme != Extreme::none) s << " " << extreme_name(extreme);
   s << " seed=" << seed << " data_seed=" << data_seed;
   return s.str();
@@ -60,6 +62,10 @@ DenseProblem DenseCase::shape() const {
   p.Hkv = Hkv;
   p.D = D;
   p.dtype = dtype;
+  p.softcap = softcap;
+  // Backends read only whether there are sinks, never their values.
+  static const float kSinksMarker = 0.0f;
+  p.sinks = sinks ? &kSinksMarker : nullptr;
   return p;
 }
 
@@ -70,7 +76,7 @@ std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), 
 // Everything one case needs on the host: inputs, the mask, and the params.
 struct DenseInputs {
   HostTensor q, k, v;
-  std::vector<float> mask;
+  std::vector<float> mask, sinks;
   AttentionParams params;
 
   explicit DenseInputs(const DenseCase& c)
@@ -89,6 +95,15 @@ struct DenseInputs {
     params.seed = c.seed;
     params.allow_tf32 = c.tf32;
     params.pedantic_f32 = c.pedantic;
+    params.softcap = c.softcap;
+    if (c.sinks) {
+      // Logits around a row's typical scores (N(0, 1) inputs: scores ~ N(0, 1)), so the sink takes a real
+      // share of the softmax; one head in four has none.
+      std::normal_distribution<float> logit(1.0f, 1.5f);
+      sinks.resize(std::size_t(c.H));
+      for (float& x : sinks) x = rng() % 4 == 0 ? -std::numeric_limits<float>::infinity() : logit(rng);
+      params.sinks = sinks.data();
+    }
     if (c.mask || c.extreme == Extreme::hidden_non_finite) {
       // A full [B, H, Sq, Sk] block; broadcast dimensions get stride 0 and read its first slice.
       const std::array<std::int64_t, 4> extent{c.B, c.H, c.Sq, c.Sk};
@@ -184,11 +199,12 @@ struct DenseInputs {
 
 // The backend's copy of one case's inputs.
 struct DeviceInputs {
-  DeviceBuffer q, k, v, mask;
+  DeviceBuffer q, k, v, mask, sinks;
   AttentionParams params;
   DeviceInputs(Backend& b, const DenseInputs& in)
-      : q(b, in.q.bytes), k(b, in.k.bytes), v(b, in.v.bytes), mask(b, in.mask), params(in.params) {
+      : q(b, in.q.bytes), k(b, in.k.bytes), v(b, in.v.bytes), mask(b, in.mask), sinks(b, in.sinks), params(in.params) {
     if (in.params.mask) params.mask = static_cast<const float*>(mask.get());
+    if (in.params.sinks) params.sinks = static_cast<const float*>(sinks.get());
   }
 };
 
@@ -262,9 +278,11 @@ CheckResult check_backward(Backend& backend, const DenseCase& c) {
   dout.fill_normal(rng);
   std::vector<float> lse(fwd.lse.begin(), fwd.lse.end());
 
-  std::vector<double> dq(std::size_t(in.q.numel())), dk(std::size_t(in.k.numel())), dv(dk.size());
+  std::vector<double> dq(std::size_t(in.q.numel())), dk(std::size_t(in.k.numel())), dv(dk.size()),
+      dsinks(std::size_t(c.H));
   reference::dense_backward(p, in.q.values().data(), in.k.values().data(), in.v.values().data(), out.values().data(),
-                            dout.values().data(), to_double(lse).data(), dq.data(), dk.data(), dv.data());
+                            dout.values().data(), to_double(lse).data(), dq.data(), dk.data(), dv.data(),
+                            dsinks.data());
 
   HostTensor gq(in.q), gk(in.k), gv(in.v);
   gq.poison();
@@ -272,13 +290,15 @@ CheckResult check_backward(Backend& backend, const DenseCase& c) {
   gv.poison();
   DeviceInputs dev(backend, in);
   DeviceBuffer d_out(backend, out.bytes), d_dout(backend, dout.bytes), d_lse(backend, lse), d_dq(backend, gq.bytes),
-      d_dk(backend, gk.bytes), d_dv(backend, gv.bytes);
+      d_dk(backend, gk.bytes), d_dv(backend, gv.bytes),
+      d_dsinks(backend, std::vector<float>(std::size_t(c.H), std::numeric_limits<float>::quiet_NaN()));
   const Memory mem = backend.memory();
   BackwardArgs args{in.q.on(dev.q.get(), mem),  in.k.on(dev.k.get(), mem),
                     in.v.on(dev.v.get(), mem),  out.on(d_out.get(), mem),
                     dout.on(d_dout.get(), mem), static_cast<const float*>(d_lse.get()),
                     gq.on(d_dq.get(), mem),     gk.on(d_dk.get(), mem),
-                    gv.on(d_dv.get(), mem),     nullptr};
+                    gv.on(d_dv.get(), mem),     nullptr,
+                    c.sinks ? static_cast<float*>(d_dsinks.get()) : nullptr};
   const auto t0 = std::chrono::steady_clock::now();
   attention_backward(backend, args, dev.params);
   backend.synchronize();
@@ -307,6 +327,17 @@ CheckResult check_backward(Backend& backend, const DenseCase& c) {
     r.error = std::max(r.error, e);
     if (e > r.tolerance)
       r.detail += std::string(r.detail.empty() ? "" : "; ") + grads[g].first + " error " + std::to_string(e) +
+                  (why.empty() ? "" : " (" + why + ")");
+  }
+  if (c.sinks) {
+    // dsinks sums -P_sink * D_i over the batch and rows: its natural size is about sqrt(B * Sq) (D_i ~ 1 for
+    // N(0, 1) inputs), the floor below which a cancelling sum is compared absolutely.
+    std::string why;
+    const double e = relative_error(dsinks, to_double(d_dsinks.read<float>()), why,
+                                    1e-1 * std::sqrt(double(c.B * c.Sq)));
+    r.error = std::max(r.error, e);
+    if (e > r.tolerance)
+      r.detail += std::string(r.detail.empty() ? "" : "; ") + "dsinks error " + std::to_string(e) +
                   (why.empty() ? "" : " (" + why + ")");
   }
   r.passed = r.error <= r.tolerance;
@@ -407,6 +438,8 @@ DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRan
     if (chance(0.2)) c.scale = float(pick(0.05, 0.3));
     c.tf32 = c.dtype == DType::f32 && chance(0.4);
     c.pedantic = c.dtype == DType::f32 && !c.tf32 && chance(0.4);  // the cuda FFMA path; the default is 3xTF32
+    if (chance(0.15)) c.softcap = float(pick(0.5, 5.0, 30.0));  // Gemma 2 caps at 50 (attention) and 30 (logits)
+    c.sinks = chance(0.15);
     if (chance(0.12)) {                                            // docs/spec.md §3's non-finite and extreme inputs
       c = with_extreme(c,
                        pick(Extreme::hidden_non_finite, Extreme::large_scores, Extreme::scores_past_masked,

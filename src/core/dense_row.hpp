@@ -19,6 +19,19 @@ namespace flashtq::core {
 
 inline constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
 
+// The scaled product x = scale * <q, k> after the softcap (docs/spec.md §1.8), and the cap's derivative there.
+inline double softcapped(const DenseProblem& p, double x) {
+  return p.softcap > 0.0f ? double(p.softcap) * std::tanh(x / double(p.softcap)) : x;
+}
+inline double softcap_slope(const DenseProblem& p, double x) {
+  if (!(p.softcap > 0.0f)) return 1.0;
+  const double t = std::tanh(x / double(p.softcap));
+  return 1.0 - t * t;
+}
+
+// Head h's sink logit (docs/spec.md §1.9), -inf when there is none.
+inline double sink_logit(const DenseProblem& p, std::int64_t h) { return p.sinks ? double(p.sinks[h]) : kNegInfD; }
+
 // Score of (b, h, i, j) from its dot product <q_i, k_j> (dot(j)), or -inf when the key is invisible,
 // masked, or scores at or below the masked-score rule. dot is only called for visible keys.
 template <typename Dot>
@@ -30,7 +43,7 @@ double dense_score(const DenseProblem& p, std::int64_t b, std::int64_t h, std::i
         double(p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]]);
     if (mask == kNegInfD) return kNegInfD;  // whatever the key holds (a NaN would survive the sum)
   }
-  const double s = double(p.scale) * dot(j) + mask;
+  const double s = softcapped(p, double(p.scale) * dot(j)) + mask;
   return s <= masked_score ? kNegInfD : s;
 }
 
@@ -42,19 +55,21 @@ inline double dropout_factor(const DenseProblem& p, std::int64_t b, std::int64_t
 }
 
 // Row (b, h, i): calls add(j, w) for every key with a nonzero weight w (dropout applied) and returns
-// the row's lse (-inf when it sees nothing). A key of weight 0 is never read: what an invisible or
-// masked key holds cannot reach the row (docs/spec.md §3). `s` is scratch of Sk doubles.
+// the row's lse (-inf when it sees nothing and has no sink). A key of weight 0 is never read: what an
+// invisible or masked key holds cannot reach the row (docs/spec.md §3). The head's sink logit joins the
+// maximum and the denominator and adds no value. `s` is scratch of Sk doubles.
 template <typename Dot, typename Add>
 double dense_row(const DenseProblem& p, std::int64_t b, std::int64_t h, std::int64_t i, Dot dot, Add add,
                  std::vector<double>& s) {
   s.resize(std::size_t(p.Sk));
-  double m = kNegInfD;
+  const double sink = sink_logit(p, h);
+  double m = sink;
   for (std::int64_t j = 0; j < p.Sk; ++j) {
     s[std::size_t(j)] = dense_score(p, b, h, i, j, dot);
     m = std::max(m, s[std::size_t(j)]);
   }
   if (m == kNegInfD) return kNegInfD;
-  double l = 0;
+  double l = std::exp(sink - m);
   for (std::int64_t j = 0; j < p.Sk; ++j) l += std::exp(s[std::size_t(j)] - m);
   for (std::int64_t j = 0; j < p.Sk; ++j) {
     const double w = std::exp(s[std::size_t(j)] - m) / l * dropout_factor(p, b, h, i, j);
@@ -63,8 +78,9 @@ double dense_row(const DenseProblem& p, std::int64_t b, std::int64_t h, std::int
   return m + std::log(l);
 }
 
-// The backward's weights of (b, h, i, j) from its score s (dense_score), the row's lse, dp = <dout_i, v_j>
-// and delta_i = <dout_i, out_i>: P*Z (for dV) and dS (for dQ and dK); a zero weight adds nothing (as
+// The backward's weights of (b, h, i, j) from its score s (dense_score), the row's lse, dp = <dout_i, v_j>,
+// delta_i = <dout_i, out_i> and the softcap's slope at the key's scaled product (softcap_slope): P*Z (for dV)
+// and dS with respect to <q, k> (for dQ and dK); a zero weight adds nothing (as
 // in the forward, a key's values reach a gradient only through a nonzero weight). P = exp(s - lse) is a probability
 // and is held at 1: an lse a little below the score (stored in f32, or from another backend's
 // arithmetic) would otherwise scale the gradients by exp(s - lse), which at large scores is huge.
@@ -72,11 +88,19 @@ struct BackwardWeights {
   double pz = 0, ds = 0;
 };
 inline BackwardWeights backward_weights(const DenseProblem& p, double s, double lse, double dp, double delta,
-                                        double z) {
+                                        double z, double slope) {
   if (s == kNegInfD) return {};
   double prob = std::exp(s - lse);
   if (prob > 1.0) prob = 1.0;  // (a NaN stays NaN)
-  return {prob * z, prob * (dp * z - delta) * double(p.scale)};
+  return {prob * z, prob * (dp * z - delta) * double(p.scale) * slope};
+}
+
+// Row (b, h, i)'s part of head h's sink gradient, -P_sink * delta_i (docs/spec.md §1.9); P_sink is held
+// at 1 like every probability of the backward.
+inline double sink_gradient(const DenseProblem& p, std::int64_t h, double lse, double delta) {
+  const double sink = sink_logit(p, h);
+  if (sink == kNegInfD || lse == kNegInfD) return 0.0;
+  return -std::min(std::exp(sink - lse), 1.0) * delta;
 }
 
 }  // namespace flashtq::core

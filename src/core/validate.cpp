@@ -153,6 +153,26 @@ DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const 
     p.mask = params.mask;
     p.mask_strides = params.mask_strides;
   }
+  // docs/spec.md §1.8: 0 turns it off; a negative, infinite or NaN cap has no meaning.
+  if (!(params.softcap >= 0.0f && std::isfinite(params.softcap))) {
+    throw Error("softcap", "must be finite and >= 0 (0 = no softcap)");
+  }
+  p.softcap = params.softcap;
+  if (params.sinks != nullptr) {
+    check_pointer("sinks", params.sinks, alignof(float));
+    if (auto why = backend.foreign_pointer(params.sinks)) throw Error("sinks", *why);
+    // Host memory is read here; a device backend's sinks are the caller's to keep in range.
+    if (backend.memory() == Memory::host) {
+      for (std::int64_t h = 0; h < p.H; ++h) {
+        const float s = params.sinks[h];
+        if (std::isnan(s) || s == std::numeric_limits<float>::infinity()) {
+          throw Error("sinks", "sinks[" + std::to_string(h) + "] is " + std::to_string(s) +
+                                   ": each of the H sink logits must be finite or -inf (no sink)");
+        }
+      }
+    }
+    p.sinks = params.sinks;
+  }
   if (auto why = backend.unsupported(p)) throw Error("backend", backend.name() + ": " + *why);
   return p;
 }
@@ -187,6 +207,12 @@ BackwardCall validate_backward(const Backend& backend, const BackwardArgs& a, co
     check_dtype(grads[i].first, *grads[i].second, a.q.dtype);
   }
   check_pointer("lse", a.lse, alignof(float));
+  if (a.dsinks != nullptr) {
+    if (c.p.sinks == nullptr) throw Error("dsinks", "is the gradient of params.sinks, which is not given");
+    check_pointer("dsinks", a.dsinks, alignof(float));
+    if (auto why = backend.foreign_pointer(a.dsinks)) throw Error("dsinks", *why);
+  }
+  c.dsinks = a.dsinks;
   c.q = a.q;
   c.k = a.k;
   c.v = a.v;

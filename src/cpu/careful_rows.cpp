@@ -40,8 +40,10 @@ struct BackwardRow {
   core::BackwardWeights weights(const BackwardCall& c, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,
                                 const std::vector<double>& k, const std::vector<double>& v) const {
     if (lse == core::kNegInfD) return {};
-    const double s = core::dense_score(c.p, b, h, i, j, [&](std::int64_t) { return dot(q, k); });
-    return core::backward_weights(c.p, s, lse, dot(dout, v), delta, core::dropout_factor(c.p, b, h, i, j));
+    const double qk = dot(q, k);
+    const double s = core::dense_score(c.p, b, h, i, j, [&](std::int64_t) { return qk; });
+    return core::backward_weights(c.p, s, lse, dot(dout, v), delta, core::dropout_factor(c.p, b, h, i, j),
+                                  core::softcap_slope(c.p, double(c.p.scale) * qk));
   }
 };
 

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/dense_row.hpp"
 #include "core/elements.hpp"
 #include "core/hash3.hpp"
 #include "core/visibility.hpp"
@@ -51,6 +52,8 @@ void dense_backward(const BackwardCall& c, int threads) {
   const std::int64_t D = p.D, Dp = round_up(D, 16), G = p.group();
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+  // Each (batch, head)'s part of the sinks' gradient, summed over the batch in a fixed order below.
+  std::vector<double> sink_parts(c.dsinks != nullptr ? std::size_t(p.B * p.H) : 0, 0.0);
 
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
   for (std::int64_t task = 0; task < p.B * p.Hkv; ++task) {
@@ -72,6 +75,9 @@ void dense_backward(const BackwardCall& c, int threads) {
           float acc = 0.0f;
           for (std::int64_t d = 0; d < D; ++d) acc += dout[std::size_t(r * Dp + d)] * o[std::size_t(r * Dp + d)];
           delta[std::size_t(g * p.Sq + i0 + r)] = acc;
+          if (c.dsinks != nullptr)
+            sink_parts[std::size_t(b * p.H + h)] +=
+                core::sink_gradient(p, h, c.lse[(b * p.H + h) * p.Sq + i0 + r], double(acc));
         }
       }
     }
@@ -100,6 +106,7 @@ void dense_backward(const BackwardCall& c, int threads) {
                false);
           gemm(dout.data(), std::size_t(Dp), vt.data(), kBk, dp.data(), kBk, std::size_t(rows), kBk, std::size_t(D),
                false);
+          if (p.softcap > 0.0f) softcap(s.data(), std::size_t(rows * kBk), p.softcap);  // before the mask
           for (std::int64_t r = 0; r < rows; ++r) {
             const std::int64_t i = i0 + r;
             const float lse = c.lse[(b * p.H + h) * p.Sq + i];
@@ -107,12 +114,16 @@ void dense_backward(const BackwardCall& c, int threads) {
             for (std::int64_t j = 0; j < kBk; ++j) {
               float& sv = s[std::size_t(r * kBk + j)];
               float& dpv = dp[std::size_t(r * kBk + j)];
-              float prob = 0.0f, z = 0.0f;
+              float prob = 0.0f, z = 0.0f, slope = 1.0f;
               if (j < n && lse != neg_inf && core::key_visible(p, i, j0 + j)) {
                 float score = sv;
                 if (p.mask)
                   score += p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] +
                                   (j0 + j) * p.mask_strides[3]];
+                if (p.softcap > 0.0f) {  // d(c tanh(x / c))/dx = 1 - tanh^2, from the capped score
+                  const float t = sv / p.softcap;
+                  slope = 1.0f - t * t;
+                }
                 if (score > -1e30f) {
                   // A probability: held at 1 where an lse a little below the f32 score (stored in f32,
                   // or from another backend) would scale the gradients by exp(score - lse).
@@ -125,7 +136,7 @@ void dense_backward(const BackwardCall& c, int threads) {
                 }
               }
               // A zero weight stays zero: a NaN in a value the row does not see must not reach dS.
-              const float ds = prob != 0.0f ? prob * (dpv * z - di) * p.scale : 0.0f;
+              const float ds = prob != 0.0f ? prob * (dpv * z - di) * p.scale * slope : 0.0f;
               sv = prob * z;  // s now holds P * Z (for dV)
               dpv = ds;       // dp now holds dS
             }
@@ -165,6 +176,11 @@ void dense_backward(const BackwardCall& c, int threads) {
           core::store(c.dq.data, p.dtype, at + d, dq[std::size_t((g * p.Sq + i) * Dp + d)]);
       }
     }
+  }
+  for (std::int64_t h = 0; h < p.H && c.dsinks != nullptr; ++h) {
+    double sum = 0;
+    for (std::int64_t b = 0; b < p.B; ++b) sum += sink_parts[std::size_t(b * p.H + h)];
+    c.dsinks[h] = float(sum);
   }
 }
 

@@ -137,6 +137,7 @@ void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::in
       // value), and so does a non-finite key: such a row is finished in double (finish_row), marked by
       // a NaN sum, which every later tile keeps.
       if (!all_finite(s, std::size_t(n))) t.l[std::size_t(r)] = std::numeric_limits<float>::quiet_NaN();
+      if (p.softcap > 0.0f) softcap(s, std::size_t(n), p.softcap);  // before the mask (docs/spec.md §1.8)
       for (std::int64_t j = 0; (!all_visible || p.mask != nullptr) && j < kBk; ++j) {  // interior tiles skip this
         if (j >= n || (!all_visible && !core::key_visible(p, i, j0 + j))) {
           s[j] = kNegInf;
@@ -196,10 +197,18 @@ void dense_forward(const ForwardCall& c, int threads) {
   // Writes row r of a finished block of `n_pos` positions (normalised output and LSE). A row that
   // f32 could not finish (a score past its range, or a non-finite value of a key the row does not
   // see, which the products above multiply by a zero weight) is recomputed in double.
+  // The head's sink logit joins the row's maximum and denominator here, once every key is in (m, l).
   auto finish_row = [&](std::int64_t b, std::int64_t hk, std::int64_t i0, std::int64_t n_pos, std::int64_t r,
                         const float* o, float m, float l) {
     const std::int64_t h = hk * G + r / n_pos, i = i0 + r % n_pos;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float o_scale = 1.0f;  // exp(m_keys - m): the keys' O was accumulated relative to their own maximum
+    if (p.sinks != nullptr && p.sinks[h] != kNegInf) {
+      const float sink = p.sinks[h], m_new = std::max(m, sink);
+      o_scale = m == kNegInf ? 0.0f : std::exp(m - m_new);
+      l = l * o_scale + std::exp(sink - m_new);
+      m = m_new;
+    }
+    const float inv = l > 0.0f ? o_scale / l : 0.0f;
     bool finished = (m == kNegInf && l == 0.0f) || (std::isfinite(m) && std::isfinite(l) && l > 0.0f);
     for (std::int64_t d = 0; d < D && finished; ++d) finished = std::isfinite(o[d] * inv);
     if (!finished) return dense_row_in_double(c, b, h, i);

@@ -178,6 +178,15 @@ void Scale(float* x, size_t n, float factor) {
   for (; i < n; ++i) x[i] *= factor;
 }
 
+void SoftCap(float* x, size_t n, float cap) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto c = hn::Set(d, cap), inv = hn::Set(d, 1.0f / cap);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(c, hn::Tanh(d, hn::Mul(hn::LoadU(d, x + i), inv))), d, x + i);
+  for (; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
 // dtype: 0 f32, 1 f16, 2 bf16 (flashtq::DType's order).
 void LoadRow(const void* src, int dtype, float* dst, size_t n, float factor) {
   const hn::ScalableTag<float> d;
@@ -230,6 +239,7 @@ namespace flashtq::cpu {
 HWY_EXPORT(Gemm);
 HWY_EXPORT(ExpShiftSum);
 HWY_EXPORT(Scale);
+HWY_EXPORT(SoftCap);
 HWY_EXPORT(ScoreRows);
 HWY_EXPORT(MaxOf);
 HWY_EXPORT(TargetName);
@@ -246,6 +256,7 @@ void score_rows(const float* Q, std::size_t ldq, std::size_t rows, const void* k
 }
 float exp_shift_sum(float* x, std::size_t n, float shift) { return HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, shift); }
 void scale(float* x, std::size_t n, float factor) { HWY_DYNAMIC_DISPATCH(Scale)(x, n, factor); }
+void softcap(float* x, std::size_t n, float cap) { HWY_DYNAMIC_DISPATCH(SoftCap)(x, n, cap); }
 float max_of(const float* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(MaxOf)(x, n); }
 void load_row(const void* src, int dtype, float* dst, std::size_t n, float factor) {
   HWY_DYNAMIC_DISPATCH(LoadRow)(src, dtype, dst, n, factor);

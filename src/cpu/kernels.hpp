@@ -25,6 +25,9 @@ float max_of(const float* x, std::size_t n);
 // x[i] *= factor.
 void scale(float* x, std::size_t n, float factor);
 
+// x[i] = cap * tanh(x[i] / cap) (docs/spec.md §1.8's softcap), cap > 0.
+void softcap(float* x, std::size_t n, float cap);
+
 // dst[i] = float(src[i]) * factor for a row of `dtype` elements (f16/bf16 widened exactly).
 void load_row(const void* src, int dtype, float* dst, std::size_t n, float factor);
 

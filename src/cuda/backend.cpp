@@ -8,6 +8,7 @@
 
 #include "core/elements.hpp"
 #include "core/tq_norm_rule.hpp"
+#include "core/unbuilt_features.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernel_choice.hpp"
 #include "cuda/kernels.hpp"
@@ -28,6 +29,9 @@ class CudaBackend final : public Backend {
   bool available() const override {
     int count = 0;
     return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  }
+  std::optional<std::string> unsupported(const DenseProblem& p) const override {
+    return core::softcap_or_sinks_unbuilt(p, name());
   }
   std::optional<std::string> unsupported(const TqLayout& l) const override {
     std::string why = tq_unsupported(l);

@@ -51,9 +51,10 @@ class ReferenceBackend final : public core::HostBackend {
     std::vector<double> lse(std::size_t(p.B * p.H * p.Sq));
     for (std::size_t i = 0; i < lse.size(); ++i) lse[i] = c.lse[i];
     std::vector<double> dq(std::size_t(p.B * p.Sq * p.H * p.D)), dk(std::size_t(p.B * p.Sk * p.Hkv * p.D)),
-        dv(dk.size());
+        dv(dk.size()), dsinks(std::size_t(p.H));
     dense_backward(p, gather(c.q).data(), gather(c.k).data(), gather(c.v).data(), gather(c.out).data(),
-                   gather(c.dout).data(), lse.data(), dq.data(), dk.data(), dv.data());
+                   gather(c.dout).data(), lse.data(), dq.data(), dk.data(), dv.data(), dsinks.data());
+    for (std::int64_t h = 0; h < p.H && c.dsinks != nullptr; ++h) c.dsinks[h] = float(dsinks[std::size_t(h)]);
     scatter(dq, c.dq);
     scatter(dk, c.dk);
     scatter(dv, c.dv);

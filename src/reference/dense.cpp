@@ -45,8 +45,9 @@ void dense_forward(const DenseProblem& p, const double* q, const double* k, cons
 }
 
 void dense_backward(const DenseProblem& p, const double* q, const double* k, const double* v, const double* out,
-                    const double* dout, const double* lse, double* dq, double* dk, double* dv) {
+                    const double* dout, const double* lse, double* dq, double* dk, double* dv, double* dsinks) {
   for (std::int64_t n = 0; n < p.B * p.Sq * p.H * p.D; ++n) dq[n] = 0.0;
+  for (std::int64_t h = 0; h < p.H && dsinks != nullptr; ++h) dsinks[h] = 0.0;
   for (std::int64_t n = 0; n < p.B * p.Sk * p.Hkv * p.D; ++n) dk[n] = dv[n] = 0.0;
   for (std::int64_t b = 0; b < p.B; ++b) {
     for (std::int64_t h = 0; h < p.H; ++h) {
@@ -57,12 +58,15 @@ void dense_backward(const DenseProblem& p, const double* q, const double* k, con
         const std::int64_t qo = at(p, p.Sq, p.H, b, i, h);
         // D_i = <dout_i, out_i>, which equals sum_j P_ij * dP_ij with dropout applied.
         const double delta = dot(dout + qo, out + qo, p.D);
+        if (dsinks != nullptr) dsinks[h] += core::sink_gradient(p, h, row_lse, delta);
         for (std::int64_t j = 0; j < p.Sk; ++j) {
           const std::int64_t ko = at(p, p.Sk, p.Hkv, b, j, hk);
-          const double s = core::dense_score(p, b, h, i, j, [&](std::int64_t) { return dot(q + qo, k + ko, p.D); });
+          const double qk = dot(q + qo, k + ko, p.D);
+          const double s = core::dense_score(p, b, h, i, j, [&](std::int64_t) { return qk; });
           if (s == -std::numeric_limits<double>::infinity()) continue;
-          const core::BackwardWeights w = core::backward_weights(p, s, row_lse, dot(dout + qo, v + ko, p.D), delta,
-                                                                 core::dropout_factor(p, b, h, i, j));
+          const core::BackwardWeights w =
+              core::backward_weights(p, s, row_lse, dot(dout + qo, v + ko, p.D), delta,
+                                     core::dropout_factor(p, b, h, i, j), core::softcap_slope(p, double(p.scale) * qk));
           for (std::int64_t d = 0; d < p.D && w.pz != 0.0; ++d) dv[ko + d] += w.pz * dout[qo + d];
           for (std::int64_t d = 0; d < p.D && w.ds != 0.0; ++d) {
             dq[qo + d] += w.ds * k[ko + d];

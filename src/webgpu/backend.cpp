@@ -141,6 +141,12 @@ void add_view(Params& P, const Placed& at, const TensorView& t, const char* what
   P.u(at.offset, what).u(t.strides[0], what).u(t.strides[1], what).u(t.strides[2], what);
 }
 
+// The sinks (docs/spec.md §1.9), H logits; without them the read-only dummy (shared with a missing mask's).
+Placed place_sinks(const DenseProblem& p) {
+  if (!p.sinks) return {Context::get().dummy_buffer(0), 0};
+  return place(p.sinks, p.H, 4, "sinks");
+}
+
 Placed place_mask(const DenseProblem& p) {
   if (!p.mask) return {Context::get().dummy_buffer(0), 0};
   std::int64_t last = 0;
@@ -200,8 +206,9 @@ class WebGpuBackend final : public Backend {
   void forward(const ForwardCall& c) override {
     const DenseProblem& p = c.p;
     Context& ctx = Context::get();
-    const Placed q = place(c.q, "q"), k = place(c.k, "k"), v = place(c.v, "v"), mask = place_mask(p);
-    Outputs outputs({q.buffer, k.buffer, v.buffer, mask.buffer});
+    const Placed q = place(c.q, "q"), k = place(c.k, "k"), v = place(c.v, "v"), mask = place_mask(p),
+                 sinks = place_sinks(p);
+    Outputs outputs({q.buffer, k.buffer, v.buffer, mask.buffer, sinks.buffer});
     const Placed out = outputs.add(place(c.out, "out"), extent_elements(c.out), dtype_size(c.out.dtype));
     Placed lse{ctx.dummy_buffer(1), 0};
     if (c.lse) lse = outputs.add(place(c.lse, p.B * p.H * p.Sq, 4, "lse"), p.B * p.H * p.Sq, 4);
@@ -212,11 +219,11 @@ class WebGpuBackend final : public Backend {
     add_view(P, v, c.v, "v");
     add_view(P, out, c.out, "out");
     add_mask(P, p, mask);
-    P.u(lse.offset, "lse");
+    P.u(lse.offset, "lse").f(p.softcap).u(p.sinks ? 1 : 0).u(sinks.offset, "sinks");
     const std::size_t y0 = P.size();
-    P.u(0).u(0);
+    P.u(0).u(0).u(0);
     dispatch_chunked("dense_forward", P, y0,
-                     {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}},
+                     {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}, {sinks.buffer}},
                      {groups(p.Sq, 64), p.B * p.H, 1}, 1);
     outputs.finish();
   }
@@ -245,7 +252,7 @@ class WebGpuBackend final : public Backend {
     add_view(P, dv, c.dv, "dv");
     add_mask(P, p, mask);
     const std::size_t y0 = P.size();
-    P.u(0).u(0).u(0);
+    P.u(0).f(p.softcap).u(0);
     // Both entry points bind the same inputs (bindings 0-7), then their own outputs.
     const std::vector<Binding> inputs = {{q.buffer},    {k.buffer},   {v.buffer},    {out.buffer},
                                          {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}};
@@ -257,6 +264,16 @@ class WebGpuBackend final : public Backend {
     dispatch_chunked("dense_backward#dq", P, y0, with({{dq.buffer}}), {groups(p.Sq, 64), p.B * p.H, 1}, 1);
     dispatch_chunked("dense_backward#dkdv", P, y0, with({{dk.buffer}, {dv.buffer}}), {groups(p.Sk, 64), p.B * p.Hkv, 1},
                      1);
+    if (c.dsinks) {  // from the delta the dq kernel wrote
+      const Placed sinks = place_sinks(p);
+      const Placed dsinks = outputs.add(place(c.dsinks, p.H, 4, "dsinks"), p.H, 4);
+      Params S;
+      S.u(p.B).u(p.Sq).u(p.H).u(lse.offset, "lse").u(sinks.offset, "sinks").u(dsinks.offset, "dsinks");
+      const std::size_t h0 = S.size();
+      S.u(0).u(0);
+      dispatch_chunked("dense_sinks_grad", S, h0, {{lse.buffer}, {delta}, {sinks.buffer}, {dsinks.buffer}},
+                       {p.H, 1, 1}, 0);
+    }
     outputs.finish();
   }
 

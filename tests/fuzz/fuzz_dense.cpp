@@ -44,6 +44,8 @@ struct Problem {
   AttentionParams params;
   std::unique_ptr<unsigned char[]> mask_owner;  // exactly mask_elements floats (+ 1 byte when shifted)
   std::unique_ptr<float[]> lse_owner;           // B * H * Sq floats and one more, for a shifted pointer
+  std::unique_ptr<float[]> sinks_owner;         // H floats and one more, for a shifted pointer (or none)
+  std::vector<float> dsinks;                    // the backward's sink gradient, H floats
   float* lse = nullptr;
   bool moderate = true;  // the parameters promise finite outputs for moderate inputs
   // Bounds the gradients' size (for f16, whose range ends at 65504).
@@ -96,6 +98,15 @@ std::string call_invalid(const Problem& pr, bool backward) {
   if (offset < -fuzz::kInt32Max - 1 || offset > fuzz::kInt32Max - (Sq - 1)) return "causal_offset";
   if (p.window < 0 || p.window > fuzz::kInt32Max) return "window";
   if (!(p.dropout_p >= 0.0f && p.dropout_p < 1.0f)) return "dropout_p";
+  if (!(p.softcap >= 0.0f && std::isfinite(p.softcap))) return "softcap";
+  if (p.sinks != nullptr) {
+    if (reinterpret_cast<std::uintptr_t>(p.sinks) % alignof(float) != 0) return "sinks misaligned";
+    for (std::int64_t h = 0; h < H; ++h) {
+      float x;
+      std::memcpy(&x, p.sinks + h, sizeof x);
+      if (std::isnan(x) || x == INFINITY) return "sinks: NaN or +inf";
+    }
+  }
   if (p.mask != nullptr) {
     if (reinterpret_cast<std::uintptr_t>(p.mask) % alignof(float) != 0) return "mask misaligned";
     const std::int64_t extent[4] = {B, H, Sq, Sk};
@@ -131,6 +142,8 @@ std::string describe(const Problem& pr, bool backward) {
     s += ", mask strides [" + std::to_string(p.mask_strides[0]) + ", " + std::to_string(p.mask_strides[1]) + ", " +
          std::to_string(p.mask_strides[2]) + ", " + std::to_string(p.mask_strides[3]) + "] of " +
          std::to_string(p.mask_elements);
+  if (p.softcap != 0.0f) s += ", softcap " + std::to_string(p.softcap);
+  if (p.sinks) s += ", sinks";
   s += pr.lse ? ", lse" : ", no lse";
   return s;
 }
@@ -168,6 +181,8 @@ void check_forward(const Problem& pr, const std::string& backend) {
       for (std::int64_t i = 0; i < Sq; ++i) {
         bool any = false;
         for (std::int64_t j = 0; j < Sk && !any; ++j) any = visible(pr, b, h, i, j);
+        float sink = -INFINITY;  // a row with a sink has a finite lse even when it sees no key
+        if (pr.params.sinks) std::memcpy(&sink, pr.params.sinks + h, sizeof sink);
         const std::int64_t row = b * out.view.strides[0] + i * out.view.strides[1] + h * out.view.strides[2];
         for (std::int64_t d = 0; d < D; ++d) {
           const float x = out.get(row + d);
@@ -177,9 +192,9 @@ void check_forward(const Problem& pr, const std::string& backend) {
         }
         if (pr.lse != nullptr) {
           const float l = pr.lse[(b * H + h) * Sq + i];
-          if (any ? !std::isfinite(l) : l != -INFINITY)
+          if ((any || sink != -INFINITY) ? !std::isfinite(l) : l != -INFINITY)
             finding("%s forward: lse[%ld, %ld, %ld] = %g (the row %s)", backend.c_str(), b, h, i, l,
-                    any ? "sees a key" : "sees none");
+                    any ? "sees a key" : sink != -INFINITY ? "sees none but has a sink" : "sees none");
         }
       }
 }
@@ -334,6 +349,28 @@ void run(const uint8_t* data, size_t size) {
     pr.lse_owner.reset(new float[small ? std::size_t(q[0] * q[1] * q[2]) + 1 : 16]);
   }
   pr.lse = lse_at(pr, forward_lse);
+  // Softcap and sinks (docs/spec.md §1.8, §1.9), drawn after the mutations: the sinks' buffer holds q's final H.
+  switch (fdp.ConsumeIntegralInRange(0, 3)) {
+    case 0:
+    case 1: break;
+    case 2: pr.params.softcap = fdp.ConsumeFloatingPointInRange(0.05f, 60.0f); break;
+    case 3: pr.params.softcap = fuzz::interesting_float(fdp); break;
+  }
+  if (const std::int64_t H = pr.t[Q].view.shape[2]; H > 0 && H <= 1024 && fdp.ConsumeBool()) {
+    pr.sinks_owner.reset(new float[std::size_t(H) + 1]);
+    const bool misaligned = fuzz::rarely(fdp, 0.1f);
+    unsigned char* base = reinterpret_cast<unsigned char*>(pr.sinks_owner.get()) + (misaligned ? 1 : 0);
+    fuzz::Rng rng{fdp.ConsumeIntegral<std::uint64_t>()};
+    const int mode = fdp.ConsumeIntegralInRange(0, 2);  // moderate, some -inf, special
+    for (std::int64_t h = 0; h < H; ++h) {
+      float x = rng.uniform(-4.0f, 4.0f);
+      if (mode == 1 && rng.next() % 3 == 0) x = -INFINITY;
+      if (mode == 2) x = fuzz::draw_value(rng, Values::special);
+      std::memcpy(base + 4 * h, &x, 4);
+    }
+    pr.params.sinks = reinterpret_cast<const float*>(base);
+    pr.dsinks.assign(std::size_t(H), NAN);
+  }
   const bool moderate = pr.moderate && (values == Values::moderate || values == Values::zeros);
 
   Backend& reference = backend("reference");
@@ -422,6 +459,7 @@ void run(const uint8_t* data, size_t size) {
   const std::int64_t D = pr.t[Q].view.shape[3];
   const double scale = pr.params.scale ? std::abs(double(*pr.params.scale)) : 1.0 / std::sqrt(double(D));
   std::array<std::vector<float>, 3> ref_grads;
+  std::vector<float> ref_dsinks;
   if (bwhy.empty()) fuzz::stats.count(check ? 4 : 5, check ? "backward valid, outputs checked" : "backward valid");
   if (!bwhy.empty()) fuzz::stats.count(6, "backward refused");
   for (Backend* be : {&reference, &cpu}) {
@@ -436,6 +474,10 @@ void run(const uint8_t* data, size_t size) {
     args.dk = pr.t[DK].view;
     args.dv = pr.t[DV].view;
     args.lse = pr.lse;
+    if (pr.params.sinks) {
+      std::fill(pr.dsinks.begin(), pr.dsinks.end(), NAN);
+      args.dsinks = pr.dsinks.data();
+    }
     const auto error = fuzz::refused([&] { attention_backward(*be, args, pr.params); });
     if (!bwhy.empty() && !error)
       finding("%s backward accepted a call the spec refuses (%s)", be->name().c_str(), bwhy.c_str());
@@ -445,6 +487,13 @@ void run(const uint8_t* data, size_t size) {
     check_finite(pr.t[DQ], "dq", be->name());
     check_finite(pr.t[DK], "dk", be->name());
     check_finite(pr.t[DV], "dv", be->name());
+    for (float x : pr.dsinks)
+      if (!std::isfinite(x)) finding("%s backward: dsinks has %g", be->name().c_str(), x);
+    if (be == &reference) ref_dsinks = pr.dsinks;
+    // dsinks sums -P_sink * D_i (|D_i| <= |dout| |out| <= 4 D) over B * Sq rows: compared at a floor of that size.
+    if (be != &reference && !pr.dsinks.empty())
+      compare(pr.dsinks, ref_dsinks, pr.t[Q].view.dtype, "dsinks",
+              0.1 * double(D) * std::sqrt(double(pr.t[Q].view.shape[0] * pr.t[Q].view.shape[1])));
     if (!comparable) continue;
     for (int i : {DQ, DK, DV}) {
       if (be == &reference) {

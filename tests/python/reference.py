@@ -2,8 +2,9 @@
 import torch
 
 
-def attention(q, k, v, causal=False, causal_offset=None, window=0, mask=None, scale=None):
-    """q [B, Sq, H, D], k/v [B, Sk, Hkv, D] (bshd); returns (out [B, Sq, H, D], lse [B, H, Sq]) in float64."""
+def attention(q, k, v, causal=False, causal_offset=None, window=0, mask=None, scale=None, softcap=0.0, sinks=None):
+    """q [B, Sq, H, D], k/v [B, Sk, Hkv, D] (bshd); returns (out [B, Sq, H, D], lse [B, H, Sq]) in float64.
+    softcap (SPEC §1.8) caps the scaled products before the mask; sinks [H] (§1.9) is one more logit per head."""
     q, k, v = q.double(), k.double(), v.double()
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
@@ -12,6 +13,8 @@ def attention(q, k, v, causal=False, causal_offset=None, window=0, mask=None, sc
     scale = D ** -0.5 if scale is None else scale
     offset = Sk - Sq if causal_offset is None else causal_offset
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     if mask is not None:
         s = s + mask.double()
     i = torch.arange(Sq, device=q.device)[:, None] + offset
@@ -23,11 +26,13 @@ def attention(q, k, v, causal=False, causal_offset=None, window=0, mask=None, sc
         visible &= (i - j).abs() < window
     s = s.masked_fill(~visible, float("-inf"))
     s = s.masked_fill(s <= -1e30, float("-inf"))
+    if sinks is not None:  # a column of logits with no value
+        s = torch.cat([s, sinks.double().view(1, H, 1, 1).expand(B, H, Sq, 1)], dim=-1)
     m = s.amax(-1, keepdim=True)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     p = torch.exp(s - m)
     l = p.sum(-1, keepdim=True)
-    out = torch.einsum("bhqk,bkhd->bqhd", p / torch.where(l == 0, torch.ones_like(l), l), v)
+    out = torch.einsum("bhqk,bkhd->bqhd", p[..., :Sk] / torch.where(l == 0, torch.ones_like(l), l), v)
     lse = (m + torch.log(l)).squeeze(-1)
     return out, lse
 

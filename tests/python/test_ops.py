@@ -183,7 +183,11 @@ def test_torch_compile_fullgraph(backend, gen):
 
 def test_custom_op_passes_opcheck(gen):
     s, q, k, v = draw(gen, "cpu")
-    args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), None, None, True, None, 0, 0.0, 0, False, "")
+    args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), None, None, True, None, 0, 0.0, 0, 0.0, None,
+            False, "")
+    torch.library.opcheck(torch.ops.flashtq.attention_forward.default, args)
+    sinks = torch.randn(q.shape[2]).requires_grad_()
+    args = args[:10] + (2.0, sinks) + args[12:]
     torch.library.opcheck(torch.ops.flashtq.attention_forward.default, args)
 
 
@@ -201,6 +205,10 @@ def test_custom_op_passes_opcheck(gen):
     (lambda q, k, v: flashtq.attention(q, k.half(), v), "k"),
     (lambda q, k, v: flashtq.attention(q.transpose(-1, -2), k, v), "q"),
     (lambda q, k, v: flashtq.attention(q, k, v, backend="nope"), "backend"),
+    (lambda q, k, v: flashtq.attention(q, k, v, softcap=-1.0), "softcap"),
+    (lambda q, k, v: flashtq.attention(q, k, v, softcap="30"), "softcap"),
+    (lambda q, k, v: flashtq.attention(q, k, v, sinks=torch.zeros(3)), "sinks"),  # H = 4
+    (lambda q, k, v: flashtq.attention(q, k, v, sinks=torch.tensor([0.0, float("nan"), 0.0, 0.0])), "sinks"),
 ])
 def test_bad_arguments_raise_naming_the_argument(call, argument):
     q, k, v = torch.randn(1, 4, 4, 64), torch.randn(1, 6, 2, 64), torch.randn(1, 6, 2, 64)
@@ -223,3 +231,54 @@ def test_gradients_through_lse(gen):
     ((ro * dout.double()).sum() + (rl[finite] * dlse[finite].double()).sum()).backward()
     for a, b in zip(leaves, ref):
         assert rel_err(a.grad, b.grad) <= 1e-5
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_softcap_and_sinks_with_gradients_match_float64_autograd(layout, gen):
+    """SPEC §1.8-§1.9 on the cpu backend: out, lse and every gradient (the sinks' included) against the float64
+    formula differentiated by autograd."""
+    for _ in range(4):
+        s, q, k, v = draw(gen, "cpu", layout=layout)
+        causal, window = gen.random() < 0.7, gen.choice([0, gen.randint(1, 20)])
+        softcap = gen.choice([0.0, 0.7, 5.0])
+        sinks = torch.randn(s["H"]) + 1.0
+        sinks[gen.randrange(s["H"])] = float("-inf")  # a head without a sink
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)] + [sinks.clone().requires_grad_()]
+        out, lse = flashtq.attention(*leaves[:3], causal=causal, window=window, layout=layout, softcap=softcap,
+                                     sinks=leaves[3], return_lse=True)
+        dout = torch.randn_like(out)
+        out.backward(dout)
+        ref_leaves = [t.double().clone().requires_grad_() for t in (q, k, v, sinks)]
+        as_bshd = (lambda t: t) if layout == "bshd" else (lambda t: t.transpose(1, 2))
+        ref_out, ref_lse = oracle(*(as_bshd(t) for t in ref_leaves[:3]), causal, None, window, softcap=softcap,
+                                  sinks=ref_leaves[3])
+        as_bshd(ref_out).backward(dout.double())
+        assert rel_err(out, as_bshd(ref_out)) <= 1e-5, (s, causal, window, softcap)
+        assert rel_err(lse, ref_lse) <= 1e-5  # finite everywhere but where a sinkless row sees nothing
+        D = q.shape[-1]
+        for got, ref in zip(leaves[:3], ref_leaves[:3]):
+            assert grad_rel_err(got.grad, ref.grad, D ** -0.5, D) <= 1e-5, (s, causal, window, softcap)
+        assert rel_err(leaves[3].grad, ref_leaves[3].grad) <= 1e-5
+        assert leaves[3].grad[sinks == float("-inf")].eq(0).all()
+
+
+def test_gradients_through_lse_with_sinks(gen):
+    s, q, k, v = draw(gen, "cpu")
+    sinks = torch.randn(s["H"])
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+    out, lse = flashtq.attention(*leaves[:3], sinks=leaves[3], return_lse=True)
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    ((out * dout).sum() + (lse * dlse).sum()).backward()
+    ref = [t.double().clone().requires_grad_() for t in (q, k, v, sinks)]
+    ro, rl = oracle(*ref[:3], sinks=ref[3])
+    ((ro * dout.double()).sum() + (rl * dlse.double()).sum()).backward()
+    for a, b in zip(leaves, ref):
+        assert rel_err(a.grad, b.grad) <= 1e-5
+
+
+def test_a_loss_on_lse_through_the_softcap_is_refused():
+    q, k, v = (torch.randn(1, 4, 2, 32, requires_grad=True) for _ in range(3))
+    out, lse = flashtq.attention(q, k, v, softcap=5.0, return_lse=True)
+    with pytest.raises(flashtq.FlashTQError) as e:
+        lse.sum().backward()
+    assert e.value.argument == "softcap"

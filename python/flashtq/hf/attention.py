@@ -35,14 +35,18 @@ def flashtq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
                               scaling: Optional[float] = None, sliding_window: Optional[int] = None,
                               softcap: Optional[float] = None, is_causal: Optional[bool] = None, **kwargs):
     """query [B, H, Sq, D], key/value [B, Hkv, Sk, D] as transformers passes them; returns ([B, Sq, H, D], None)."""
-    if softcap:
-        raise error("softcap", "attention logit soft-capping is not exposed by flashtq's Python API yet")
+    # gpt-oss passes its per-head sink logits as s_aux (SPEC §1.9); Gemma 2 its logit cap as softcap (§1.8).
+    sinks = kwargs.pop("s_aux", None)
+    softcap = float(softcap or 0.0)
     if kwargs.get("output_attentions"):
         raise error("output_attentions", "flashtq never materialises attention weights; use attn_implementation='eager'")
     window = int(sliding_window or 0)
     packed = getattr(key, "_flashtq_packed", None)
     if packed is not None:
         # Keys and values were appended to the packed cache by TurboQuantCache.update: attend there.
+        if softcap or sinks is not None:
+            raise error("softcap" if softcap else "s_aux", "the TurboQuant cache's attention has no softcap or "
+                                                           "attention sinks yet (SPEC §2 with §1.8-§1.9 is planned)")
         if attention_mask is not None:
             raise error("attention_mask", "the TurboQuant cache attends causally over every appended token; padded "
                                           "batches are not supported (run sequences of one length, or one at a time)")
@@ -56,10 +60,11 @@ def flashtq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     if attention_mask is not None:
         # A materialised mask already says causality and the window; bool True = visible, float = additive.
         mask = attention_mask[..., : k.shape[1]]
-        out = flashtq.attention(q, k, v, mask=mask, scale=scaling, dropout_p=dropout, seed=seed)
+        out = flashtq.attention(q, k, v, mask=mask, scale=scaling, dropout_p=dropout, seed=seed, softcap=softcap,
+                                sinks=sinks)
     else:
         out = flashtq.attention(q, k, v, causal=causal, window=window if causal else 0, scale=scaling,
-                                dropout_p=dropout, seed=seed)
+                                dropout_p=dropout, seed=seed, softcap=softcap, sinks=sinks)
     return out, None
 
 

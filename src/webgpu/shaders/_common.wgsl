@@ -100,3 +100,8 @@ fn scratch_vector(base: u32, region: u32, part: u32, row: u32, n_heads: u32, hea
 fn scratch_sum(base: u32, region: u32, row: u32, n_heads: u32, head: u32) -> u32 {
   return base + 2u * region + row * n_heads + head;
 }
+
+// docs/spec.md §1.8: cap * tanh(x / cap) and its derivative 1 - tanh^2 (cap > 0). tanh's argument is
+// clamped at +-20, where f32's tanh is already +-1, since some drivers compute tanh as a ratio of
+// exponentials that overflows to NaN for large arguments.
+fn softcap_tanh(x: f32, cap: f32) -> f32 { return tanh(clamp(x / cap, -20.0, 20.0)); }

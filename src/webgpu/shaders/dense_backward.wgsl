@@ -20,7 +20,7 @@ struct Params {
   dk_off: u32, dk_sb: u32, dk_ss: u32, dk_sh: u32,
   dv_off: u32, dv_sb: u32, dv_ss: u32, dv_sh: u32,
   m_off: u32, m_sb: u32, m_sh: u32, m_sq: u32,
-  m_sk: u32, y0: u32, pad1: u32, pad2: u32,  // y0: first (batch, head) of this dispatch
+  m_sk: u32, y0: u32, softcap: f32, pad2: u32,  // y0: first (batch, head) of this dispatch
 };
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -64,8 +64,16 @@ fn store_g2(i: u32, x: f32) {
   atomicOr(&G2[i >> 1u], h.y);
 }
 
-fn score(qk: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-  var s = P.scale * qk;
+// The scaled product after the softcap (docs/spec.md §1.8), and the cap's slope there (1 without one).
+fn capped(qk: f32) -> vec2<f32> {
+  let x = P.scale * qk;
+  if (P.softcap <= 0.0) { return vec2<f32>(x, 1.0); }
+  let t = softcap_tanh(x, P.softcap);
+  return vec2<f32>(P.softcap * t, 1.0 - t * t);
+}
+
+fn score(x: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+  var s = x;
   if (P.has_mask != 0u) {
     let m = MASK[P.m_off + b * P.m_sb + h * P.m_sh + i * P.m_sq + j * P.m_sk];
     if (m == bitcast<f32>(NEG_INF_BITS)) { return m; }  // masked whatever the key holds (NaN + -inf is NaN)
@@ -143,11 +151,12 @@ fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
           qk = fma(q[c], tile_a[r * d4 + c], qk);
           dv = fma(dout[c], tile_b[r * d4 + c], dv);
         }
-        let s = score(qk.x + qk.y + qk.z + qk.w, b, h, row, j);
+        let cs = capped(qk.x + qk.y + qk.z + qk.w);
+        let s = score(cs.x, b, h, row, j);
         if (s <= MASKED) { continue; }
         let p = probability(s, lse);
         let dp = dropout_factor(P.dropout_p, P.seed, bh, row, j) * (dv.x + dv.y + dv.z + dv.w);
-        let ds = p * (dp - delta);
+        let ds = p * (dp - delta) * cs.y;
         for (var c = 0u; c < d4; c++) { acc[c] = fma(vec4<f32>(ds), tile_a[r * d4 + c], acc[c]); }
       }
     }
@@ -228,11 +237,12 @@ fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             qk = fma(tile_a[r * d4 + c], k[c], qk);
             dov = fma(tile_b[r * d4 + c], v[c], dov);
           }
-          let s = score(qk.x + qk.y + qk.z + qk.w, b, h, row, j);
+          let cs = capped(qk.x + qk.y + qk.z + qk.w);
+          let s = score(cs.x, b, h, row, j);
           if (s <= MASKED) { continue; }
           let p = probability(s, tile_lse[r]);
           let f = dropout_factor(P.dropout_p, P.seed, bh, row, j);
-          let ds = p * (f * (dov.x + dov.y + dov.z + dov.w) - tile_delta[r]);
+          let ds = p * (f * (dov.x + dov.y + dov.z + dov.w) - tile_delta[r]) * cs.y;
           let pf = p * f;
           for (var c = 0u; c < d4; c++) {
             dv[c] = fma(vec4<f32>(pf), tile_b[r * d4 + c], dv[c]);

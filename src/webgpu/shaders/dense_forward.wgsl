@@ -1,7 +1,7 @@
 // Dense attention forward (docs/spec.md §1), after the seed 000: one invocation per query row; a workgroup
 // covers 64 rows of one (batch, head) and streams K/V through workgroup memory a tile of keys at a
 // time, with a running max and sum (online softmax). Strided views, GQA, causal with offset,
-// window, additive mask with broadcast strides, dropout by hash3, LSE.
+// window, additive mask with broadcast strides, dropout by hash3, LSE, softcap and attention sinks.
 
 struct Params {
   B: u32, Sq: u32, Sk: u32, H: u32,
@@ -13,7 +13,8 @@ struct Params {
   v_off: u32, v_sb: u32, v_ss: u32, v_sh: u32,
   o_off: u32, o_sb: u32, o_ss: u32, o_sh: u32,
   m_off: u32, m_sb: u32, m_sh: u32, m_sq: u32,
-  m_sk: u32, lse_off: u32, y0: u32, pad1: u32,  // y0: first (batch, head) of this dispatch
+  m_sk: u32, lse_off: u32, softcap: f32, has_sinks: u32,
+  sinks_off: u32, y0: u32, pad1: u32, pad2: u32,  // y0: first (batch, head) of this dispatch
 };
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -23,6 +24,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> MASK: array<f32>;
 @group(0) @binding(5) var<storage, read_write> OUT: array<atomic<u32>>;
 @group(0) @binding(6) var<storage, read_write> LSE: array<f32>;
+@group(0) @binding(7) var<storage, read> SINKS: array<f32>;
 
 const ROWS: u32 = 64u;
 // Scores are computed in units of 2^64 (q is scaled by 2^-64, exactly), so that scores past f32's range
@@ -118,6 +120,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
           var dot4 = vec4<f32>(0.0);
           for (var c = 0u; c < d4; c++) { dot4 = fma(q[c], k_tile[u32(r) * d4 + c], dot4); }
           sc = P.scale * (dot4.x + dot4.y + dot4.z + dot4.w);
+          if (P.softcap > 0.0) { sc = P.softcap * softcap_tanh(sc * PER_UNIT, P.softcap) * UNIT; }
           if (P.has_mask != 0u) {
             let m = MASK[m_base + u32(j) * P.m_sk];
             // masked whatever the key holds (NaN + -inf is NaN)
@@ -148,7 +151,19 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     workgroupBarrier();
   }
   if (valid) {
-    let inv = select(0.0, 1.0 / l_run, l_run > 0.0);
+    // The head's sink logit (docs/spec.md §1.9) joins the maximum and the denominator, with no value;
+    // -inf is no sink.
+    var o_scale = 1.0;
+    if (P.has_sinks != 0u) {
+      let sink = SINKS[P.sinks_off + h] * UNIT;
+      if (sink > bitcast<f32>(NEG_INF_BITS)) {
+        let m_new = max(m_run, sink);
+        o_scale = select(exp((m_run - m_new) * PER_UNIT), 0.0, l_run == 0.0);
+        l_run = l_run * o_scale + exp((sink - m_new) * PER_UNIT);
+        m_run = m_new;
+      }
+    }
+    let inv = select(0.0, o_scale / l_run, l_run > 0.0);
     let o_base = P.o_off + b * P.o_sb + row * P.o_ss + h * P.o_sh;
     for (var c = 0u; c < d4; c++) {
       let o = acc[c] * inv;
