@@ -2,6 +2,7 @@
 // whose handler lets nothing but a flashtq::Error out (core/entry_guard.hpp).
 #include "core/entry_guard.hpp"
 #include "core/validate.hpp"
+#include "core/varlen.hpp"
 #include "flashtq/attention.hpp"
 #include "flashtq/backend.hpp"
 #include "flashtq/turboquant.hpp"
@@ -9,12 +10,14 @@
 namespace flashtq {
 
 void attention_forward(Backend& backend, const ForwardArgs& args, const AttentionParams& params) try {
+  if (params.varlen) return core::varlen_forward(backend, args, params);
   backend.forward(core::validate_forward(backend, args, params));
 } catch (...) {
   core::rethrow_as_error("backend");
 }
 
 void attention_backward(Backend& backend, const BackwardArgs& args, const AttentionParams& params) try {
+  if (params.varlen) return core::varlen_backward(backend, args, params);
   backend.backward(core::validate_backward(backend, args, params));
 } catch (...) {
   core::rethrow_as_error("backend");

@@ -11,6 +11,21 @@ namespace flashtq {
 
 class Backend;
 
+// A ragged batch (docs/spec.md §1.6): q and out are [1, Tq, H, D] views and k, v [1, Tk, Hkv, D]; sequence b
+// owns query rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 and keys cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1,
+// and every rule of §1 holds within it with local row and key indices. lse is [H, Tq].
+struct Varlen {
+  std::int64_t batch = 0;                      // B, the number of sequences
+  const std::int32_t* cu_seqlens_q = nullptr;  // [B + 1]: 0, then non-decreasing, ending at Tq
+  const std::int32_t* cu_seqlens_k = nullptr;  // [B + 1]: 0, then non-decreasing, ending at Tk
+  // Hints, as FlashAttention takes them: the longest sequence's rows and keys (0 = not given); when
+  // given, a longer sequence is an error.
+  std::int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  // With a mask: [B] element offsets of each sequence's mask element (local row 0, local key 0); null
+  // means 0 for every sequence (one mask shared by all). The mask strides address local rows and keys.
+  const std::int64_t* mask_offsets = nullptr;
+};
+
 struct AttentionParams {
   // Softmax scale; empty means 1/sqrt(D).
   std::optional<float> scale;
@@ -44,6 +59,9 @@ struct AttentionParams {
   // Attention sinks (docs/spec.md §1.9, gpt-oss): optional f32 [H] logits in the backend's memory, one
   // per query head, that join every row's softmax denominator and carry no value; -inf = no sink.
   const float* sinks = nullptr;
+  // A ragged batch instead of the [B, S, H, D] one (docs/spec.md §1.6); its arrays in host memory. Host
+  // backends (reference, cpu) take it today.
+  std::optional<Varlen> varlen;
 };
 
 struct ForwardArgs {

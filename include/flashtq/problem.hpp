@@ -39,6 +39,10 @@ struct DenseProblem {
   bool pedantic = false;  // f32 products in f32 FMAs only (AttentionParams::pedantic_f32, without tf32)
   float softcap = 0.0f;   // > 0: scores are softcap * tanh(scale * <q, k> / softcap) (docs/spec.md §1.8)
   const float* sinks = nullptr;  // [H] logits in the backend's memory, or none (docs/spec.md §1.9)
+  // One sequence of a ragged batch (docs/spec.md §1.6): B = 1, and its dropout decisions are those of
+  // batch index `batch0` (bh = batch0 * H + h), as in the padded layout.
+  bool varlen = false;
+  std::int64_t batch0 = 0;
 
   FLASHTQ_HOST_DEVICE std::int64_t group() const { return H / Hkv; }  // query heads per kv head
 };

@@ -108,36 +108,32 @@ def _setup_context(ctx, inputs, output):
 
 def _autograd_backward(ctx, dout, dlse):
     q, k, v, out, lse, mask, sinks = ctx.saved_tensors
-    softcap = ctx.params[-1]
     if dout is None:
         dout = torch.zeros_like(out)
     elif dout.stride(-1) != 1 or 0 in dout.stride():
         dout = dout.contiguous()  # the library needs D contiguous; autograd hands out expanded views at times
     dq, dk, dv, dsinks = _backward(q, k, v, out, dout, lse, mask, *ctx.params, sinks, ctx.backend)
     if dlse is not None:
-        if softcap:
-            raise error("softcap", "a loss on lse is not differentiable through the softcap in flashtq yet "
-                                   "(the loss on out is)")
-        dq, dk = _lse_gradients(q, k, lse, mask, sinks, dlse, dq, dk, ctx.params, ctx.backend)
-        if sinks is not None:  # d lse_i / d sink_h = P_sink = exp(sink_h - lse_i)
-            p_sink = torch.where(torch.isneginf(lse), 0.0, torch.exp(sinks.view(1, -1, 1) - lse))
-            dsinks = dsinks + (dlse * p_sink).sum(dim=(0, 2))
+        dq_l, dk_l, dsinks_l = _lse_gradients(q, k, v, lse, mask, sinks, dlse, ctx.params, ctx.backend)
+        dq = (dq.float() + dq_l.float()).to(dq.dtype)
+        dk = (dk.float() + dk_l.float()).to(dk.dtype)
+        dsinks = dsinks + dsinks_l
     return (dq, dk, dv, None, None, None, None, None, None, None, None,
             dsinks if sinks is not None else None, None, None)
 
 
-def _lse_gradients(q, k, lse, mask, sinks, dlse, dq, dk, params, backend):
-    """Adds what a loss on lse contributes. d lse_i / d s_ij = P_ij (softmax without dropout; the sink in its
-    denominator), so dq_i += scale * dlse_i * sum_j P_ij k_j, which is attention with V = K, and
-    dk_j += scale * sum_i P_ij dlse_i q_i, which is the dv of a backward with V = K and dout_i = scale * dlse_i q_i."""
-    scale, causal, causal_offset, window = params[:4]
-    s = (q.shape[-1] ** -0.5) if scale is None else scale
-    w = (dlse.transpose(1, 2).unsqueeze(-1) * s)  # [B, Sq, H, 1]
-    exact = (scale, causal, causal_offset, window, 0.0, 0, 0.0, sinks)  # lse never sees dropout (nor a softcap here)
-    okk, _ = _forward(q, k, k, mask, *exact, False, backend)
-    dq = (dq.float() + w * okk.float()).to(dq.dtype)
-    _, _, dk_extra, _ = _backward(q, k, k, okk, (w * q.float()).to(q.dtype).contiguous(), lse, mask, *exact, backend)
-    return dq, (dk.float() + dk_extra.float()).to(dk.dtype)
+def _lse_gradients(q, k, v, lse, mask, sinks, dlse, params, backend):
+    """What a loss on lse adds. d lse_i / d s_ij = P_ij (softmax without dropout, the sink in its denominator), so
+    the gradient is the backward's dS_ij = P_ij (dP_ij - D_i) (softcap slope included) with dP = 0 and
+    D_i = -dlse_i: the backward of values 0, out_i = -dlse_i e_0 and dout_i = e_0, whose D_i = <dout_i, out_i>.
+    Its dsinks, -sum P_sink D_i, is then d loss / d sinks too."""
+    e0 = torch.zeros_like(q)
+    e0[..., 0] = 1
+    out = torch.zeros_like(q)
+    out[..., 0] = -dlse.transpose(1, 2)
+    no_dropout = params[:4] + (0.0, 0) + params[6:]
+    dq, dk, _, dsinks = _backward(q, k, torch.zeros_like(v), out, e0, lse, mask, *no_dropout, sinks, backend)
+    return dq, dk, dsinks
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)

@@ -50,7 +50,8 @@ double dense_score(const DenseProblem& p, std::int64_t b, std::int64_t h, std::i
 // keep / (1 - p) for weight (b, h, i, j).
 inline double dropout_factor(const DenseProblem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
   if (p.dropout_p <= 0.0f) return 1.0;
-  const bool keep = dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j));
+  const bool keep =
+      dropout_keep(p.dropout_p, p.seed, std::uint32_t((p.batch0 + b) * p.H + h), std::uint32_t(i), std::uint32_t(j));
   return keep ? 1.0 / (1.0 - double(p.dropout_p)) : 0.0;
 }
 

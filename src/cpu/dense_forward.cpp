@@ -163,7 +163,7 @@ void attend_block(const ForwardCall& c, std::int64_t b, std::int64_t hk, std::in
       if (corr != 1.0f) scale(t.o.data() + r * Dp, std::size_t(D), corr);
       t.m[std::size_t(r)] = m_new;
       if (p.dropout_p > 0.0f) {  // the denominator above does not see dropout; the values do
-        const std::uint32_t bh = std::uint32_t(b * p.H + h);
+        const std::uint32_t bh = std::uint32_t((p.batch0 + b) * p.H + h);
         for (std::int64_t j = 0; j < n; ++j) {
           s[j] *=
               core::dropout_keep(p.dropout_p, p.seed, bh, std::uint32_t(i), std::uint32_t(j0 + j)) ? keep_scale : 0.0f;

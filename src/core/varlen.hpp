@@ -1,0 +1,15 @@
+// Ragged batches (docs/spec.md §1.6) on host backends: the batch is checked whole, then run as one call
+// per sequence (B = 1, its dropout decisions those of its batch index), with lse gathered to and from
+// the [H, Tq] layout and the sinks' gradient summed over the sequences. Nothing is written until
+// every sequence's call has been validated.
+#pragma once
+
+#include "flashtq/attention.hpp"
+#include "flashtq/backend.hpp"
+
+namespace flashtq::core {
+
+void varlen_forward(Backend& backend, const ForwardArgs& args, const AttentionParams& params);
+void varlen_backward(Backend& backend, const BackwardArgs& args, const AttentionParams& params);
+
+}  // namespace flashtq::core
