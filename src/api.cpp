@@ -1,15 +1,18 @@
 // Public entry points: validate once, then hand the resolved call to the backend. Each is a function-try-block
 // whose handler lets nothing but a flashtq::Error out (core/entry_guard.hpp).
 #include "core/entry_guard.hpp"
+#include "core/paged.hpp"
 #include "core/validate.hpp"
 #include "core/varlen.hpp"
 #include "flashtq/attention.hpp"
+#include "flashtq/error.hpp"
 #include "flashtq/backend.hpp"
 #include "flashtq/turboquant.hpp"
 
 namespace flashtq {
 
 void attention_forward(Backend& backend, const ForwardArgs& args, const AttentionParams& params) try {
+  if (params.paged) return core::paged_forward(backend, args, params);
   if (params.varlen) return core::varlen_forward(backend, args, params);
   backend.forward(core::validate_forward(backend, args, params));
 } catch (...) {
@@ -17,8 +20,15 @@ void attention_forward(Backend& backend, const ForwardArgs& args, const Attentio
 }
 
 void attention_backward(Backend& backend, const BackwardArgs& args, const AttentionParams& params) try {
+  if (params.paged) throw Error("paged", "the backward takes contiguous keys and values (docs/spec.md §1.7)");
   if (params.varlen) return core::varlen_backward(backend, args, params);
   backend.backward(core::validate_backward(backend, args, params));
+} catch (...) {
+  core::rethrow_as_error("backend");
+}
+
+void paged_kv_append(Backend& backend, const PagedAppendArgs& args) try {
+  core::paged_append(backend, args);
 } catch (...) {
   core::rethrow_as_error("backend");
 }

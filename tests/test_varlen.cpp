@@ -33,7 +33,9 @@ struct Ragged {
 };
 
 Ragged draw(std::mt19937_64& rng, int index) {
-  auto range = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  auto range = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
   Ragged r;
   r.B = range(1, 5);
   r.Hkv = range(1, 2);
@@ -146,9 +148,9 @@ TEST_P(VarlenOn, EverySequenceEqualsTheFormulaAndTheOracleOnItsOwn) {
       const std::int64_t q0 = r.cu_q[std::size_t(b)], k0 = r.cu_k[std::size_t(b)];
       const DenseProblem p = sequence_problem(r, b, b + 1);
       if (p.Sq == 0) continue;
-      const auto f = testing::brute_force_attention(p, as_batch(qd, r.H, r.D, q0, p.Sq, b),
-                                                    as_batch(kd, r.Hkv, r.D, k0, p.Sk, b),
-                                                    as_batch(vd, r.Hkv, r.D, k0, p.Sk, b));
+      const auto f =
+          testing::brute_force_attention(p, as_batch(qd, r.H, r.D, q0, p.Sq, b), as_batch(kd, r.Hkv, r.D, k0, p.Sk, b),
+                                         as_batch(vd, r.Hkv, r.D, k0, p.Sk, b));
       std::copy(f.out.begin() + b * p.Sq * r.H * r.D, f.out.end(), want_out.begin() + q0 * r.H * r.D);
       for (std::int64_t h = 0; h < r.H; ++h)
         for (std::int64_t i = 0; i < p.Sq; ++i)
@@ -185,7 +187,8 @@ TEST_P(VarlenOn, EverySequenceEqualsTheFormulaAndTheOracleOnItsOwn) {
       };
       std::vector<double> seq_lse(std::size_t(r.H * p.Sq));
       for (std::int64_t h = 0; h < r.H; ++h)
-        for (std::int64_t i = 0; i < p.Sq; ++i) seq_lse[std::size_t(h * p.Sq + i)] = lse[std::size_t(h * r.Tq() + q0 + i)];
+        for (std::int64_t i = 0; i < p.Sq; ++i)
+          seq_lse[std::size_t(h * p.Sq + i)] = lse[std::size_t(h * r.Tq() + q0 + i)];
       std::vector<double> gq(std::size_t(p.Sq * r.H * r.D)), gk(std::size_t(p.Sk * r.Hkv * r.D)), gv(gk.size()),
           gs(std::size_t(r.H));
       reference::dense_backward(p, rows(qd, q0, p.Sq, r.H * r.D).data(), rows(kd, k0, p.Sk, r.Hkv * r.D).data(),

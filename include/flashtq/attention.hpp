@@ -26,6 +26,15 @@ struct Varlen {
   const std::int64_t* mask_offsets = nullptr;
 };
 
+// Paged keys and values (docs/spec.md §1.7): the forward's k and v are [num_pages, page_size, Hkv, D] views of the
+// pages (page_size a power of two in [16, 256]); key j of sequence b is row j mod page_size of page
+// page_table[b * max_pages + j / page_size]. The queries are [B, Sq, H, D] as in §1.
+struct PagedKv {
+  const std::int32_t* page_table = nullptr;  // [B, max_pages] int32, host memory
+  std::int64_t max_pages = 0;
+  const std::int32_t* seq_lens_k = nullptr;  // [B] int32, host memory: the keys of each sequence
+};
+
 struct AttentionParams {
   // Softmax scale; empty means 1/sqrt(D).
   std::optional<float> scale;
@@ -62,6 +71,8 @@ struct AttentionParams {
   // A ragged batch instead of the [B, S, H, D] one (docs/spec.md §1.6); its arrays in host memory. Host
   // backends (reference, cpu) take it today.
   std::optional<Varlen> varlen;
+  // Keys and values in pages (docs/spec.md §1.7), forward only; host backends (reference, cpu) take it today.
+  std::optional<PagedKv> paged;
 };
 
 struct ForwardArgs {
@@ -84,8 +95,18 @@ struct BackwardArgs {
   float* dsinks = nullptr;
 };
 
+// New rows appended to each sequence's pages (docs/spec.md §1.7): row t of sequence b goes to position
+// pages.seq_lens_k[b] + t (the caller then adds T to its lengths), so a decode step is an append and a paged forward.
+struct PagedAppendArgs {
+  TensorView k_pages, v_pages;  // [num_pages, page_size, Hkv, D]
+  PagedKv pages;                // the table, with each sequence's length before the append
+  TensorView k, v;              // [B, T, Hkv, D], the pages' dtype
+  void* stream = nullptr;
+};
+
 // Runs on the named backend's memory (see backend.hpp). Validation happens before any work.
 void attention_forward(Backend& backend, const ForwardArgs& args, const AttentionParams& params);
 void attention_backward(Backend& backend, const BackwardArgs& args, const AttentionParams& params);
+void paged_kv_append(Backend& backend, const PagedAppendArgs& args);
 
 }  // namespace flashtq

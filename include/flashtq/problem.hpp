@@ -35,9 +35,9 @@ struct DenseProblem {
   std::array<std::int64_t, 4> mask_strides{};
   float dropout_p = 0.0f;
   std::uint32_t seed = 0;
-  bool tf32 = false;      // f32 products may run on TF32 tensor cores (AttentionParams::allow_tf32)
-  bool pedantic = false;  // f32 products in f32 FMAs only (AttentionParams::pedantic_f32, without tf32)
-  float softcap = 0.0f;   // > 0: scores are softcap * tanh(scale * <q, k> / softcap) (docs/spec.md §1.8)
+  bool tf32 = false;             // f32 products may run on TF32 tensor cores (AttentionParams::allow_tf32)
+  bool pedantic = false;         // f32 products in f32 FMAs only (AttentionParams::pedantic_f32, without tf32)
+  float softcap = 0.0f;          // > 0: scores are softcap * tanh(scale * <q, k> / softcap) (docs/spec.md §1.8)
   const float* sinks = nullptr;  // [H] logits in the backend's memory, or none (docs/spec.md §1.9)
   // One sequence of a ragged batch (docs/spec.md §1.6): B = 1, and its dropout decisions are those of
   // batch index `batch0` (bh = batch0 * H + h), as in the padded layout.

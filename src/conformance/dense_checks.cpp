@@ -293,11 +293,16 @@ CheckResult check_backward(Backend& backend, const DenseCase& c) {
       d_dk(backend, gk.bytes), d_dv(backend, gv.bytes),
       d_dsinks(backend, std::vector<float>(std::size_t(c.H), std::numeric_limits<float>::quiet_NaN()));
   const Memory mem = backend.memory();
-  BackwardArgs args{in.q.on(dev.q.get(), mem),  in.k.on(dev.k.get(), mem),
-                    in.v.on(dev.v.get(), mem),  out.on(d_out.get(), mem),
-                    dout.on(d_dout.get(), mem), static_cast<const float*>(d_lse.get()),
-                    gq.on(d_dq.get(), mem),     gk.on(d_dk.get(), mem),
-                    gv.on(d_dv.get(), mem),     nullptr,
+  BackwardArgs args{in.q.on(dev.q.get(), mem),
+                    in.k.on(dev.k.get(), mem),
+                    in.v.on(dev.v.get(), mem),
+                    out.on(d_out.get(), mem),
+                    dout.on(d_dout.get(), mem),
+                    static_cast<const float*>(d_lse.get()),
+                    gq.on(d_dq.get(), mem),
+                    gk.on(d_dk.get(), mem),
+                    gv.on(d_dv.get(), mem),
+                    nullptr,
                     c.sinks ? static_cast<float*>(d_dsinks.get()) : nullptr};
   const auto t0 = std::chrono::steady_clock::now();
   attention_backward(backend, args, dev.params);
@@ -333,8 +338,8 @@ CheckResult check_backward(Backend& backend, const DenseCase& c) {
     // dsinks sums -P_sink * D_i over the batch and rows: its natural size is about sqrt(B * Sq) (D_i ~ 1 for
     // N(0, 1) inputs), the floor below which a cancelling sum is compared absolutely.
     std::string why;
-    const double e = relative_error(dsinks, to_double(d_dsinks.read<float>()), why,
-                                    1e-1 * std::sqrt(double(c.B * c.Sq)));
+    const double e =
+        relative_error(dsinks, to_double(d_dsinks.read<float>()), why, 1e-1 * std::sqrt(double(c.B * c.Sq)));
     r.error = std::max(r.error, e);
     if (e > r.tolerance)
       r.detail += std::string(r.detail.empty() ? "" : "; ") + "dsinks error " + std::to_string(e) +
@@ -438,9 +443,9 @@ DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRan
     if (chance(0.2)) c.scale = float(pick(0.05, 0.3));
     c.tf32 = c.dtype == DType::f32 && chance(0.4);
     c.pedantic = c.dtype == DType::f32 && !c.tf32 && chance(0.4);  // the cuda FFMA path; the default is 3xTF32
-    if (chance(0.15)) c.softcap = float(pick(0.5, 5.0, 30.0));  // Gemma 2 caps at 50 (attention) and 30 (logits)
+    if (chance(0.15)) c.softcap = float(pick(0.5, 5.0, 30.0));     // Gemma 2 caps at 50 (attention) and 30 (logits)
     c.sinks = chance(0.15);
-    if (chance(0.12)) {                                            // docs/spec.md §3's non-finite and extreme inputs
+    if (chance(0.12)) {  // docs/spec.md §3's non-finite and extreme inputs
       c = with_extreme(c,
                        pick(Extreme::hidden_non_finite, Extreme::large_scores, Extreme::scores_past_masked,
                             Extreme::scores_past_f32),

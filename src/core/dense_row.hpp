@@ -88,8 +88,8 @@ double dense_row(const DenseProblem& p, std::int64_t b, std::int64_t h, std::int
 struct BackwardWeights {
   double pz = 0, ds = 0;
 };
-inline BackwardWeights backward_weights(const DenseProblem& p, double s, double lse, double dp, double delta,
-                                        double z, double slope) {
+inline BackwardWeights backward_weights(const DenseProblem& p, double s, double lse, double dp, double delta, double z,
+                                        double slope) {
   if (s == kNegInfD) return {};
   double prob = std::exp(s - lse);
   if (prob > 1.0) prob = 1.0;  // (a NaN stays NaN)

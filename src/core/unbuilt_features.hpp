@@ -20,7 +20,8 @@ inline std::optional<std::string> softcap_or_sinks_unbuilt(const DenseProblem& p
 
 inline std::optional<std::string> varlen_unbuilt(const DenseProblem& p, const std::string& backend) {
   if (p.varlen)
-    return "ragged batches (varlen) are not implemented on the " + backend + " backend yet (reference and cpu have them)";
+    return "ragged batches (varlen) are not implemented on the " + backend +
+           " backend yet (reference and cpu have them)";
   return std::nullopt;
 }
 

@@ -42,6 +42,8 @@ std::string shape_text(const std::array<std::int64_t, 4>& s) {
          std::to_string(s[3]) + "]";
 }
 
+}  // namespace
+
 void check_pointer(const std::string& name, const void* ptr, std::size_t alignment) {
   if (ptr == nullptr) throw Error(name, "must not be null");
   if (reinterpret_cast<std::uintptr_t>(ptr) % alignment != 0) {
@@ -74,6 +76,8 @@ void check_view(const std::string& name, const TensorView& t, const Backend& bac
   last = checked_add(last, t.shape[3], name);
   checked_mul(last, std::int64_t(dtype_size(t.dtype)), name);
 }
+
+namespace {
 
 void check_shape(const std::string& name, const TensorView& t, const std::array<std::int64_t, 4>& want,
                  const std::string& why) {

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
+#include <string>
 
 #include "flashtq/attention.hpp"
 #include "flashtq/backend.hpp"
@@ -14,6 +16,11 @@ namespace flashtq::core {
 struct Validator {
   static Validated stamp() { return Validated{}; }
 };
+
+// A pointer that must not be null and must be aligned; one view in the backend's memory whose extent fits in
+// 64 bits (the checks every call's tensors pass).
+void check_pointer(const std::string& name, const void* ptr, std::size_t alignment);
+void check_view(const std::string& name, const TensorView& view, const Backend& backend);
 
 ForwardCall validate_forward(const Backend& backend, const ForwardArgs& args, const AttentionParams& params);
 BackwardCall validate_backward(const Backend& backend, const BackwardArgs& args, const AttentionParams& params);

@@ -7,6 +7,7 @@
 
 #include "core/dense_row.hpp"
 #include "core/elements.hpp"
+#include "core/sequence_rows.hpp"
 #include "core/validate.hpp"
 #include "flashtq/error.hpp"
 
@@ -16,11 +17,11 @@ namespace {
 constexpr std::int64_t kInt32Max = std::numeric_limits<std::int32_t>::max();
 
 // cu_seqlens: B + 1 int32 offsets, 0 first, non-decreasing, `total` last; each length within the hint.
-std::vector<std::int64_t> read_offsets(const char* name, const std::int32_t* cu, std::int64_t batch,
-                                       std::int64_t total, const char* total_name, std::int64_t hint,
-                                       const char* hint_name) {
+std::vector<std::int64_t> read_offsets(const char* name, const std::int32_t* cu, std::int64_t batch, std::int64_t total,
+                                       const char* total_name, std::int64_t hint, const char* hint_name) {
   if (cu == nullptr) throw Error(name, "must not be null (B + 1 int32 offsets in host memory)");
-  if (reinterpret_cast<std::uintptr_t>(cu) % alignof(std::int32_t) != 0) throw Error(name, "must be aligned to 4 bytes");
+  if (reinterpret_cast<std::uintptr_t>(cu) % alignof(std::int32_t) != 0)
+    throw Error(name, "must be aligned to 4 bytes");
   if (hint < 0 || hint > kInt32Max) throw Error(hint_name, "must be in [0, 2^31 - 1] (0 = not given)");
   std::vector<std::int64_t> at(std::size_t(batch) + 1);
   for (std::int64_t b = 0; b <= batch; ++b) at[std::size_t(b)] = cu[b];
@@ -44,23 +45,9 @@ std::vector<std::int64_t> read_offsets(const char* name, const std::int32_t* cu,
   return at;
 }
 
-// Rows [first, first + n) of a [1, T, heads, D] view.
-TensorView rows(const TensorView& t, std::int64_t first, std::int64_t n) {
-  TensorView s = t;
-  s.data = static_cast<char*>(t.data) + first * t.strides[1] * std::int64_t(dtype_size(t.dtype));
-  s.shape[1] = n;
-  return s;
-}
-
-void zero_rows(const TensorView& t, std::int64_t first, std::int64_t n) {
-  for (std::int64_t s = first; s < first + n; ++s)
-    for (std::int64_t h = 0; h < t.shape[2]; ++h)
-      for (std::int64_t d = 0; d < t.shape[3]; ++d) store(t.data, t.dtype, offset(t, 0, s, h) + d, 0.0f);
-}
-
 // The checks of the whole batch and what every sequence's call shares.
 struct Batch {
-  std::vector<std::int64_t> q, k;        // cu_seqlens, widened
+  std::vector<std::int64_t> q, k;         // cu_seqlens, widened
   std::vector<std::int64_t> mask_offset;  // per sequence, with a mask
   std::int64_t H = 0;
 
@@ -81,8 +68,8 @@ struct Batch {
       for (std::int64_t b = 0; v.mask_offsets != nullptr && b < v.batch; ++b) {
         const std::int64_t at = v.mask_offsets[b];
         if (at < 0 || at >= params.mask_elements) {
-          throw Error("mask_offsets", "entry " + std::to_string(b) + " (" + std::to_string(at) +
-                                          ") must lie in [0, mask_elements)");
+          throw Error("mask_offsets",
+                      "entry " + std::to_string(b) + " (" + std::to_string(at) + ") must lie in [0, mask_elements)");
         }
         mask_offset[std::size_t(b)] = at;
       }
@@ -135,8 +122,12 @@ void varlen_forward(Backend& backend, const ForwardArgs& a, const AttentionParam
   for (std::int64_t b = 0; b < batch.batch(); ++b) {
     const std::int64_t q0 = batch.q[std::size_t(b)], k0 = batch.k[std::size_t(b)], n = batch.rows(b);
     if (n == 0 || batch.keys(b) == 0) continue;  // nothing to compute (rows without keys are written below)
-    const ForwardArgs s{rows(a.q, q0, n), rows(a.k, k0, batch.keys(b)), rows(a.v, k0, batch.keys(b)),
-                        rows(a.out, q0, n), a.lse != nullptr ? lse.data() + H * q0 : nullptr, a.stream};
+    const ForwardArgs s{rows_of(a.q, q0, n),
+                        rows_of(a.k, k0, batch.keys(b)),
+                        rows_of(a.v, k0, batch.keys(b)),
+                        rows_of(a.out, q0, n),
+                        a.lse != nullptr ? lse.data() + H * q0 : nullptr,
+                        a.stream};
     calls.push_back(validate_forward(backend, s, batch.params_of(params, b)));
     mark(calls.back(), b);
   }
@@ -145,11 +136,9 @@ void varlen_forward(Backend& backend, const ForwardArgs& a, const AttentionParam
     const std::int64_t q0 = batch.q[std::size_t(b)], n = batch.rows(b);
     if (n == 0 || batch.keys(b) != 0) continue;
     // Rows that see no key: out = 0, lse = the head's sink (or -inf) (docs/spec.md §1, §1.9).
-    zero_rows(a.out, q0, n);
+    zero_rows(a.out, 0, q0, n);
     for (std::int64_t h = 0; h < H && a.lse != nullptr; ++h)
-      for (std::int64_t i = 0; i < n; ++i)
-        lse[std::size_t(H * q0 + h * n + i)] =
-            params.sinks != nullptr ? params.sinks[h] : -std::numeric_limits<float>::infinity();
+      for (std::int64_t i = 0; i < n; ++i) lse[std::size_t(H * q0 + h * n + i)] = lse_without_keys(params, h);
   }
   for (std::int64_t b = 0; b < batch.batch() && a.lse != nullptr; ++b) {
     const std::int64_t q0 = batch.q[std::size_t(b)], n = batch.rows(b);
@@ -167,25 +156,31 @@ void varlen_backward(Backend& backend, const BackwardArgs& a, const AttentionPar
   std::vector<float> dsinks(a.dsinks != nullptr ? std::size_t(H * batch.batch()) : 0, 0.0f);
   std::vector<BackwardCall> calls;
   for (std::int64_t b = 0; b < batch.batch(); ++b) {
-    const std::int64_t q0 = batch.q[std::size_t(b)], k0 = batch.k[std::size_t(b)], n = batch.rows(b),
-                       m = batch.keys(b);
+    const std::int64_t q0 = batch.q[std::size_t(b)], k0 = batch.k[std::size_t(b)], n = batch.rows(b), m = batch.keys(b);
     if (n == 0 || m == 0) continue;
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t i = 0; i < n; ++i) lse[std::size_t(H * q0 + h * n + i)] = a.lse[h * Tq + q0 + i];
-    BackwardArgs s{rows(a.q, q0, n),    rows(a.k, k0, m),      rows(a.v, k0, m),
-                   rows(a.out, q0, n),  rows(a.dout, q0, n),   lse.data() + H * q0,
-                   rows(a.dq, q0, n),   rows(a.dk, k0, m),     rows(a.dv, k0, m),
-                   a.stream,            a.dsinks != nullptr ? dsinks.data() + H * b : nullptr};
+    BackwardArgs s{rows_of(a.q, q0, n),
+                   rows_of(a.k, k0, m),
+                   rows_of(a.v, k0, m),
+                   rows_of(a.out, q0, n),
+                   rows_of(a.dout, q0, n),
+                   lse.data() + H * q0,
+                   rows_of(a.dq, q0, n),
+                   rows_of(a.dk, k0, m),
+                   rows_of(a.dv, k0, m),
+                   a.stream,
+                   a.dsinks != nullptr ? dsinks.data() + H * b : nullptr};
     calls.push_back(validate_backward(backend, s, batch.params_of(params, b)));
     mark(calls.back(), b);
   }
   for (const BackwardCall& c : calls) backend.backward(c);
   // A sequence without keys has dq = 0; keys no row of their sequence sees have dk = dv = 0.
   for (std::int64_t b = 0; b < batch.batch(); ++b) {
-    if (batch.keys(b) == 0) zero_rows(a.dq, batch.q[std::size_t(b)], batch.rows(b));
+    if (batch.keys(b) == 0) zero_rows(a.dq, 0, batch.q[std::size_t(b)], batch.rows(b));
     if (batch.rows(b) == 0) {
-      zero_rows(a.dk, batch.k[std::size_t(b)], batch.keys(b));
-      zero_rows(a.dv, batch.k[std::size_t(b)], batch.keys(b));
+      zero_rows(a.dk, 0, batch.k[std::size_t(b)], batch.keys(b));
+      zero_rows(a.dv, 0, batch.k[std::size_t(b)], batch.keys(b));
     }
   }
   for (std::int64_t h = 0; h < H && a.dsinks != nullptr; ++h) {

@@ -128,11 +128,12 @@ void dense_backward(const BackwardCall& c, int threads) {
                   // A probability: held at 1 where an lse a little below the f32 score (stored in f32,
                   // or from another backend) would scale the gradients by exp(score - lse).
                   prob = std::min(std::exp(score - lse), 1.0f);
-                  z = p.dropout_p > 0.0f ? (core::dropout_keep(p.dropout_p, p.seed, std::uint32_t((p.batch0 + b) * p.H + h),
-                                                               std::uint32_t(i), std::uint32_t(j0 + j))
-                                                ? keep_scale
-                                                : 0.0f)
-                                         : 1.0f;
+                  z = p.dropout_p > 0.0f
+                          ? (core::dropout_keep(p.dropout_p, p.seed, std::uint32_t((p.batch0 + b) * p.H + h),
+                                                std::uint32_t(i), std::uint32_t(j0 + j))
+                                 ? keep_scale
+                                 : 0.0f)
+                          : 1.0f;
                 }
               }
               // A zero weight stays zero: a NaN in a value the row does not see must not reach dS.

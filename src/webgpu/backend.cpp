@@ -273,8 +273,8 @@ class WebGpuBackend final : public Backend {
       S.u(p.B).u(p.Sq).u(p.H).u(lse.offset, "lse").u(sinks.offset, "sinks").u(dsinks.offset, "dsinks");
       const std::size_t h0 = S.size();
       S.u(0).u(0);
-      dispatch_chunked("dense_sinks_grad", S, h0, {{lse.buffer}, {delta}, {sinks.buffer}, {dsinks.buffer}},
-                       {p.H, 1, 1}, 0);
+      dispatch_chunked("dense_sinks_grad", S, h0, {{lse.buffer}, {delta}, {sinks.buffer}, {dsinks.buffer}}, {p.H, 1, 1},
+                       0);
     }
     outputs.finish();
   }

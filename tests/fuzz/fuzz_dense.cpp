@@ -194,7 +194,9 @@ void check_forward(const Problem& pr, const std::string& backend) {
           const float l = pr.lse[(b * H + h) * Sq + i];
           if ((any || sink != -INFINITY) ? !std::isfinite(l) : l != -INFINITY)
             finding("%s forward: lse[%ld, %ld, %ld] = %g (the row %s)", backend.c_str(), b, h, i, l,
-                    any ? "sees a key" : sink != -INFINITY ? "sees none but has a sink" : "sees none");
+                    any                 ? "sees a key"
+                    : sink != -INFINITY ? "sees none but has a sink"
+                                        : "sees none");
         }
       }
 }

@@ -1,0 +1,229 @@
+// Paged keys and values (docs/spec.md §1.7) through the public API on the host backends: each sequence's
+// output against the brute-force formula on its keys gathered by plain loops, with every feature drawn; a
+// decode loop of appends and paged forwards against the contiguous forward; bad tables refused by name.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "brute_force.hpp"
+#include "conformance/host_tensor.hpp"
+#include "flashtq/flashtq.hpp"
+#include "seeded.hpp"
+
+namespace flashtq {
+namespace {
+
+using conformance::HostTensor;
+using conformance::relative_error;
+
+struct Table {
+  std::int64_t page_size, num_pages, max_pages;
+  std::vector<std::int32_t> pages, lengths;
+  PagedKv kv() const { return {pages.data(), max_pages, lengths.data()}; }
+};
+
+// Every sequence's pages drawn without repetition from a shuffled pool (pages shared by nobody else).
+Table draw_table(std::mt19937_64& rng, std::int64_t B, std::int64_t page_size, std::int64_t max_len) {
+  Table t{page_size, 0, (max_len + page_size - 1) / page_size, {}, {}};
+  t.num_pages = B * t.max_pages + 3;
+  std::vector<std::int32_t> pool(std::size_t(t.num_pages));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  t.pages.assign(pool.begin(), pool.begin() + B * t.max_pages);
+  for (std::int64_t b = 0; b < B; ++b)
+    t.lengths.push_back(std::int32_t(std::uniform_int_distribution<std::int64_t>(b == 0 ? 1 : 0, max_len)(rng)));
+  return t;
+}
+
+// Sequence b's keys from the pages, by plain loops, as batch b of a zero-padded [b + 1, n, Hkv, D] array.
+std::vector<double> gathered(const HostTensor& pages, const Table& t, std::int64_t b) {
+  const std::int64_t n = t.lengths[std::size_t(b)], Hkv = pages.view.shape[2], D = pages.view.shape[3];
+  const std::vector<double> all = pages.values();
+  std::vector<double> x(std::size_t((b + 1) * n * Hkv * D), 0.0);
+  for (std::int64_t j = 0; j < n; ++j) {
+    const std::int64_t page = t.pages[std::size_t(b * t.max_pages + j / t.page_size)];
+    for (std::int64_t e = 0; e < Hkv * D; ++e)
+      x[std::size_t(((b * n + j) * Hkv) * D + e)] =
+          all[std::size_t(((page * t.page_size + j % t.page_size) * Hkv) * D + e)];
+  }
+  return x;
+}
+
+class PagedOn : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PagedOn, EverySequenceEqualsTheFormulaOnItsGatheredKeys) {
+  Backend& be = backend(GetParam());
+  std::mt19937_64 rng = test_rng();
+  auto range = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  for (int index = 0; index < 12; ++index) {
+    const std::int64_t B = range(1, 4), Hkv = range(1, 2), H = Hkv * range(1, 2), D = 32, Sq = range(1, 5);
+    const DType dtype = std::array<DType, 3>{DType::f32, DType::f16, DType::bf16}[std::size_t(index % 3)];
+    const Table t = draw_table(rng, B, index % 2 ? 16 : 32, 70);
+    SCOPED_TRACE("case " + std::to_string(index) + ": B " + std::to_string(B) + ", page_size " +
+                 std::to_string(t.page_size) + ", " + dtype_name(dtype));
+    HostTensor q({B, Sq, H, D}, dtype, index % 2 == 0), kp({t.num_pages, t.page_size, Hkv, D}, dtype, false), vp(kp);
+    q.fill_normal(rng);
+    kp.fill_normal(rng);
+    vp.fill_normal(rng);
+    AttentionParams params;
+    params.causal = range(0, 1) == 1;
+    if (range(0, 2) == 0) params.window = range(1, 20);
+    if (range(0, 2) == 0) {
+      params.dropout_p = 0.2f;
+      params.seed = std::uint32_t(rng());
+    }
+    if (range(0, 2) == 0) params.softcap = 3.0f;
+    std::vector<float> sinks;
+    if (range(0, 1) == 0) {
+      for (std::int64_t h = 0; h < H; ++h) sinks.push_back(float(h) - 0.5f);
+      params.sinks = sinks.data();
+    }
+    params.paged = t.kv();
+    HostTensor out(q);
+    out.poison();
+    std::vector<float> lse(std::size_t(B * H * Sq), std::numeric_limits<float>::quiet_NaN());
+    attention_forward(be, {q.view, kp.view, vp.view, out.view, lse.data(), nullptr}, params);
+
+    const std::vector<double> qd = q.values();
+    std::vector<double> want_out(qd.size(), 0.0), want_lse(lse.size());
+    for (std::int64_t b = 0; b < B; ++b) {
+      DenseProblem p;
+      p.B = b + 1;
+      p.Sq = Sq;
+      p.Sk = t.lengths[std::size_t(b)];
+      p.H = H;
+      p.Hkv = Hkv;
+      p.D = D;
+      p.scale = float(1.0 / std::sqrt(double(D)));
+      p.causal = params.causal;
+      p.causal_offset = p.Sk - Sq;  // each sequence's own bottom-right alignment
+      p.window = params.window;
+      p.dropout_p = params.dropout_p;
+      p.seed = params.seed;
+      p.softcap = params.softcap;
+      p.sinks = params.sinks;
+      std::vector<double> qb(std::size_t((b + 1) * Sq * H * D), 0.0);
+      std::copy(qd.begin() + b * Sq * H * D, qd.begin() + (b + 1) * Sq * H * D, qb.begin() + b * Sq * H * D);
+      const auto f = testing::brute_force_attention(p, qb, gathered(kp, t, b), gathered(vp, t, b));
+      std::copy(f.out.begin() + b * Sq * H * D, f.out.end(), want_out.begin() + b * Sq * H * D);
+      std::copy(f.lse.begin() + b * H * Sq, f.lse.end(), want_lse.begin() + b * H * Sq);
+    }
+    std::string detail;
+    const double tol = dtype == DType::f32 ? 2e-5 : dtype == DType::f16 ? 4e-3 : 2e-2;
+    EXPECT_LE(relative_error(want_out, out.values(), detail), tol) << "out " << detail;
+    EXPECT_LE(relative_error(want_lse, std::vector<double>(lse.begin(), lse.end()), detail, 1.0), 2e-5)
+        << "lse " << detail;
+  }
+}
+
+// Prefill of 37 rows, then decode steps of one, each an append and a paged forward: the same outputs as the
+// forward over the contiguous keys so far.
+TEST_P(PagedOn, ADecodeLoopOfAppendsEqualsTheContiguousForward) {
+  Backend& be = backend(GetParam());
+  std::mt19937_64 rng = test_rng();
+  const std::int64_t B = 2, H = 4, Hkv = 2, D = 32, steps = 6, prefill = 37, total = prefill + steps;
+  Table t = draw_table(rng, B, 16, total);
+  std::fill(t.lengths.begin(), t.lengths.end(), 0);
+  HostTensor kp({t.num_pages, t.page_size, Hkv, D}, DType::f32, false), vp(kp),
+      k({B, total, Hkv, D}, DType::f32, false), v(k);
+  kp.poison();
+  vp.poison();
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  auto rows = [](const HostTensor& x, std::int64_t first, std::int64_t n) {
+    TensorView s = x.view;
+    s.data = static_cast<char*>(s.data) + first * s.strides[1] * 4;
+    s.shape[1] = n;
+    return s;
+  };
+  paged_kv_append(be, {kp.view, vp.view, t.kv(), rows(k, 0, prefill), rows(v, 0, prefill), nullptr});
+  for (auto& n : t.lengths) n = prefill;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    paged_kv_append(be, {kp.view, vp.view, t.kv(), rows(k, prefill + s, 1), rows(v, prefill + s, 1), nullptr});
+    for (auto& n : t.lengths) n += 1;
+    HostTensor q({B, 1, H, D}, DType::f32, false);
+    q.fill_normal(rng);
+    HostTensor got(q), want(q);
+    got.poison();
+    want.poison();
+    AttentionParams params;
+    params.causal = true;
+    attention_forward(
+        be, {q.view, rows(k, 0, prefill + s + 1), rows(v, 0, prefill + s + 1), want.view, nullptr, nullptr}, params);
+    params.paged = t.kv();
+    attention_forward(be, {q.view, kp.view, vp.view, got.view, nullptr, nullptr}, params);
+    std::string detail;  // the same keys, perhaps split across threads differently: f32 rounding apart
+    EXPECT_LE(relative_error(want.values(), got.values(), detail), 1e-6) << "step " << s << ": " << detail;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HostBackends, PagedOn, ::testing::Values("reference", "cpu"));
+
+TEST(PagedBadInput, RefusedNamingTheArgument) {
+  Table t{16, 4, 2, {0, 1, 2, 3}, {20, 5}};
+  HostTensor q({2, 1, 2, 32}, DType::f32, false), kp({4, 16, 1, 32}, DType::f32, false), vp(kp), out(q);
+  auto expect = [&](const std::string& argument, auto&& breaker) {
+    Table bad = t;
+    AttentionParams p;
+    ForwardArgs a{q.view, kp.view, vp.view, out.view, nullptr, nullptr};
+    breaker(bad, a, p);
+    p.paged = bad.kv();
+    out.poison();
+    try {
+      attention_forward(backend("cpu"), a, p);
+      ADD_FAILURE() << "accepted: " << argument;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+    for (double x : out.values()) ASSERT_TRUE(std::isnan(x)) << argument << ": output written by a refused call";
+  };
+  using A = ForwardArgs;
+  using P = AttentionParams;
+  expect("page_table", [](Table& b, A&, P&) { b.pages[1] = 4; });  // past num_pages, in use
+  expect("page_table", [](Table& b, A&, P&) { b.pages[2] = -1; });
+  expect("seq_lens_k", [](Table& b, A&, P&) { b.lengths[1] = 33; });  // past max_pages * page_size
+  expect("seq_lens_k", [](Table& b, A&, P&) { b.lengths[0] = -1; });
+  expect("max_pages", [](Table& b, A&, P&) { b.max_pages = 0; });
+  HostTensor pages12({4, 12, 1, 32}, DType::f32, false), pages_f16({4, 16, 1, 32}, DType::f16, false);
+  expect("k", [&](Table&, A& a, P&) {  // page_size 12 is no power of two
+    a.k = pages12.view;
+    a.v = pages12.view;
+  });
+  expect("v", [&](Table&, A& a, P&) { a.v = pages_f16.view; });
+  expect("paged", [&](Table&, A&, P& p) { p.varlen = Varlen{}; });
+  // A table entry past the sequence's pages is never read, so it may hold anything.
+  Table loose = t;
+  loose.pages[3] = 99;
+  AttentionParams ok;
+  ok.paged = loose.kv();
+  EXPECT_NO_THROW(attention_forward(backend("cpu"), {q.view, kp.view, vp.view, out.view, nullptr, nullptr}, ok));
+  // An append past a sequence's pages is refused before any row is written.
+  HostTensor new_rows({2, 13, 1, 32}, DType::f32, false), pages_before(kp);
+  try {
+    paged_kv_append(backend("cpu"), {kp.view, vp.view, t.kv(), new_rows.view, new_rows.view, nullptr});
+    ADD_FAILURE() << "an append past max_pages * page_size was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "seq_lens_k") << e.what();
+  }
+  EXPECT_EQ(kp.bytes, pages_before.bytes);
+  // The backward takes no pages.
+  HostTensor dq(q);
+  std::vector<float> lse(4, 0.0f);
+  try {
+    attention_backward(backend("cpu"),
+                       {q.view, kp.view, vp.view, out.view, q.view, lse.data(), dq.view, kp.view, vp.view}, ok);
+    ADD_FAILURE() << "a paged backward was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "paged");
+  }
+}
+
+}  // namespace
+}  // namespace flashtq
