@@ -8,8 +8,9 @@ import torch  # noqa: F401
 
 from flashtq._flashtq import FlashTQError, __version__
 from flashtq.backends import backends, set_threads
-from flashtq.ops import attention
+from flashtq.ops import attention, attention_paged, attention_varlen, paged_kv_append
 from flashtq.cache import CacheConfig, TurboQuantCache, TurboQuantConfig, cache_configs, presets
 
-__all__ = ["FlashTQError", "__version__", "attention", "backends", "set_threads", "CacheConfig", "TurboQuantCache",
+__all__ = ["FlashTQError", "__version__", "attention", "attention_paged", "attention_varlen", "paged_kv_append",
+           "backends", "set_threads", "CacheConfig", "TurboQuantCache",
            "TurboQuantConfig", "cache_configs", "presets"]

@@ -15,19 +15,33 @@ _Array = Union[torch.Tensor, np.ndarray]
 @overload
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = ..., causal_offset: Optional[int] = ...,
               window: int = ..., mask: Optional[_Array] = ..., dropout_p: float = ..., seed: int = ...,
-              scale: Optional[float] = ..., softcap: float = ..., sinks: Optional[_Array] = ..., return_lse: Literal[False] = ..., layout: Literal["bshd", "bhsd"] = ...,
+              scale: Optional[float] = ..., softcap: float = ..., sinks: Optional[_Array] = ...,
+              return_lse: Literal[False] = ..., layout: Literal["bshd", "bhsd"] = ...,
               backend: Optional[str] = ...) -> torch.Tensor: ...
 @overload
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = ..., causal_offset: Optional[int] = ...,
               window: int = ..., mask: Optional[_Array] = ..., dropout_p: float = ..., seed: int = ...,
-              scale: Optional[float] = ..., softcap: float = ..., sinks: Optional[_Array] = ..., return_lse: Literal[True], layout: Literal["bshd", "bhsd"] = ...,
+              scale: Optional[float] = ..., softcap: float = ..., sinks: Optional[_Array] = ...,
+              return_lse: Literal[True], layout: Literal["bshd", "bhsd"] = ...,
               backend: Optional[str] = ...) -> tuple[torch.Tensor, torch.Tensor]: ...
 @overload
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = ..., causal_offset: Optional[int] = ...,
               window: int = ..., mask: Optional[_Array] = ..., dropout_p: float = ..., seed: int = ...,
-              scale: Optional[float] = ..., softcap: float = ..., sinks: Optional[_Array] = ..., return_lse: bool = ..., layout: Literal["bshd", "bhsd"] = ...,
+              scale: Optional[float] = ..., softcap: float = ..., sinks: Optional[_Array] = ...,
+              return_lse: bool = ..., layout: Literal["bshd", "bhsd"] = ...,
               backend: Optional[str] = ...) -> Union[np.ndarray, tuple[np.ndarray, np.ndarray]]: ...
 
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, *, max_seqlen_q: int = ..., max_seqlen_k: int = ..., causal: bool = ...,
+                     causal_offset: Optional[int] = ..., window: int = ..., dropout_p: float = ..., seed: int = ...,
+                     scale: Optional[float] = ..., softcap: float = ..., sinks: Optional[torch.Tensor] = ...,
+                     return_lse: bool = ..., backend: Optional[str] = ...) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]: ...
+def attention_paged(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
+                    seq_lens_k: torch.Tensor, *, causal: bool = ..., window: int = ..., scale: Optional[float] = ...,
+                    softcap: float = ..., sinks: Optional[torch.Tensor] = ..., return_lse: bool = ...,
+                    backend: Optional[str] = ...) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]: ...
+def paged_kv_append(k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor, seq_lens_k: torch.Tensor,
+                    k: torch.Tensor, v: torch.Tensor, *, backend: Optional[str] = ...) -> None: ...
 def backends() -> list[BackendInfo]: ...
 def set_threads(backend: str, threads: int) -> None: ...
 

@@ -51,19 +51,22 @@ def _new_out(q: Tensor, bhsd: bool) -> Tensor:
 @torch.library.custom_op("flashtq::attention_forward", mutates_args=())
 def _forward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: Optional[float], causal: bool,
              causal_offset: Optional[int], window: int, dropout_p: float, seed: int, softcap: float,
-             sinks: Optional[Tensor], bhsd: bool, backend: str) -> tuple[Tensor, Tensor]:
+             sinks: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+             max_seqlen_q: int, max_seqlen_k: int, bhsd: bool, backend: str) -> tuple[Tensor, Tensor]:
     out = _new_out(q, bhsd)
     B, Sq, H, _ = q.shape
-    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)  # a ragged batch's [H, Tq] when B = 1
     with _device_scope(q):
         _ext.forward(backend_for(q, backend or None), view(q, "q"), view(k, "k"), view(v, "v"), view(out, "out"),
                      lse.data_ptr(), scale, causal, causal_offset, window, *_mask_args(mask), dropout_p, seed,
-                     softcap, _pointer(sinks), stream_of(q))
+                     softcap, _pointer(sinks), *_ragged_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                     0, 0, 0, stream_of(q))
     return out, lse
 
 
 @_forward.register_fake
-def _(q, k, v, mask, scale, causal, causal_offset, window, dropout_p, seed, softcap, sinks, bhsd, backend):
+def _(q, k, v, mask, scale, causal, causal_offset, window, dropout_p, seed, softcap, sinks, cu_seqlens_q, cu_seqlens_k,
+      max_seqlen_q, max_seqlen_k, bhsd, backend):
     B, Sq, H, _ = q.shape
     return _new_out(q, bhsd), q.new_empty((B, H, Sq), dtype=torch.float32)
 
@@ -71,7 +74,8 @@ def _(q, k, v, mask, scale, causal, causal_offset, window, dropout_p, seed, soft
 @torch.library.custom_op("flashtq::attention_backward", mutates_args=())
 def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor, mask: Optional[Tensor],
               scale: Optional[float], causal: bool, causal_offset: Optional[int], window: int, dropout_p: float,
-              seed: int, softcap: float, sinks: Optional[Tensor],
+              seed: int, softcap: float, sinks: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+              cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
               backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsinks = _new_dsinks(q, sinks)
@@ -79,17 +83,27 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: T
         _ext.backward(backend_for(q, backend or None), view(q, "q"), view(k, "k"), view(v, "v"), view(out, "out"),
                       view(dout, "dout"), lse.data_ptr(), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"), scale,
                       causal, causal_offset, window, *_mask_args(mask), dropout_p, seed, softcap, _pointer(sinks),
-                      _pointer(dsinks if sinks is not None else None), stream_of(q))
+                      _pointer(dsinks if sinks is not None else None),
+                      *_ragged_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), stream_of(q))
     return dq, dk, dv, dsinks
 
 
 @_backward.register_fake
-def _(q, k, v, out, dout, lse, mask, scale, causal, causal_offset, window, dropout_p, seed, softcap, sinks, backend):
+def _(q, k, v, out, dout, lse, mask, scale, causal, causal_offset, window, dropout_p, seed, softcap, sinks,
+      cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, backend):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), _new_dsinks(q, sinks)
 
 
 def _pointer(t: Optional[Tensor]) -> int:
     return 0 if t is None else t.data_ptr()
+
+
+def _ragged_args(cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
+                 max_seqlen_k: int) -> tuple[int, int, int, int, int]:
+    """(batch, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) for the extension; batch 0 = not ragged."""
+    if cu_seqlens_q is None:
+        return 0, 0, 0, 0, 0
+    return cu_seqlens_q.numel() - 1, cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), max_seqlen_q, max_seqlen_k
 
 
 def _new_dsinks(q: Tensor, sinks: Optional[Tensor]) -> Tensor:
@@ -98,31 +112,34 @@ def _new_dsinks(q: Tensor, sinks: Optional[Tensor]) -> Tensor:
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, mask, scale, causal, causal_offset, window, dropout_p, seed, softcap, sinks, bhsd, backend = inputs
+    (q, k, v, mask, scale, causal, causal_offset, window, dropout_p, seed, softcap, sinks, cu_seqlens_q, cu_seqlens_k,
+     max_seqlen_q, max_seqlen_k, bhsd, backend) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, mask, sinks)
+    ctx.save_for_backward(q, k, v, out, lse, mask, sinks, cu_seqlens_q, cu_seqlens_k)
     ctx.params = (scale, causal, causal_offset, window, dropout_p, seed, softcap)
+    ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
     ctx.backend = backend
     ctx.set_materialize_grads(False)  # an unused lse gets no gradient, and costs nothing
 
 
 def _autograd_backward(ctx, dout, dlse):
-    q, k, v, out, lse, mask, sinks = ctx.saved_tensors
+    q, k, v, out, lse, mask, sinks, cu_q, cu_k = ctx.saved_tensors
+    ragged = (cu_q, cu_k, *ctx.max_seqlens)
     if dout is None:
         dout = torch.zeros_like(out)
     elif dout.stride(-1) != 1 or 0 in dout.stride():
         dout = dout.contiguous()  # the library needs D contiguous; autograd hands out expanded views at times
-    dq, dk, dv, dsinks = _backward(q, k, v, out, dout, lse, mask, *ctx.params, sinks, ctx.backend)
+    dq, dk, dv, dsinks = _backward(q, k, v, out, dout, lse, mask, *ctx.params, sinks, *ragged, ctx.backend)
     if dlse is not None:
-        dq_l, dk_l, dsinks_l = _lse_gradients(q, k, v, lse, mask, sinks, dlse, ctx.params, ctx.backend)
+        dq_l, dk_l, dsinks_l = _lse_gradients(q, k, v, lse, mask, sinks, ragged, dlse, ctx.params, ctx.backend)
         dq = (dq.float() + dq_l.float()).to(dq.dtype)
         dk = (dk.float() + dk_l.float()).to(dk.dtype)
         dsinks = dsinks + dsinks_l
     return (dq, dk, dv, None, None, None, None, None, None, None, None,
-            dsinks if sinks is not None else None, None, None)
+            dsinks if sinks is not None else None, None, None, None, None, None, None)
 
 
-def _lse_gradients(q, k, v, lse, mask, sinks, dlse, params, backend):
+def _lse_gradients(q, k, v, lse, mask, sinks, ragged, dlse, params, backend):
     """What a loss on lse adds. d lse_i / d s_ij = P_ij (softmax without dropout, the sink in its denominator), so
     the gradient is the backward's dS_ij = P_ij (dP_ij - D_i) (softcap slope included) with dP = 0 and
     D_i = -dlse_i: the backward of values 0, out_i = -dlse_i e_0 and dout_i = e_0, whose D_i = <dout_i, out_i>.
@@ -132,7 +149,7 @@ def _lse_gradients(q, k, v, lse, mask, sinks, dlse, params, backend):
     out = torch.zeros_like(q)
     out[..., 0] = -dlse.transpose(1, 2)
     no_dropout = params[:4] + (0.0, 0) + params[6:]
-    dq, dk, _, dsinks = _backward(q, k, torch.zeros_like(v), out, e0, lse, mask, *no_dropout, sinks, backend)
+    dq, dk, _, dsinks = _backward(q, k, torch.zeros_like(v), out, e0, lse, mask, *no_dropout, sinks, *ragged, backend)
     return dq, dk, dsinks
 
 
@@ -222,9 +239,92 @@ def attention(q, k, v, *, causal: bool = False, causal_offset: Optional[int] = N
     sinks = _prepare_sinks(sinks, H, q.device)
     out, lse = torch.ops.flashtq.attention_forward(q, k, v, mask, None if scale is None else float(scale), bool(causal),
                                                    causal_offset, window, float(dropout_p), seed, float(softcap), sinks,
-                                                   bhsd, backend or "")
+                                                   None, None, 0, 0, bhsd, backend or "")
     if bhsd:
         out = out.transpose(1, 2)
     if numpy_in:
         out, lse = out.numpy(), lse.numpy()
     return (out, lse) if return_lse else out
+
+
+def _host_int32(t, name: str, shape: tuple) -> Tensor:
+    """An int32 host tensor of the given shape (offsets, tables and lengths are read on the host)."""
+    t = _as_tensor(t, name)
+    if t.device.type != "cpu" or t.dtype != torch.int32 or tuple(t.shape) != shape:
+        raise error(name, f"must be an int32 cpu tensor of shape {list(shape)}, got {t.dtype} {tuple(t.shape)} on "
+                          f"{t.device}")
+    return t.contiguous()
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int = 0, max_seqlen_k: int = 0,
+                     causal: bool = False, causal_offset: Optional[int] = None, window: int = 0, dropout_p: float = 0.0,
+                     seed: int = 0, scale: Optional[float] = None, softcap: float = 0.0, sinks=None,
+                     return_lse: bool = False, backend: Optional[str] = None):
+    """A ragged batch (SPEC §1.6), as flash_attn_varlen_func takes it: q [Tq, H, D], k/v [Tk, Hkv, D] with the
+    sequences packed along dimension 0, cu_seqlens_q / cu_seqlens_k int32 cpu tensors of B + 1 offsets. Every rule of
+    flashtq.attention holds within each sequence; returns out [Tq, H, D] and lse [H, Tq] with return_lse=True.
+    Differentiable; host backends (reference, cpu) today."""
+    q, k, v = _as_tensor(q, "q"), _as_tensor(k, "k"), _as_tensor(v, "v")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise error(name, f"must be 3-D [T, heads, D] (the sequences packed), got shape {tuple(t.shape)}")
+    cu_q = _as_tensor(cu_seqlens_q, "cu_seqlens_q")
+    cu_q = _host_int32(cu_q, "cu_seqlens_q", (max(cu_q.numel(), 2),))
+    cu_k = _host_int32(cu_seqlens_k, "cu_seqlens_k", tuple(cu_q.shape))
+    for name, x in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k), ("window", window)):
+        if not isinstance(x, int) or isinstance(x, bool):
+            raise error(name, f"must be an integer, got {x!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise error("seed", f"must be an integer in [0, 2^32), got {seed!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise error("softcap", f"must be a number (0 = no softcap), got {softcap!r}")
+    H = q.shape[1]
+    sinks = _prepare_sinks(sinks, H, q.device)
+    out, lse = torch.ops.flashtq.attention_forward(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None,
+                                                   None if scale is None else float(scale), bool(causal), causal_offset,
+                                                   window, float(dropout_p), seed, float(softcap), sinks, cu_q, cu_k,
+                                                   max_seqlen_q, max_seqlen_k, False, backend or "")
+    return (out[0], lse[0]) if return_lse else out[0]
+
+
+def attention_paged(q, k_pages, v_pages, page_table, seq_lens_k, *, causal: bool = False, window: int = 0,
+                    scale: Optional[float] = None, softcap: float = 0.0, sinks=None, return_lse: bool = False,
+                    backend: Optional[str] = None):
+    """Attention over keys and values in pages (SPEC §1.7), forward only: q [B, Sq, H, D]; k_pages / v_pages
+    [num_pages, page_size, Hkv, D]; page_table int32 cpu [B, max_pages]; seq_lens_k int32 cpu [B]. Key j of sequence
+    b is row j % page_size of page page_table[b, j // page_size]; causal alignment is bottom-right per sequence.
+    Host backends (reference, cpu) today."""
+    q, k_pages, v_pages = _as_tensor(q, "q"), _as_tensor(k_pages, "k_pages"), _as_tensor(v_pages, "v_pages")
+    for name, t in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages)):
+        if t.dim() != 4:
+            raise error(name, f"must be 4-D, got shape {tuple(t.shape)}")
+    B, Sq, H, _ = q.shape
+    table = _as_tensor(page_table, "page_table")
+    table = _host_int32(table, "page_table", (B, table.shape[-1] if table.dim() == 2 else 0))
+    lengths = _host_int32(seq_lens_k, "seq_lens_k", (B,))
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise error("softcap", f"must be a number (0 = no softcap), got {softcap!r}")
+    sinks = _prepare_sinks(sinks, H, q.device)
+    out = q.new_empty(q.shape)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    with _device_scope(q):
+        _ext.forward(backend_for(q, backend or None), view(q, "q"), view(k_pages, "k_pages"), view(v_pages, "v_pages"),
+                     view(out, "out"), lse.data_ptr(), None if scale is None else float(scale), bool(causal), None,
+                     window, 0, (0, 0, 0, 0), 0, 0.0, 0, float(softcap), _pointer(sinks), 0, 0, 0, 0, 0,
+                     table.data_ptr(), table.shape[1], lengths.data_ptr(), stream_of(q))
+    return (out, lse) if return_lse else out
+
+
+def paged_kv_append(k_pages, v_pages, page_table, seq_lens_k, k, v, *, backend: Optional[str] = None) -> None:
+    """Writes row t of k / v [B, T, Hkv, D] for sequence b at position seq_lens_k[b] + t of its pages (SPEC §1.7),
+    in place; the caller then adds T to seq_lens_k. Refused before any write when a row's page does not exist."""
+    k_pages, v_pages, k, v = (_as_tensor(x, n) for x, n in ((k_pages, "k_pages"), (v_pages, "v_pages"), (k, "k"),
+                                                              (v, "v")))
+    B = k.shape[0]
+    table = _as_tensor(page_table, "page_table")
+    table = _host_int32(table, "page_table", (B, table.shape[-1] if table.dim() == 2 else 0))
+    lengths = _host_int32(seq_lens_k, "seq_lens_k", (B,))
+    with _device_scope(k_pages):
+        _ext.paged_kv_append(backend_for(k_pages, backend or None), view(k_pages, "k_pages"), view(v_pages, "v_pages"),
+                             table.data_ptr(), table.shape[1], lengths.data_ptr(), view(k, "k"), view(v, "v"),
+                             stream_of(k_pages))

@@ -36,6 +36,20 @@ AttentionParams make_params(std::optional<float> scale, bool causal, std::option
   return p;
 }
 
+// A ragged batch (batch > 0) and paged keys (page_table != 0), as pointers to host int32 arrays.
+void add_layout(AttentionParams& p, std::int64_t batch, std::uintptr_t cu_q, std::uintptr_t cu_k, std::int64_t max_q,
+                std::int64_t max_k, std::uintptr_t page_table, std::int64_t max_pages, std::uintptr_t seq_lens_k) {
+  if (batch > 0) {
+    p.varlen = Varlen{
+        batch,  reinterpret_cast<const std::int32_t*>(cu_q), reinterpret_cast<const std::int32_t*>(cu_k), max_q, max_k,
+        nullptr};
+  }
+  if (page_table != 0) {
+    p.paged = PagedKv{reinterpret_cast<const std::int32_t*>(page_table), max_pages,
+                      reinterpret_cast<const std::int32_t*>(seq_lens_k)};
+  }
+}
+
 }  // namespace
 
 void bind_dense(nb::module_& m) {
@@ -45,17 +59,21 @@ void bind_dense(nb::module_& m) {
          const TensorView& out, std::uintptr_t lse, std::optional<float> scale, bool causal,
          std::optional<std::int64_t> causal_offset, std::int64_t window, std::uintptr_t mask,
          std::array<std::int64_t, 4> mask_strides, std::int64_t mask_elements, float dropout_p, std::uint32_t seed,
-         float softcap, std::uintptr_t sinks, std::uintptr_t stream) {
+         float softcap, std::uintptr_t sinks, std::int64_t batch, std::uintptr_t cu_q, std::uintptr_t cu_k,
+         std::int64_t max_q, std::int64_t max_k, std::uintptr_t page_table, std::int64_t max_pages,
+         std::uintptr_t seq_lens_k, std::uintptr_t stream) {
         Backend& be = flashtq::backend(backend);
-        const AttentionParams p = make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements,
-                                              dropout_p, seed, softcap, sinks);
+        AttentionParams p = make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements,
+                                        dropout_p, seed, softcap, sinks);
+        add_layout(p, batch, cu_q, cu_k, max_q, max_k, page_table, max_pages, seq_lens_k);
         nb::gil_scoped_release release;
         attention_forward(be, {q, k, v, out, reinterpret_cast<float*>(lse), reinterpret_cast<void*>(stream)}, p);
       },
       nb::arg("backend"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
       nb::arg("scale").none(), nb::arg("causal"), nb::arg("causal_offset").none(), nb::arg("window"), nb::arg("mask"),
       nb::arg("mask_strides"), nb::arg("mask_elements"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("softcap"),
-      nb::arg("sinks"), nb::arg("stream"));
+      nb::arg("sinks"), nb::arg("batch"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
+      nb::arg("max_seqlen_k"), nb::arg("page_table"), nb::arg("max_pages"), nb::arg("seq_lens_k"), nb::arg("stream"));
   m.def(
       "backward",
       [](const std::string& backend, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -63,10 +81,12 @@ void bind_dense(nb::module_& m) {
          const TensorView& dv, std::optional<float> scale, bool causal, std::optional<std::int64_t> causal_offset,
          std::int64_t window, std::uintptr_t mask, std::array<std::int64_t, 4> mask_strides, std::int64_t mask_elements,
          float dropout_p, std::uint32_t seed, float softcap, std::uintptr_t sinks, std::uintptr_t dsinks,
+         std::int64_t batch, std::uintptr_t cu_q, std::uintptr_t cu_k, std::int64_t max_q, std::int64_t max_k,
          std::uintptr_t stream) {
         Backend& be = flashtq::backend(backend);
-        const AttentionParams p = make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements,
-                                              dropout_p, seed, softcap, sinks);
+        AttentionParams p = make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements,
+                                        dropout_p, seed, softcap, sinks);
+        add_layout(p, batch, cu_q, cu_k, max_q, max_k, 0, 0, 0);
         nb::gil_scoped_release release;
         attention_backward(be,
                            {q, k, v, out, dout, reinterpret_cast<const float*>(lse), dq, dk, dv,
@@ -77,7 +97,21 @@ void bind_dense(nb::module_& m) {
       nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("scale").none(), nb::arg("causal"),
       nb::arg("causal_offset").none(), nb::arg("window"), nb::arg("mask"), nb::arg("mask_strides"),
       nb::arg("mask_elements"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("softcap"), nb::arg("sinks"),
-      nb::arg("dsinks"), nb::arg("stream"));
+      nb::arg("dsinks"), nb::arg("batch"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
+      nb::arg("max_seqlen_k"), nb::arg("stream"));
+  m.def(
+      "paged_kv_append",
+      [](const std::string& backend, const TensorView& k_pages, const TensorView& v_pages, std::uintptr_t page_table,
+         std::int64_t max_pages, std::uintptr_t seq_lens_k, const TensorView& k, const TensorView& v,
+         std::uintptr_t stream) {
+        Backend& be = flashtq::backend(backend);
+        const PagedKv pages{reinterpret_cast<const std::int32_t*>(page_table), max_pages,
+                            reinterpret_cast<const std::int32_t*>(seq_lens_k)};
+        nb::gil_scoped_release release;
+        paged_kv_append(be, {k_pages, v_pages, pages, k, v, reinterpret_cast<void*>(stream)});
+      },
+      nb::arg("backend"), nb::arg("k_pages"), nb::arg("v_pages"), nb::arg("page_table"), nb::arg("max_pages"),
+      nb::arg("seq_lens_k"), nb::arg("k"), nb::arg("v"), nb::arg("stream"));
 }
 
 }  // namespace flashtq::python

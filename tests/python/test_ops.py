@@ -143,7 +143,7 @@ def test_binding_writes_every_element_of_given_memory(gen):
     out = torch.full_like(q, float("nan"))
     lse = torch.full((s["B"], s["H"], s["Sq"]), float("nan"))
     ext.forward("cpu", view(q, "q"), view(k, "k"), view(v, "v"), view(out, "out"), lse.data_ptr(), None, True, None,
-                0, 0, (0, 0, 0, 0), 0, 0.0, 0, 0.0, 0, 0)
+                0, 0, (0, 0, 0, 0), 0, 0.0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     ref_out, ref_lse = oracle(q, k, v, causal=True)
     assert not out.isnan().any() and not lse.isnan().any()
     assert rel_err(out, ref_out) <= 1e-5
@@ -184,10 +184,14 @@ def test_torch_compile_fullgraph(backend, gen):
 def test_custom_op_passes_opcheck(gen):
     s, q, k, v = draw(gen, "cpu")
     args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), None, None, True, None, 0, 0.0, 0, 0.0, None,
-            False, "")
+            None, None, 0, 0, False, "")
     torch.library.opcheck(torch.ops.flashtq.attention_forward.default, args)
     sinks = torch.randn(q.shape[2]).requires_grad_()
     args = args[:10] + (2.0, sinks) + args[12:]
+    torch.library.opcheck(torch.ops.flashtq.attention_forward.default, args)
+    cu = torch.tensor([0, q.shape[1]], dtype=torch.int32)  # batch 0 as a ragged batch of one sequence
+    one = tuple(t[:1].detach().requires_grad_() for t in (q, k, v))
+    args = one + args[3:12] + (cu, torch.tensor([0, k.shape[1]], dtype=torch.int32), 0, 0) + args[16:]
     torch.library.opcheck(torch.ops.flashtq.attention_forward.default, args)
 
 
@@ -277,3 +281,78 @@ def test_gradients_through_lse_with_sinks_and_softcap(softcap, gen):
     ((ro * dout.double()).sum() + (rl * dlse.double()).sum()).backward()
     for a, b in zip(leaves, ref):
         assert rel_err(a.grad, b.grad) <= 1e-5
+
+
+def test_varlen_equals_each_sequence_alone_with_gradients(gen):
+    """SPEC §1.6: a packed ragged batch against flashtq.attention (itself held to the oracle above) on each
+    sequence alone, forward and backward, sinks included."""
+    H, Hkv, D = 4, 2, 32
+    lens_q, lens_k = [3, 0, 7, 5], [6, 4, 7, 1]
+    cu_q = torch.tensor([0] + list(np.cumsum(lens_q)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(np.cumsum(lens_k)), dtype=torch.int32)
+    q = torch.randn(sum(lens_q), H, D, requires_grad=True)
+    k = torch.randn(sum(lens_k), Hkv, D, requires_grad=True)
+    v = torch.randn(sum(lens_k), Hkv, D, requires_grad=True)
+    sinks = torch.randn(H, requires_grad=True)
+    out, lse = flashtq.attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=7, causal=True, sinks=sinks,
+                                        return_lse=True)
+    assert out.shape == q.shape and lse.shape == (H, q.shape[0])
+    dout = torch.randn_like(out)
+    (out * dout).sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v, sinks)]
+    for t in (q, k, v, sinks):
+        t.grad = None
+    total = 0
+    for b in range(len(lens_q)):
+        rq, rk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if lens_q[b] == 0:
+            continue
+        o, l = flashtq.attention(q[rq][None], k[rk][None], v[rk][None], causal=True, sinks=sinks, return_lse=True)
+        assert rel_err(out[rq], o[0]) <= 1e-5 and rel_err(lse[:, rq], l[0]) <= 1e-5
+        total = total + (o[0] * dout[rq]).sum()
+    total.backward()
+    for got, want in zip(grads, (q.grad, k.grad, v.grad, sinks.grad)):
+        assert rel_err(got, want) <= 1e-5
+
+
+def test_paged_forward_and_append_equal_the_contiguous_forward(gen):
+    """SPEC §1.7: keys appended into shuffled pages, then a paged forward, against the contiguous forward."""
+    B, H, Hkv, D, page_size = 2, 4, 2, 32, 16
+    lengths = [37, 20]
+    max_pages = 3
+    table = torch.randperm(B * max_pages + 2, dtype=torch.int32)[: B * max_pages].view(B, max_pages)
+    k_pages = torch.full((B * max_pages + 2, page_size, Hkv, D), float("nan"))
+    v_pages = torch.full_like(k_pages, float("nan"))
+    k = torch.randn(B, max(lengths), Hkv, D)
+    v = torch.randn_like(k)
+    seq_lens = torch.zeros(B, dtype=torch.int32)
+    for b in range(B):  # one sequence at a time, its table row and length
+        flashtq.paged_kv_append(k_pages, v_pages, table[b:b + 1], seq_lens[b:b + 1], k[b:b + 1, : lengths[b]],
+                                v[b:b + 1, : lengths[b]])
+        seq_lens[b] = lengths[b]
+    q = torch.randn(B, 2, H, D)
+    out = flashtq.attention_paged(q, k_pages, v_pages, table, seq_lens, causal=True)
+    for b in range(B):
+        want = flashtq.attention(q[b:b + 1], k[b:b + 1, : lengths[b]], v[b:b + 1, : lengths[b]], causal=True)
+        assert rel_err(out[b:b + 1], want) <= 1e-5
+
+
+@pytest.mark.parametrize("call, argument", [
+    (lambda q, k, v: flashtq.attention_varlen(q[0], k[0], v[0], torch.tensor([0, 4]), torch.tensor([0, 6])),
+     "cu_seqlens_q"),  # int64 offsets
+    (lambda q, k, v: flashtq.attention_varlen(q[0], k[0], v[0], torch.tensor([0, 3], dtype=torch.int32),
+                                              torch.tensor([0, 6], dtype=torch.int32)), "cu_seqlens_q"),  # not Tq
+    (lambda q, k, v: flashtq.attention_varlen(q, k, v, torch.tensor([0, 4], dtype=torch.int32),
+                                              torch.tensor([0, 6], dtype=torch.int32)), "q"),  # 4-D
+    (lambda q, k, v: flashtq.attention_paged(q, torch.zeros(4, 12, 2, 64), torch.zeros(4, 12, 2, 64),
+                                             torch.zeros(1, 2, dtype=torch.int32),
+                                             torch.ones(1, dtype=torch.int32)), "k"),  # page_size 12
+    (lambda q, k, v: flashtq.attention_paged(q, torch.zeros(4, 16, 2, 64), torch.zeros(4, 16, 2, 64),
+                                             torch.full((1, 2), 7, dtype=torch.int32),
+                                             torch.ones(1, dtype=torch.int32)), "page_table"),
+])
+def test_bad_ragged_and_paged_arguments_raise_naming_the_argument(call, argument):
+    q, k, v = torch.randn(1, 4, 4, 64), torch.randn(1, 6, 2, 64), torch.randn(1, 6, 2, 64)
+    with pytest.raises(flashtq.FlashTQError) as e:
+        call(q, k, v)
+    assert e.value.argument == argument, str(e.value)
