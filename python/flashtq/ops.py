@@ -185,6 +185,16 @@ def _prepare_mask(mask, B: int, H: int, Sq: int, Sk: int, device: torch.device) 
         raise error("mask", f"must broadcast to [B, H, Sq, Sk] = {[B, H, Sq, Sk]}, got shape {tuple(mask.shape)}") from None
 
 
+def _check_seed(seed) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise error("seed", f"must be an integer in [0, 2^32), got {seed!r}")
+
+
+def _check_softcap(softcap) -> None:
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise error("softcap", f"must be a number (0 = no softcap), got {softcap!r}")
+
+
 def _prepare_sinks(sinks, H: int, device: torch.device) -> Optional[Tensor]:
     """The sinks as a contiguous f32 [H] tensor on q's device (autograd follows the conversion)."""
     if sinks is None:
@@ -221,8 +231,7 @@ def attention(q, k, v, *, causal: bool = False, causal_offset: Optional[int] = N
     for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
             raise error(name, f"must be on {q.device} like q, is on {t.device}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise error("seed", f"must be an integer in [0, 2^32), got {seed!r}")
+    _check_seed(seed)
     if not isinstance(window, int) or isinstance(window, bool):
         raise error("window", f"must be an integer, got {window!r}")
     if causal_offset is not None and (not isinstance(causal_offset, int) or isinstance(causal_offset, bool)):
@@ -234,8 +243,7 @@ def attention(q, k, v, *, causal: bool = False, causal_offset: Optional[int] = N
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     B, Sq, H, _ = q.shape
     mask = _prepare_mask(mask, B, H, Sq, k.shape[1], q.device)
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-        raise error("softcap", f"must be a number (0 = no softcap), got {softcap!r}")
+    _check_softcap(softcap)
     sinks = _prepare_sinks(sinks, H, q.device)
     out, lse = torch.ops.flashtq.attention_forward(q, k, v, mask, None if scale is None else float(scale), bool(causal),
                                                    causal_offset, window, float(dropout_p), seed, float(softcap), sinks,
@@ -274,10 +282,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int =
     for name, x in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k), ("window", window)):
         if not isinstance(x, int) or isinstance(x, bool):
             raise error(name, f"must be an integer, got {x!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise error("seed", f"must be an integer in [0, 2^32), got {seed!r}")
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-        raise error("softcap", f"must be a number (0 = no softcap), got {softcap!r}")
+    _check_seed(seed)
+    _check_softcap(softcap)
     H = q.shape[1]
     sinks = _prepare_sinks(sinks, H, q.device)
     out, lse = torch.ops.flashtq.attention_forward(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None,
@@ -302,8 +308,7 @@ def attention_paged(q, k_pages, v_pages, page_table, seq_lens_k, *, causal: bool
     table = _as_tensor(page_table, "page_table")
     table = _host_int32(table, "page_table", (B, table.shape[-1] if table.dim() == 2 else 0))
     lengths = _host_int32(seq_lens_k, "seq_lens_k", (B,))
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-        raise error("softcap", f"must be a number (0 = no softcap), got {softcap!r}")
+    _check_softcap(softcap)
     sinks = _prepare_sinks(sinks, H, q.device)
     out = q.new_empty(q.shape)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)

@@ -136,9 +136,7 @@ void paged_forward(Backend& backend, const ForwardArgs& a, const AttentionParams
   for (const ForwardCall& c : calls) backend.forward(c);
   for (std::int64_t b = 0; b < B; ++b) {  // sequences without keys: out = 0, lse = the sink or -inf
     if (pages.length[std::size_t(b)] != 0) continue;
-    zero_rows(a.out, b, 0, Sq);
-    for (std::int64_t h = 0; h < H && a.lse != nullptr; ++h)
-      for (std::int64_t i = 0; i < Sq; ++i) a.lse[(b * H + h) * Sq + i] = lse_without_keys(params, h);
+    write_rows_without_keys(a.out, b, 0, Sq, params, a.lse != nullptr ? a.lse + b * H * Sq : nullptr, Sq);
   }
 }
 

@@ -32,9 +32,15 @@ inline void zero_rows(const TensorView& t, std::int64_t b, std::int64_t first, s
       for (std::int64_t d = 0; d < t.shape[3]; ++d) store(t.data, t.dtype, offset(t, b, s, h) + d, 0.0f);
 }
 
-// The lse of a row that sees no key: its head's sink, or -inf (docs/spec.md §1, §1.9).
-inline float lse_without_keys(const AttentionParams& params, std::int64_t h) {
-  return params.sinks != nullptr ? params.sinks[h] : -std::numeric_limits<float>::infinity();
+// Rows [first, first + n) of batch b that see no key (their sequence has none): out = 0 and, where lse is
+// given (head h's rows at lse + h * lse_head_stride), lse = the head's sink or -inf (docs/spec.md §1, §1.9).
+inline void write_rows_without_keys(const TensorView& out, std::int64_t b, std::int64_t first, std::int64_t n,
+                                    const AttentionParams& params, float* lse, std::int64_t lse_head_stride) {
+  zero_rows(out, b, first, n);
+  for (std::int64_t h = 0; h < out.shape[2] && lse != nullptr; ++h)
+    for (std::int64_t i = 0; i < n; ++i)
+      lse[h * lse_head_stride + i] =
+          params.sinks != nullptr ? params.sinks[h] : -std::numeric_limits<float>::infinity();
 }
 
 }  // namespace flashtq::core

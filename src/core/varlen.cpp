@@ -5,8 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "core/dense_row.hpp"
-#include "core/elements.hpp"
 #include "core/sequence_rows.hpp"
 #include "core/validate.hpp"
 #include "flashtq/error.hpp"
@@ -19,9 +17,7 @@ constexpr std::int64_t kInt32Max = std::numeric_limits<std::int32_t>::max();
 // cu_seqlens: B + 1 int32 offsets, 0 first, non-decreasing, `total` last; each length within the hint.
 std::vector<std::int64_t> read_offsets(const char* name, const std::int32_t* cu, std::int64_t batch, std::int64_t total,
                                        const char* total_name, std::int64_t hint, const char* hint_name) {
-  if (cu == nullptr) throw Error(name, "must not be null (B + 1 int32 offsets in host memory)");
-  if (reinterpret_cast<std::uintptr_t>(cu) % alignof(std::int32_t) != 0)
-    throw Error(name, "must be aligned to 4 bytes");
+  check_pointer(name, cu, alignof(std::int32_t));
   if (hint < 0 || hint > kInt32Max) throw Error(hint_name, "must be in [0, 2^31 - 1] (0 = not given)");
   std::vector<std::int64_t> at(std::size_t(batch) + 1);
   for (std::int64_t b = 0; b <= batch; ++b) at[std::size_t(b)] = cu[b];
@@ -113,8 +109,7 @@ void varlen_forward(Backend& backend, const ForwardArgs& a, const AttentionParam
   ForwardArgs whole_args = a;
   whole_args.lse = nullptr;
   validate_forward(backend, whole_args, Batch::whole(params));
-  if (a.lse != nullptr && reinterpret_cast<std::uintptr_t>(a.lse) % alignof(float) != 0)
-    throw Error("lse", "must be aligned to 4 bytes");
+  if (a.lse != nullptr) check_pointer("lse", a.lse, alignof(float));
   const std::int64_t H = batch.H, Tq = a.q.shape[1];
   // Each sequence's lse as its call writes it, [H, Sq_b] at H * (its first row); scattered to [H, Tq] after.
   std::vector<float> lse(a.lse != nullptr ? std::size_t(H * Tq) : 0);
@@ -136,9 +131,7 @@ void varlen_forward(Backend& backend, const ForwardArgs& a, const AttentionParam
     const std::int64_t q0 = batch.q[std::size_t(b)], n = batch.rows(b);
     if (n == 0 || batch.keys(b) != 0) continue;
     // Rows that see no key: out = 0, lse = the head's sink (or -inf) (docs/spec.md §1, §1.9).
-    zero_rows(a.out, 0, q0, n);
-    for (std::int64_t h = 0; h < H && a.lse != nullptr; ++h)
-      for (std::int64_t i = 0; i < n; ++i) lse[std::size_t(H * q0 + h * n + i)] = lse_without_keys(params, h);
+    write_rows_without_keys(a.out, 0, q0, n, params, a.lse != nullptr ? lse.data() + H * q0 : nullptr, n);
   }
   for (std::int64_t b = 0; b < batch.batch() && a.lse != nullptr; ++b) {
     const std::int64_t q0 = batch.q[std::size_t(b)], n = batch.rows(b);

@@ -234,11 +234,12 @@ class WebGpuBackend final : public Backend {
     const DenseProblem& p = c.p;
     Context& ctx = Context::get();
     const Placed q = place(c.q, "q"), k = place(c.k, "k"), v = place(c.v, "v"), out = place(c.out, "out"),
-                 dout = place(c.dout, "dout"), mask = place_mask(p);
+                 dout = place(c.dout, "dout"), mask = place_mask(p), sinks = place_sinks(p);
     const Placed lse = place(c.lse, p.B * p.H * p.Sq, 4, "lse");
     // delta_i = <dout_i, out_i> per row, computed by the dq kernel for the dk/dv kernel.
     void* delta = ctx.scratch(0, std::uint64_t(p.B * p.H * p.Sq) * 4);
-    Outputs outputs({q.buffer, k.buffer, v.buffer, out.buffer, dout.buffer, lse.buffer, mask.buffer, delta});
+    Outputs outputs(
+        {q.buffer, k.buffer, v.buffer, out.buffer, dout.buffer, lse.buffer, mask.buffer, delta, sinks.buffer});
     const Placed dq = outputs.add(place(c.dq, "dq"), extent_elements(c.dq), dtype_size(c.dq.dtype));
     const Placed dk = outputs.add(place(c.dk, "dk"), extent_elements(c.dk), dtype_size(c.dk.dtype));
     const Placed dv = outputs.add(place(c.dv, "dv"), extent_elements(c.dv), dtype_size(c.dv.dtype));
@@ -267,7 +268,6 @@ class WebGpuBackend final : public Backend {
     dispatch_chunked("dense_backward#dkdv", P, y0, with({{dk.buffer}, {dv.buffer}}), {groups(p.Sk, 64), p.B * p.Hkv, 1},
                      1);
     if (c.dsinks) {  // from the delta the dq kernel wrote
-      const Placed sinks = place_sinks(p);
       const Placed dsinks = outputs.add(place(c.dsinks, p.H, 4, "dsinks"), p.H, 4);
       Params S;
       S.u(p.B).u(p.Sq).u(p.H).u(lse.offset, "lse").u(sinks.offset, "sinks").u(dsinks.offset, "dsinks");
