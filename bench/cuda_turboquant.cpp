@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -43,11 +44,11 @@ struct Sequences {
   double encode_ms = 0;  // to encode all of them
 };
 
-// Random f32 rows of `chunk` tokens, encoded repeatedly to fill every sequence to `ctx`.
-Sequences make_sequences(std::int64_t batch, std::int64_t ctx, std::int64_t hkv, std::int64_t dim,
-                         std::mt19937_64& rng) {
+// Random f32 rows of `chunk` tokens, encoded repeatedly (in order) to fill every sequence to its capacity.
+Sequences make_sequences(std::int64_t batch, const flashtq::TqLayout& layout, std::mt19937_64& rng) {
   Sequences s;
-  s.layout = {dim, hkv, ctx, 2, 2};
+  s.layout = layout;
+  const std::int64_t ctx = layout.capacity, hkv = layout.n_kv_heads, dim = layout.head_dim;
   s.tables = flashtq::make_tq_tables(s.layout, 1234, 0);
   s.batch = batch;
   check(cudaMalloc(&s.keys, std::size_t(batch * s.layout.key_words()) * 4), "malloc keys");
@@ -79,12 +80,22 @@ struct AttendTimes {
   double graph_ms;  // one captured CUDA graph replayed (as serving engines run decode)
 };
 
+// How a call is made: decode steps pass per-sequence start positions in device memory (as a serving
+// engine's batch of sequences does); a chunk passes its one start position, and may ask for the exact path.
+struct AttendHow {
+  bool device_starts = true;
+  bool exact = false;
+  std::vector<float>* result = nullptr;  // when given: the output, copied back after timing
+};
+
 // Decode (rows = 1) or chunked prefill of `rows` query rows at the end of every sequence of the
-// batch, in one call; returns the median times.
-AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows, std::mt19937_64& rng) {
+// batch, in one call, on queries drawn from `seed`; returns the median times.
+AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows, std::uint64_t seed,
+                      const AttendHow& how = {}) {
   flashtq::Backend& cuda = flashtq::backend("cuda");
   const std::int64_t dim = s.layout.head_dim, batch = s.batch;
   std::vector<float> host(std::size_t(batch * rows * heads * dim));
+  std::mt19937_64 rng(seed);
   std::normal_distribution<float> n(0, 1);
   for (float& x : host) x = n(rng);
   float *q, *scratch, *out;
@@ -104,7 +115,11 @@ AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows,
   a.n_heads = heads;
   a.n_queries = rows;
   a.batch = batch;
-  a.start_positions = starts;
+  if (how.device_starts)
+    a.start_positions = starts;
+  else
+    a.start_pos = s.layout.capacity - rows;
+  a.exact = how.exact;
   a.k_cache = s.keys;
   a.v_cache = s.values;
   a.out = TensorView::bshd(out, DType::f32, batch, rows, heads, dim, Memory::cuda);
@@ -129,6 +144,10 @@ AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows,
   check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   t.graph_ms = time_ms([&] { cudaGraphLaunch(exec, stream); }, stream);
   check(cudaGetLastError(), "attend");
+  if (how.result) {
+    how.result->resize(host.size());
+    check(cudaMemcpy(how.result->data(), out, host.size() * 4, cudaMemcpyDeviceToHost), "download out");
+  }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
@@ -146,8 +165,8 @@ int main(int argc, char** argv) {
   if (argc == 4 && std::string(argv[1]) == "--decode") {
     std::mt19937_64 rng(7);
     const std::int64_t batch = std::atoll(argv[2]), ctx = std::atoll(argv[3]);
-    Sequences s = make_sequences(batch, ctx, 8, 128, rng);
-    const AttendTimes t = attend_ms(s, 32, 1, rng);
+    Sequences s = make_sequences(batch, {128, 8, ctx, 2, 2}, rng);
+    const AttendTimes t = attend_ms(s, 32, 1, rng());
     std::printf("decode B=%lld ctx=%lld: graph %.4f ms, eager %.4f ms\n", (long long)batch, (long long)ctx, t.graph_ms,
                 t.eager_ms);
     return 0;
@@ -162,8 +181,8 @@ int main(int argc, char** argv) {
   const std::int64_t H = 32, Hkv = 8, D = 128;
   for (auto [batch, ctx] :
        std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 32768}, {1, 131072}, {8, 32768}, {32, 8192}}) {
-    Sequences s = make_sequences(batch, ctx, Hkv, D, rng);
-    const AttendTimes t = attend_ms(s, H, 1, rng);
+    Sequences s = make_sequences(batch, {D, Hkv, ctx, 2, 2}, rng);
+    const AttendTimes t = attend_ms(s, H, 1, rng());
     const double bytes = double(batch * ctx * Hkv * s.layout.bytes_per_token_per_head());
     const double gbs = bytes / (t.graph_ms * 1e-3) / 1e9;
     report["decode"].push_back({{"batch", batch},
@@ -181,12 +200,31 @@ int main(int argc, char** argv) {
     cudaFree(s.keys);
     cudaFree(s.values);
   }
-  {
-    Sequences s = make_sequences(1, 32768, Hkv, D, rng);
+  // Chunked prefill of the last `chunk` timesteps of one 32k sequence: the default (bf16-class) path and the
+  // exact one (TqAttendArgs::exact) on the same queries, with the default's error relative to the exact
+  // path's output (which conformance holds to the oracle), for the seed layout and the default preset.
+  for (const char* preset : {"seed", "default"}) {
+    Sequences s = make_sequences(1, flashtq::tq_preset_layout(preset, D, Hkv, 32768), rng);
     for (std::int64_t chunk : {512, 2048}) {
-      const AttendTimes t = attend_ms(s, H, chunk, rng);
-      report["prefill"].push_back({{"ctx", 32768}, {"chunk", chunk}, {"ms", t.graph_ms}, {"eager_ms", t.eager_ms}});
-      std::fprintf(stderr, "prefill chunk=%lld over 32k: %.3f ms\n", (long long)chunk, t.graph_ms);
+      std::vector<float> fast, exact;
+      const std::uint64_t seed = rng();
+      const AttendTimes t = attend_ms(s, H, chunk, seed, {false, false, &fast});
+      const AttendTimes e = attend_ms(s, H, chunk, seed, {false, true, &exact});
+      double diff = 0, norm = 0;
+      for (std::size_t i = 0; i < fast.size(); ++i) {
+        diff += double(fast[i] - exact[i]) * double(fast[i] - exact[i]);
+        norm += double(exact[i]) * double(exact[i]);
+      }
+      const double error = std::sqrt(diff / norm);
+      report["prefill"].push_back({{"layout", preset},
+                                   {"ctx", 32768},
+                                   {"chunk", chunk},
+                                   {"ms", t.graph_ms},
+                                   {"eager_ms", t.eager_ms},
+                                   {"exact_ms", e.graph_ms},
+                                   {"error_vs_exact", error}});
+      std::fprintf(stderr, "prefill %s chunk=%lld over 32k: %.3f ms (exact path %.3f ms), error vs exact %.2e\n",
+                   preset, (long long)chunk, t.graph_ms, e.graph_ms, error);
     }
     cudaFree(s.keys);
     cudaFree(s.values);

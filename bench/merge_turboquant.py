@@ -26,11 +26,17 @@ def merge(flashtq_path, torch_path, commit):
         row["bf16_floor_ms"] = theirs["bf16_bytes"] / (f["copy_bandwidth_gbs"] * 1e9) * 1e3
         row["packed_floor_ms"] = ours["packed_bytes"] / (f["copy_bandwidth_gbs"] * 1e9) * 1e3
         out["decode"].append(row)
-    for ours, theirs in zip(f["prefill"], t["prefill"]):
+    sdpa_prefill = {r["chunk"]: r for r in t["prefill"]}
+    for ours in f["prefill"]:  # every layout's chunk beside SDPA's over bf16 of the same shape
+        theirs = sdpa_prefill.get(ours["chunk"], {})
         row = dict(ours)
         row.update({k: v for k, v in theirs.items() if k not in row})
+        # The products of a chunk against the whole cache (Hq = 32, D = 128): 4 * chunk * ctx * 32 * 128 FLOPs.
+        row["tflops"] = 4 * ours["chunk"] * ours["ctx"] * 32 * 128 / (ours["ms"] * 1e-3) / 1e12
         if "flash_ms" in theirs:
             row["speed_vs_flash"] = theirs["flash_ms"] / ours["ms"]
+        if "cudnn_ms" in theirs:
+            row["speed_vs_cudnn"] = theirs["cudnn_ms"] / ours["ms"]
         out["prefill"].append(row)
     return out
 
@@ -41,9 +47,12 @@ def table(merged):
     for r in merged["decode"]:
         print(f"{r['batch']:>3} {r['ctx']:>7} {r['ms']:>11.4f} {r.get('flash_ms', float('nan')):>9.4f} "
               f"{r.get('cudnn_ms', float('nan')):>9.4f} {r.get('speedup_vs_best_sdpa', float('nan')):>8.2f} {r['gbs']:>7.0f}")
+    nan = float('nan')
     for r in merged["prefill"]:
-        print(f"prefill chunk {r['chunk']}: flashtq {r['ms']:.3f} ms, flash {r.get('flash_ms', float('nan')):.3f} ms, "
-              f"speed vs flash {r.get('speed_vs_flash', float('nan')):.3f}")
+        print(f"prefill {r.get('layout', 'seed')} chunk {r['chunk']}: flashtq {r['ms']:.3f} ms "
+              f"(exact path {r.get('exact_ms', nan):.3f} ms, error vs exact {r.get('error_vs_exact', nan):.1e}, "
+              f"{r['tflops']:.0f} TFLOP/s), flash {r.get('flash_ms', nan):.3f} ms, cudnn {r.get('cudnn_ms', nan):.3f} ms, "
+              f"speed vs flash {r.get('speed_vs_flash', nan):.3f}, vs cudnn {r.get('speed_vs_cudnn', nan):.3f}")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,14 @@ TEST_P(Conformance, TurboQuantDecodeShapes) {
   expect_pass(conformance::check_tq_attend(b, conformance::draw_tq_decode_case(rng)));
 }
 
+TEST_P(Conformance, TurboQuantPrefillShapes) {
+  Backend& b = under_test();
+  if (!b.available())
+    GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) "
+                 << b.unavailable_reason();
+  expect_pass(conformance::check_tq_attend(b, conformance::draw_tq_prefill_case(rng, b)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(suite_cases()),
                          [](const auto& info) { return info.param.backend + "_" + std::to_string(info.param.index); });
 

@@ -121,6 +121,55 @@ TEST(KernelChoice, TurboQuantAttend) {
   EXPECT_FALSE(cuda::tq_unsupported(small).empty());
 }
 
+// A chunk of `n` query rows from `start` over one cache of capacity 4096 (pure: nothing is read).
+TqAttendCall chunk_call(const TqLayout& layout, std::int64_t n, std::int64_t start) {
+  TqAttendCall c(core::Validator::stamp());
+  c.tables.layout = layout;
+  c.n_heads = 4 * layout.n_kv_heads, c.n_queries = n, c.start_pos = start, c.batch = 2;
+  c.max_seq = start + n, c.longest_row = start + n;
+  c.scale = 0.125f;
+  return c;
+}
+
+TEST(KernelChoice, TurboQuantChunksGoToTheBf16Prefill) {
+  const TqLayout seed{128, 2, 4096, 2, 2};
+  TqLayout preset = tq_preset_layout("default", 256, 1, 4096);
+  const std::int64_t n = cuda::tiles::kTqPrefillMinRows;
+  EXPECT_EQ(cuda::choose_tq_attend(chunk_call(seed, n, 1000), kHopper), TqAttendKernel::prefill_bf16);
+  EXPECT_EQ(cuda::choose_tq_attend(chunk_call(seed, 512, 0), kAmpere), TqAttendKernel::prefill_bf16);  // mma tiles
+  EXPECT_EQ(cuda::choose_tq_attend(chunk_call(preset, 2048, 2048), kHopper), TqAttendKernel::prefill_bf16);
+  // Fewer rows than the prefill pays for: each row reads the words (the seed's tensor-core decode here).
+  EXPECT_EQ(cuda::choose_tq_attend(chunk_call(seed, n - 1, 1000), kHopper), TqAttendKernel::decode_mma);
+  // head_dim 256 has no mma tiles: off Hopper the split-K kernel.
+  EXPECT_EQ(cuda::choose_tq_attend(chunk_call(preset, 512, 0), kAmpere), TqAttendKernel::split_k);
+  TqAttendCall exact = chunk_call(seed, 512, 1000);
+  exact.exact = true;  // the f32 path, asked for
+  EXPECT_EQ(cuda::choose_tq_attend(exact, kHopper), TqAttendKernel::decode_mma);
+  TqAttendCall ragged = chunk_call(seed, 512, 1000);
+  const std::int32_t starts[2] = {0, 7};
+  ragged.start_positions = starts;  // positions on the device: the host cannot size one dense problem
+  EXPECT_EQ(cuda::choose_tq_attend(ragged, kHopper), TqAttendKernel::decode_mma);
+  TqAttendCall clamped = chunk_call(seed, 512, 1000);
+  clamped.max_seq = 1200;  // rows past max_seq see a clamped prefix, which no causal offset describes
+  EXPECT_EQ(cuda::choose_tq_attend(clamped, kHopper), TqAttendKernel::decode_mma);
+
+  // The dense problem: keys from the window's first visible timestep, row j at start + j.
+  TqAttendCall windowed = chunk_call(seed, 100, 1000);
+  windowed.window = 300;
+  const DenseProblem p = cuda::tq_prefill_problem(windowed);
+  EXPECT_EQ(cuda::tq_prefill_first_key(windowed), 701);
+  EXPECT_EQ(p.Sk, 1100 - 701);
+  EXPECT_EQ(p.causal_offset, 1000 - 701);
+  EXPECT_TRUE(p.causal);
+  EXPECT_EQ(p.window, 300);
+  EXPECT_EQ(p.B, 2);
+  EXPECT_EQ(p.Sq, 100);
+  EXPECT_EQ(p.H, 8);
+  EXPECT_EQ(p.Hkv, 2);
+  EXPECT_EQ(p.dtype, DType::bf16);
+  EXPECT_EQ(cuda::tq_prefill_problem(chunk_call(seed, 100, 1000)).Sk, 1100);
+}
+
 // On the GPU: the kernel that served each case (Backend::last_kernel) is the one meant for it.
 Backend* gpu() {
   for (Backend* b : all_backends())
@@ -179,6 +228,23 @@ TEST(KernelChoiceOnGpu, TurboQuantDecodeRanTheTensorCoreKernel) {
   const conformance::CheckResult wide = conformance::check_tq_attend(*b, c);
   EXPECT_TRUE(wide.passed) << c.describe() << ": " << wide.detail;
   EXPECT_EQ(wide.kernel, "tq_attend_split_k") << c.describe();
+}
+
+TEST(KernelChoiceOnGpu, TurboQuantChunksRanTheBf16Prefill) {
+  Backend* b = gpu();
+  if (!b) GTEST_SKIP() << "no CUDA device here: the kernel that runs is checked on the GPU machine";
+  conformance::TqCase c;
+  c.layout = tq_preset_layout("default", 128, 2, 1024);
+  c.H = 8, c.tokens = 700, c.n_queries = 300, c.start_pos = 400;
+  c.seed = 5, c.data_seed = fresh_seed();
+  const conformance::CheckResult r = conformance::check_tq_attend(*b, c);
+  EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
+  EXPECT_EQ(r.kernel, "tq_attend_prefill_bf16") << c.describe();
+  c.layout = TqLayout{64, 2, 1024, 2, 2};  // the seed's keys with their QJL sketch, and a window
+  c.window = 200;
+  const conformance::CheckResult seed = conformance::check_tq_attend(*b, c);
+  EXPECT_TRUE(seed.passed) << c.describe() << ": " << seed.detail;
+  EXPECT_EQ(seed.kernel, "tq_attend_prefill_bf16") << c.describe();
 }
 
 }  // namespace

@@ -109,6 +109,7 @@ struct TqAttendCall {
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   void* stream = nullptr;
+  bool exact = false;  // TqAttendArgs::exact
 
   const TqLayout& layout() const { return tables.layout; }
   std::int64_t rows() const { return batch * n_queries; }  // scratch rows in use

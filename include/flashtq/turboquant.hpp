@@ -261,6 +261,9 @@ struct TqAttendArgs {
   void* workspace = nullptr;  // in the backend's memory, tq_attend_workspace_bytes() large, 16-byte aligned
   std::size_t workspace_bytes = 0;
   void* stream = nullptr;
+  // Attention in f32 against the oracle's 1e-5 (docs/spec.md §3) instead of the default bf16-class fast
+  // path (1e-2); host backends are always exact. On cuda it keeps chunked prefill off the tensor-core path.
+  bool exact = false;
 };
 
 void tq_encode_keys(Backend& backend, const TqEncodeArgs& args);

@@ -88,6 +88,9 @@ TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend);
 // Decode-shaped cases in the seed's configuration (head_dim 128, keys 2+1, values 2, GQA groups of
 // 4 or 8, up to a few thousand timesteps): the shapes that GPU decode fast paths specialise for.
 TqCase draw_tq_decode_case(std::mt19937_64& rng);
+// Chunk-shaped cases (chunked prefill): 16 to 96 query rows from one start position for every sequence of
+// the batch, unclamped, over every layout draw_tq_case draws: the shapes GPU prefill paths specialise for.
+TqCase draw_tq_prefill_case(std::mt19937_64& rng, const Backend& backend);
 
 CheckResult check_forward(Backend& backend, const DenseCase& c);
 CheckResult check_backward(Backend& backend, const DenseCase& c);

@@ -510,6 +510,23 @@ TqCase draw_tq_decode_case(std::mt19937_64& rng) {
   return c;
 }
 
+TqCase draw_tq_prefill_case(std::mt19937_64& rng, const Backend& backend) {
+  auto range = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  TqCase c = draw_tq_case(rng, backend);  // its layout (a capacity only grows: exact rows and blocks still fit)
+  c.layout.capacity = std::max<std::int64_t>(c.layout.capacity, range(32, c.layout.head_dim >= 256 ? 128 : 256));
+  c.tokens = range(1, c.layout.capacity);
+  c.n_queries = range(16, std::min<std::int64_t>(96, c.layout.capacity));
+  c.start_pos = range(0, c.layout.capacity - c.n_queries);
+  c.max_seq.reset();
+  c.starts.clear();
+  if (range(0, 3) == 0) c.window = range(1, c.layout.capacity);
+  c.seed = rng();
+  c.data_seed = rng();
+  return c;
+}
+
 std::vector<CheckResult> run_suite(Backend& backend, int cases, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<CheckResult> results;
@@ -522,6 +539,7 @@ std::vector<CheckResult> run_suite(Backend& backend, int cases, std::uint64_t se
     results.push_back(check_tq_rotate(backend, tc));
     results.push_back(check_tq_attend(backend, tc));
     if (i % 4 == 0) results.push_back(check_tq_attend(backend, draw_tq_decode_case(rng)));
+    if (i % 8 == 2) results.push_back(check_tq_attend(backend, draw_tq_prefill_case(rng, backend)));
     if (i % 10 == 0) results.push_back(check_dropout(backend, std::uint32_t(rng()), 0.1f + 0.08f * float(i % 10)));
   }
   return results;

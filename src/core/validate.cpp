@@ -408,6 +408,7 @@ TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
   // p - window + 1 stays far from overflowing for any int32 p.
   if (a.window < 0 || a.window > kInt32Max) throw Error("window", "must be in [0, 2^31 - 1] (0 = no window)");
   c.window = a.window;
+  c.exact = a.exact;
   const float inv_sqrt_d = float(1.0 / std::sqrt(double(l.head_dim)));
   c.scale = a.scale.value_or(inv_sqrt_d);
   c.qjl_scale = a.qjl_scale.value_or(float(std::sqrt(std::acos(-1.0) / 2.0) / std::sqrt(double(l.head_dim))));

@@ -118,10 +118,13 @@ class CudaBackend final : public Backend {
   }
   void tq_rotate_queries(const TqRotateCall& c) override { launch_tq_rotate(c); }
   void tq_attend(const TqAttendCall& c) override {
-    last_kernel_ = kernel_name(choose_tq_attend(c));
-    launch_tq_attend(c);
+    const TqAttendKernel k = choose_tq_attend(c, current_device_traits());
+    last_kernel_ = kernel_name(k);
+    launch_tq_attend(c, k);
   }
-  std::size_t tq_attend_workspace(const TqAttendCall& c) const override { return cuda::tq_attend_workspace(c); }
+  std::size_t tq_attend_workspace(const TqAttendCall& c) const override {
+    return cuda::tq_attend_workspace(c, choose_tq_attend(c, current_device_traits()));
+  }
 
  private:
   static thread_local const char* last_kernel_;

@@ -99,6 +99,7 @@ const char* kernel_name(TqAttendKernel k) {
   switch (k) {
     case TqAttendKernel::decode_mma: return "tq_attend_decode_mma";
     case TqAttendKernel::split_k: return "tq_attend_split_k";
+    case TqAttendKernel::prefill_bf16: return "tq_attend_prefill_bf16";
   }
   return "?";
 }
@@ -165,7 +166,34 @@ bool tq_decode_mma_serves(const TqLayout& l, std::int64_t group, std::int64_t wi
          l.value_bits == 2 && group % 4 == 0;
 }
 
-TqAttendKernel choose_tq_attend(const TqAttendCall& c) {
+std::int64_t tq_prefill_first_key(const TqAttendCall& c) { return c.first_visible(c.start_pos); }
+
+DenseProblem tq_prefill_problem(const TqAttendCall& c) {
+  const TqLayout& l = c.layout();
+  const std::int64_t first = tq_prefill_first_key(c);
+  DenseProblem p;
+  p.B = c.batch, p.Sq = c.n_queries, p.Sk = c.start_pos + c.n_queries - first;
+  p.H = c.n_heads, p.Hkv = l.n_kv_heads, p.D = l.head_dim;
+  p.dtype = DType::bf16;
+  p.scale = c.scale;
+  p.causal = true;
+  p.causal_offset = c.start_pos - first;
+  p.window = c.window;
+  return p;
+}
+
+bool tq_prefill_serves(const TqAttendCall& c, const DeviceTraits& device) {
+  if (c.exact || c.start_positions != nullptr || c.n_queries < tiles::kTqPrefillMinRows) return false;
+  if (c.sequence_end(c.start_pos) != c.start_pos + c.n_queries) return false;  // rows clamped by max_seq or capacity
+  const DenseProblem p = tq_prefill_problem(c);
+  if (device.hopper && device.tensor_maps && built_for(tiles::kWgmmaForwardDims, p.D) &&
+      row_block_grid_fits(p, tiles::kWgmmaForward))
+    return true;
+  return built_for(tiles::kTiledForwardDims, p.D) && row_block_grid_fits(p, tiles::kMmaForward);
+}
+
+TqAttendKernel choose_tq_attend(const TqAttendCall& c, const DeviceTraits& device) {
+  if (tq_prefill_serves(c, device)) return TqAttendKernel::prefill_bf16;
   return tq_decode_mma_serves(c.layout(), c.group(), c.window) ? TqAttendKernel::decode_mma : TqAttendKernel::split_k;
 }
 

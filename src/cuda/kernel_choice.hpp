@@ -27,8 +27,10 @@ enum class DenseBackwardKernel : std::uint8_t {
   warp_per_row,  // a warp per query row for dQ, per key row for dK dV (dense.cu)
 };
 enum class TqAttendKernel : std::uint8_t {
-  decode_mma,  // tensor-core decode of the seed layout at head_dim 128 (tq_decode_mma.cu)
-  split_k,     // the scalar split-K kernel, every layout (tq_attend.cu)
+  decode_mma,    // tensor-core decode of the seed layout at head_dim 128 (tq_decode_mma.cu)
+  split_k,       // the scalar split-K kernel, every layout (tq_attend.cu)
+  prefill_bf16,  // chunked prefill: the visible timesteps decoded to bf16, then the dense tensor-core
+                 // forward (tq_prefill.cu); bf16-class, every layout
 };
 
 const char* kernel_name(DenseForwardKernel k);
@@ -65,6 +67,9 @@ inline constexpr std::array<int, 4> kTiledForwardDims{32, 64, 96, 128};  // mma,
 inline constexpr std::array<int, 2> kWgmmaBackwardDims{64, 128};
 inline constexpr std::array<int, 4> kTqDims{32, 64, 128, 256};  // every TurboQuant kernel
 inline constexpr int kTqDecodeMmaDim = 128;
+// Query rows from which a chunk is attended by decoding the cache once to bf16 (below them each row
+// reads the packed words itself: decoding the whole cache costs a pass over six times the bytes).
+inline constexpr std::int64_t kTqPrefillMinRows = 16;
 }  // namespace tiles
 
 template <std::size_t N>
@@ -91,9 +96,18 @@ bool tensor_map_describable(const TensorView& t);
 
 DenseForwardKernel choose_dense_forward(const ForwardCall& c, const DeviceTraits& device);
 DenseBackwardKernel choose_dense_backward(const BackwardCall& c, const DeviceTraits& device);
-TqAttendKernel choose_tq_attend(const TqAttendCall& c);
+TqAttendKernel choose_tq_attend(const TqAttendCall& c, const DeviceTraits& device);
 // The TurboQuant decision on the layout alone (the tensor-core decode also needs window 0).
 bool tq_decode_mma_serves(const TqLayout& l, std::int64_t group, std::int64_t window);
+// The chunked-prefill path (TqAttendKernel::prefill_bf16): a call of one start position for every
+// sequence (start_pos, not start_positions) whose rows are not clamped by max_seq or capacity, not
+// TqAttendCall::exact, of at least kTqPrefillMinRows rows, whose dense problem a tiled tensor-core
+// forward serves. Its keys are timesteps [tq_prefill_first_key(c), start_pos + n_queries) of each
+// sequence, decoded to bf16 in the workspace; tq_prefill_problem is the dense problem over them
+// (causal, the offset placing row j at start_pos + j, the window as the call's).
+bool tq_prefill_serves(const TqAttendCall& c, const DeviceTraits& device);
+std::int64_t tq_prefill_first_key(const TqAttendCall& c);
+DenseProblem tq_prefill_problem(const TqAttendCall& c);
 // Why no CUDA TurboQuant kernel serves a layout, for Backend::unsupported; empty when one does.
 std::string tq_unsupported(const TqLayout& l);
 

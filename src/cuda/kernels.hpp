@@ -40,7 +40,11 @@ void launch_tq_rotate_parts(const TqRotateCall& call);
 // always_fits passing on their norm alone; waits for the call's stream (src/cuda/tq_norm_check.cu).
 std::optional<std::int64_t> first_unstorable_tq_row(const TqEncodeCall& call, double always_fits);
 void launch_tq_rotate(const TqRotateCall& call);
-std::size_t tq_attend_workspace(const TqAttendCall& call);
-void launch_tq_attend(const TqAttendCall& call);  // the kernel choose_tq_attend gives
+// tq_attend's workspace and launch for the kernel choose_tq_attend gave; the chunked-prefill path's own
+// pieces (tq_prefill.cu), which these two send it to.
+std::size_t tq_attend_workspace(const TqAttendCall& call, TqAttendKernel kernel);
+void launch_tq_attend(const TqAttendCall& call, TqAttendKernel kernel);
+std::size_t tq_prefill_workspace(const TqAttendCall& call);
+void launch_tq_prefill(const TqAttendCall& call);
 
 }  // namespace flashtq::cuda

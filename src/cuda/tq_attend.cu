@@ -364,12 +364,17 @@ std::size_t fragment_offset(const TqAttendCall& c) { return (partial_bytes(c) + 
 
 }  // namespace
 
-std::size_t tq_attend_workspace(const TqAttendCall& c) {
+std::size_t tq_attend_workspace(const TqAttendCall& c, TqAttendKernel kernel) {
+  if (kernel == TqAttendKernel::prefill_bf16) return tq_prefill_workspace(c);
   if (!mma_decode_supported(c)) return partial_bytes(c);
   return fragment_offset(c) + std::size_t(c.rows() * (c.n_heads / 4)) * kKeyFragmentBytes;
 }
 
-void launch_tq_attend(const TqAttendCall& c) {
+void launch_tq_attend(const TqAttendCall& c, TqAttendKernel kernel) {
+  if (kernel == TqAttendKernel::prefill_bf16) {
+    launch_tq_prefill(c);
+    return;
+  }
   AttendParams a{};
   a.l = c.layout();
   a.scratch = c.scratch;

@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
 
 }  // namespace
 
-bool mma_decode_supported(const TqAttendCall& c) { return choose_tq_attend(c) == TqAttendKernel::decode_mma; }
+bool mma_decode_supported(const TqAttendCall& c) { return tq_decode_mma_serves(c.layout(), c.group(), c.window); }
 bool mma_decode_supported(const AttendParams& a) {
   static_assert(kD == tiles::kTqDecodeMmaDim);
   return tq_decode_mma_serves(a.l, a.H / a.l.n_kv_heads, a.window);
