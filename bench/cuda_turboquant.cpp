@@ -179,27 +179,34 @@ int main(int argc, char** argv) {
   const double bw = copy_bandwidth_gbs();
   report["copy_bandwidth_gbs"] = bw;
   const std::int64_t H = 32, Hkv = 8, D = 128;
-  for (auto [batch, ctx] :
-       std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 32768}, {1, 131072}, {8, 32768}, {32, 8192}}) {
-    Sequences s = make_sequences(batch, {D, Hkv, ctx, 2, 2}, rng);
-    const AttendTimes t = attend_ms(s, H, 1, rng());
-    const double bytes = double(batch * ctx * Hkv * s.layout.bytes_per_token_per_head());
-    const double gbs = bytes / (t.graph_ms * 1e-3) / 1e9;
-    report["decode"].push_back({{"batch", batch},
-                                {"ctx", ctx},
-                                {"ms", t.graph_ms},
-                                {"eager_ms", t.eager_ms},
-                                {"packed_bytes", bytes},
-                                {"gbs", gbs},
-                                {"fraction_of_copy_bw", gbs / bw},
-                                {"encode_ms", s.encode_ms},
-                                {"encode_tokens_per_s", double(batch * ctx) / (s.encode_ms * 1e-3)}});
-    std::fprintf(stderr,
-                 "decode B=%lld ctx=%lld: graph %.4f ms (eager %.4f), %.0f GB/s of packed bytes (copy %.0f GB/s)\n",
-                 (long long)batch, (long long)ctx, t.graph_ms, t.eager_ms, gbs, bw);
-    cudaFree(s.keys);
-    cudaFree(s.values);
-  }
+  // Decode at each shape for every preset: the bytes a step reads are the packed words, the
+  // block means and the exact region of every sequence and kv head.
+  for (const flashtq::TqPreset& preset_entry : flashtq::tq_presets())
+    for (auto [batch, ctx] :
+         std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 32768}, {1, 131072}, {8, 32768}, {32, 8192}}) {
+      const std::string preset = preset_entry.name;
+      Sequences s = make_sequences(batch, flashtq::tq_preset_layout(preset, D, Hkv, ctx), rng);
+      const AttendTimes t = attend_ms(s, H, 1, rng());
+      const double bytes =
+          double(batch * Hkv * (ctx * s.layout.bytes_per_token_per_head() + s.layout.exact_bytes_per_head()));
+      const double gbs = bytes / (t.graph_ms * 1e-3) / 1e9;
+      report["decode"].push_back({{"layout", preset},
+                                  {"compression_vs_bf16", s.layout.compression_vs_bf16(ctx)},
+                                  {"batch", batch},
+                                  {"ctx", ctx},
+                                  {"ms", t.graph_ms},
+                                  {"eager_ms", t.eager_ms},
+                                  {"packed_bytes", bytes},
+                                  {"gbs", gbs},
+                                  {"fraction_of_copy_bw", gbs / bw},
+                                  {"encode_ms", s.encode_ms},
+                                  {"encode_tokens_per_s", double(batch * ctx) / (s.encode_ms * 1e-3)}});
+      std::fprintf(
+          stderr, "decode %s B=%lld ctx=%lld: graph %.4f ms (eager %.4f), %.0f GB/s of packed bytes (copy %.0f GB/s)\n",
+          preset.c_str(), (long long)batch, (long long)ctx, t.graph_ms, t.eager_ms, gbs, bw);
+      cudaFree(s.keys);
+      cudaFree(s.values);
+    }
   // Chunked prefill of the last `chunk` timesteps of one 32k sequence: the default (bf16-class) path and the
   // exact one (TqAttendArgs::exact) on the same queries, with the default's error relative to the exact
   // path's output (which conformance holds to the oracle), for the seed layout and the default preset.

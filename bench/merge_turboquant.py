@@ -16,7 +16,9 @@ def merge(flashtq_path, torch_path, commit):
                          capture_output=True, text=True).stdout.strip()
     out = {"machine": {"gpu": gpu, "host": platform.node()}, "commit": commit, "torch": t["torch"],
            "copy_bandwidth_gbs": f["copy_bandwidth_gbs"], "decode": [], "prefill": []}
-    for ours, theirs in zip(f["decode"], t["decode"]):
+    sdpa_decode = {(r["batch"], r["ctx"]): r for r in t["decode"]}
+    for ours in f["decode"]:  # every layout's decode beside SDPA's over bf16 of the same shape
+        theirs = sdpa_decode[(ours["batch"], ours["ctx"])]
         row = dict(ours)
         row.update({k: v for k, v in theirs.items() if k not in row})
         times = [theirs[k] for k in ("flash_ms", "cudnn_ms") if k in theirs]
@@ -43,9 +45,11 @@ def merge(flashtq_path, torch_path, commit):
 
 def table(merged):
     print(f"{merged['machine']['gpu']}  commit {merged['commit']}  copy {merged['copy_bandwidth_gbs']:.0f} GB/s")
-    print(f"{'B':>3} {'ctx':>7} {'flashtq ms':>11} {'flash ms':>9} {'cudnn ms':>9} {'speedup':>8} {'GB/s':>7}")
+    print(f"{'layout':>8} {'vs bf16':>7} {'B':>3} {'ctx':>7} {'flashtq ms':>11} {'flash ms':>9} {'cudnn ms':>9} "
+          f"{'speedup':>8} {'GB/s':>7}")
     for r in merged["decode"]:
-        print(f"{r['batch']:>3} {r['ctx']:>7} {r['ms']:>11.4f} {r.get('flash_ms', float('nan')):>9.4f} "
+        print(f"{r.get('layout', 'seed'):>8} {r.get('compression_vs_bf16', float('nan')):>7.2f} {r['batch']:>3} "
+              f"{r['ctx']:>7} {r['ms']:>11.4f} {r.get('flash_ms', float('nan')):>9.4f} "
               f"{r.get('cudnn_ms', float('nan')):>9.4f} {r.get('speedup_vs_best_sdpa', float('nan')):>8.2f} {r['gbs']:>7.0f}")
     nan = float('nan')
     for r in merged["prefill"]:

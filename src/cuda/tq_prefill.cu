@@ -87,8 +87,8 @@ __device__ __forceinline__ void store_bf16(__nv_bfloat16* row, const float (&x)[
 // Key coordinates [lane * E, lane * E + E) of a coded timestep, in q_rot's space.
 template <int E>
 __device__ __forceinline__ void decode_key(const DecodeParams& a, const std::uint32_t* keys, std::int64_t slot,
-                                           std::int64_t kvh, std::int64_t t, const float* kc, const float* oc,
-                                           int lane, float (&k)[E]) {
+                                           std::int64_t kvh, std::int64_t t, const float* kc, const float* oc, int lane,
+                                           float (&k)[E]) {
   constexpr int D = 32 * E;
   const TqLayout& l = a.l;
   const std::uint32_t* codes = keys + slot * l.key_code_words();
@@ -101,7 +101,8 @@ __device__ __forceinline__ void decode_key(const DecodeParams& a, const std::uin
       for (int p = 0; p < parts; ++p) {
         const TqLayout::KeyPart kp = l.key_part(p);
         if (i < kp.offset || i >= kp.offset + kp.size) continue;
-        const std::uint32_t code = core::get_bits(codes, kp.bit_offset + std::int64_t(i - kp.offset) * kp.bits, kp.bits);
+        const std::uint32_t code =
+            core::get_bits(codes, kp.bit_offset + std::int64_t(i - kp.offset) * kp.bits, kp.bits);
         k[e] = half_at(norms[p / 2], p % 2) * (p == 0 ? oc : kc)[code];
       }
     }
@@ -150,7 +151,7 @@ __global__ void __launch_bounds__(32 * kWarps) decode_rows(DecodeParams a) {
   const int lane = threadIdx.x % 32;
   const std::int64_t Hkv = l.n_kv_heads;
   const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // (b, s, kvh) in that order
-  if (row >= a.batch * a.Sk * Hkv) return;  // whole warps
+  if (row >= a.batch * a.Sk * Hkv) return;                                        // whole warps
   const std::int64_t b = row / (a.Sk * Hkv), t = a.first + (row / Hkv) % a.Sk, kvh = row % Hkv;
   const std::uint32_t* keys = a.k + b * l.key_words();
   const std::uint32_t* values = a.v + b * l.value_words();
@@ -195,7 +196,7 @@ __global__ void __launch_bounds__(32 * kWarps) finish_rows(FinishParams f) {
   constexpr int D = 32 * E;
   const int lane = threadIdx.x % 32;
   const std::int64_t r = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // row * H + h
-  if (r >= f.rows * f.H) return;  // whole warps
+  if (r >= f.rows * f.H) return;                                                // whole warps
   const std::int64_t row = r / f.H, h = r % f.H, b = row / f.n_queries, j = row % f.n_queries;
   float x[E];
 #pragma unroll
