@@ -131,7 +131,7 @@ AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows,
   a.workspace_bytes = ws_bytes;
   const TensorView qv = TensorView::bshd(q, DType::f32, batch, rows, heads, dim, Memory::cuda);
   auto step = [&] {
-    flashtq::tq_rotate_queries(cuda, {s.tables, qv, batch * rows, scratch, stream});
+    flashtq::tq_rotate_queries(cuda, {s.tables, qv, batch * rows, scratch, stream, s.keys});  // keys: outlier masks
     flashtq::tq_attend(cuda, a);
   };
   AttendTimes t{};

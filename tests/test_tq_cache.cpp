@@ -389,7 +389,9 @@ TEST_P(TqKvCacheOn, BlockMeansAfterChunkedAppendsAreTheOraclesWords) {
       den += ref[i] * ref[i];
     }
   }
-  EXPECT_LE(std::sqrt(num / den), 1e-5) << "D " << D << (l.key_outliers ? ", outlier channels" : "");
+  // docs/spec.md §3: TurboQuant attention's contract is 1e-2 against the oracle on the same words (a chunk of 16
+  // rows or more runs bf16-class on cuda); the words themselves are compared exactly above.
+  EXPECT_LE(std::sqrt(num / den), 1e-2) << "D " << D << (l.key_outliers ? ", outlier channels" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TqKvCacheOn, ::testing::ValuesIn([] {
