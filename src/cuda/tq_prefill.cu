@@ -10,6 +10,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "core/packing.hpp"
 #include "core/validate.hpp"
 #include "cuda/common.cuh"
@@ -84,49 +86,66 @@ __device__ __forceinline__ void store_bf16(__nv_bfloat16* row, const float (&x)[
   }
 }
 
+// Where a lane's E coordinates sit in a slot's code bits: they lie in one part (parts are powers of two of at
+// least 16, starting on multiples of 16), so one window of at most 32 bits holds their codes. Fixed by the
+// layout: worked out once per thread, not per timestep.
+struct LaneCodes {
+  int bit;   // the first code's bit in the slot's stream
+  int bits;  // per code
+  int part;  // keys with outlier channels: the part (its norm half, part 0's codebook)
+};
+
+template <int E>
+__device__ __forceinline__ LaneCodes lane_codes(const TqLayout& l, bool keys, int lane) {
+  const int i = lane * E;
+  if (!keys) return {i * l.value_bits, l.value_bits, 0};
+  if (!l.key_outliers) return {i * l.key_bits, l.key_bits, 0};
+  const int parts = l.key_parts();
+  for (int p = 0; p < parts; ++p) {
+    const TqLayout::KeyPart kp = l.key_part(p);
+    if (i >= kp.offset && i < kp.offset + kp.size) return {kp.bit_offset + (i - kp.offset) * kp.bits, kp.bits, p};
+  }
+  return {0, 0, 0};  // not reached: the parts cover [0, D)
+}
+
+// The lane's E codes from a slot's code words (`words` of them): one or two loads, then shifts.
+template <int E>
+__device__ __forceinline__ void read_codes(const std::uint32_t* codes, std::int64_t words, const LaneCodes& at,
+                                           std::uint32_t (&out)[E]) {
+  const int w = at.bit / 32, shift = at.bit % 32;
+  std::uint64_t window = codes[w];
+  if (shift + E * at.bits > 32) window |= std::uint64_t(codes[w + 1 < words ? w + 1 : w]) << 32;
+  window >>= shift;
+  const std::uint32_t mask = (1u << at.bits) - 1u;
+#pragma unroll
+  for (int e = 0; e < E; ++e) out[e] = std::uint32_t(window >> (e * at.bits)) & mask;
+}
+
 // Key coordinates [lane * E, lane * E + E) of a coded timestep, in q_rot's space.
 template <int E>
 __device__ __forceinline__ void decode_key(const DecodeParams& a, const std::uint32_t* keys, std::int64_t slot,
-                                           std::int64_t kvh, std::int64_t t, const float* kc, const float* oc, int lane,
-                                           float (&k)[E]) {
+                                           std::int64_t kvh, std::int64_t t, const LaneCodes& at, const float* cent,
+                                           int lane, float (&k)[E]) {
   constexpr int D = 32 * E;
   const TqLayout& l = a.l;
-  const std::uint32_t* codes = keys + slot * l.key_code_words();
-  if (l.key_outliers) {  // each coordinate its part's norm half times its part's centroid
-    const std::uint32_t* norms = keys + l.key_norm_offset() + slot * l.key_norm_words();
-    const int parts = l.key_parts();
+  std::uint32_t code[E];
+  read_codes<E>(keys + slot * l.key_code_words(), l.key_code_words(), at, code);
+  const std::uint32_t* norm = keys + l.key_norm_offset() + slot * l.key_norm_words();
+  const float n = half_at(norm[at.part / 2], at.part % 2);  // the part's norm half (the one norm without parts)
+#pragma unroll
+  for (int e = 0; e < E; ++e) k[e] = n * cent[code[e]];
+  if (l.qjl) {  // the sketch's signs brought back to q_rot's space: diag(s_jl) H sgn / sqrt(D)
+    const std::uint32_t jl = keys[l.key_jl_offset() + slot * (D / 32) + lane * E / 32] >> (lane * E % 32);
+    float s[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) s[e] = ((jl >> e) & 1u) ? 1.0f : -1.0f;
+    warp_fwht(s, lane);
+    const float f = n * half_at(norm[0], 1) * a.qjl_scale * rsqrtf(float(D));
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      const int i = lane * E + e;
-      for (int p = 0; p < parts; ++p) {
-        const TqLayout::KeyPart kp = l.key_part(p);
-        if (i < kp.offset || i >= kp.offset + kp.size) continue;
-        const std::uint32_t code =
-            core::get_bits(codes, kp.bit_offset + std::int64_t(i - kp.offset) * kp.bits, kp.bits);
-        k[e] = half_at(norms[p / 2], p % 2) * (p == 0 ? oc : kc)[code];
-      }
-    }
-  } else {
-    const std::uint32_t nw = keys[l.key_norm_offset() + slot];
-    const float n = half_at(nw, 0);
-#pragma unroll
-    for (int e = 0; e < E; ++e) k[e] = n * kc[core::get_code(codes, lane * E + e, l.key_bits)];
-    if (l.qjl) {  // the sketch's signs brought back to q_rot's space: diag(s_jl) H sgn / sqrt(D)
-      const std::uint32_t* jl = keys + l.key_jl_offset() + slot * (D / 32);
-      float s[E];
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const int d = lane * E + e;
-        s[e] = ((jl[d / 32] >> (d % 32)) & 1u) ? 1.0f : -1.0f;
-      }
-      warp_fwht(s, lane);
-      const float f = n * half_at(nw, 1) * a.qjl_scale * rsqrtf(float(D));
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const int d = lane * E + e;
-        const float sign = ((a.jl_signs[d / 32] >> (d % 32)) & 1u) ? -f : f;
-        k[e] = fmaf(sign, s[e], k[e]);
-      }
+      const int d = lane * E + e;
+      const float sign = ((a.jl_signs[d / 32] >> (d % 32)) & 1u) ? -f : f;
+      k[e] = fmaf(sign, s[e], k[e]);
     }
   }
   if (l.key_block) {
@@ -136,7 +155,7 @@ __device__ __forceinline__ void decode_key(const DecodeParams& a, const std::uin
   }
 }
 
-// One warp per (sequence, timestep, kv head): its key and value rows in bf16.
+// Warps take (sequence, timestep, kv head) rows in turn: each row's key and value in bf16.
 template <int E>
 __global__ void __launch_bounds__(32 * kWarps) decode_rows(DecodeParams a) {
   constexpr int D = 32 * E;
@@ -149,37 +168,41 @@ __global__ void __launch_bounds__(32 * kWarps) decode_rows(DecodeParams a) {
   __syncthreads();
   const TqLayout& l = a.l;
   const int lane = threadIdx.x % 32;
-  const std::int64_t Hkv = l.n_kv_heads;
-  const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // (b, s, kvh) in that order
-  if (row >= a.batch * a.Sk * Hkv) return;                                        // whole warps
-  const std::int64_t b = row / (a.Sk * Hkv), t = a.first + (row / Hkv) % a.Sk, kvh = row % Hkv;
-  const std::uint32_t* keys = a.k + b * l.key_words();
-  const std::uint32_t* values = a.v + b * l.value_words();
-  const std::int64_t slot = kvh * l.capacity + t;
-  float k[E], v[E];
-  const std::int64_t er = l.exact_row(t, a.end);
-  if (er >= 0) {  // a sink or recent timestep: its exact rotated rows
-    const std::int64_t at = (kvh * l.exact_rows() + er) * (D / 2);
+  const LaneCodes key_at = lane_codes<E>(l, true, lane), value_at = lane_codes<E>(l, false, lane);
+  const float* key_cent = l.key_outliers && key_at.part == 0 ? oc : kc;
+  const std::int64_t Hkv = l.n_kv_heads, rows = a.batch * a.Sk * Hkv;
+  for (std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; row < rows;
+       row += std::int64_t(gridDim.x) * kWarps) {  // (b, s, kvh) in that order; whole warps
+    const std::int64_t b = row / (a.Sk * Hkv), t = a.first + (row / Hkv) % a.Sk, kvh = row % Hkv;
+    const std::uint32_t* keys = a.k + b * l.key_words();
+    const std::uint32_t* values = a.v + b * l.value_words();
+    const std::int64_t slot = kvh * l.capacity + t;
+    float k[E], v[E];
+    const std::int64_t er = l.exact_row(t, a.end);
+    if (er >= 0) {  // a sink or recent timestep: its exact rotated rows
+      const std::int64_t at = (kvh * l.exact_rows() + er) * (D / 2);
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const int d = lane * E + e;
-      k[e] = bf16_at(keys[l.key_exact_offset() + at + d / 2], d % 2);
-      v[e] = bf16_at(values[l.value_exact_offset() + at + d / 2], d % 2);
+      for (int e = 0; e < E; ++e) {
+        const int d = lane * E + e;
+        k[e] = bf16_at(keys[l.key_exact_offset() + at + d / 2], d % 2);
+        v[e] = bf16_at(values[l.value_exact_offset() + at + d / 2], d % 2);
+      }
+    } else {
+      decode_key<E>(a, keys, slot, kvh, t, key_at, key_cent, lane, k);
+      std::uint32_t code[E];
+      read_codes<E>(values + slot * l.value_code_words(), l.value_code_words(), value_at, code);
+      const float vn = half_at(values[l.value_norm_offset() + slot], 0);
+#pragma unroll
+      for (int e = 0; e < E; ++e) v[e] = vn * vc[code[e]];
+      if (l.value_block) {
+        const std::uint32_t* mean = values + l.value_mean(kvh, t);
+#pragma unroll
+        for (int e = 0; e < E; ++e) v[e] += half_at(mean[(lane * E + e) / 2], (lane * E + e) % 2);
+      }
     }
-  } else {
-    decode_key<E>(a, keys, slot, kvh, t, kc, oc, lane, k);
-    const float vn = half_at(values[l.value_norm_offset() + slot], 0);
-    const std::uint32_t* codes = values + slot * l.value_code_words();
-#pragma unroll
-    for (int e = 0; e < E; ++e) v[e] = vn * vc[core::get_code(codes, lane * E + e, l.value_bits)];
-    if (l.value_block) {
-      const std::uint32_t* mean = values + l.value_mean(kvh, t);
-#pragma unroll
-      for (int e = 0; e < E; ++e) v[e] += half_at(mean[(lane * E + e) / 2], (lane * E + e) % 2);
-    }
+    store_bf16<E>(a.k_rows + row * D, k, lane);
+    store_bf16<E>(a.v_rows + row * D, v, lane);
   }
-  store_bf16<E>(a.k_rows + row * D, k, lane);
-  store_bf16<E>(a.v_rows + row * D, v, lane);
 }
 
 // The rotated queries (the scratch's q_rot region, [rows, H, D]) as bf16, two per thread (the scratch is
@@ -266,7 +289,8 @@ void launch_tq_prefill(const TqAttendCall& c) {
     d.outlier_centroids[i] = c.tables.outlier_centroids[std::size_t(i)];
   }
   for (int i = 0; i < 8; ++i) d.jl_signs[i] = c.tables.jl_sign_bits[std::size_t(i)];
-  const unsigned decode_blocks = unsigned(blocks_for_warps(p.B * p.Sk * p.Hkv));
+  // Enough blocks to fill the device several times over; each warp then takes rows in turn.
+  const unsigned decode_blocks = unsigned(std::min<std::int64_t>(blocks_for_warps(p.B * p.Sk * p.Hkv), 8192));
   by_dtype_and_width(DType::f32, l.head_dim, [&](auto, auto width) {
     decode_rows<decltype(width)::value><<<decode_blocks, 32 * kWarps, 0, stream>>>(d);
   });
