@@ -1,9 +1,7 @@
-// Keys with outlier channels on CUDA (docs/turboquant_layout.md): encode and query rotation part by
-// part, one thread per row, in double with the oracle's operations in the oracle's order (no fused
-// multiply-adds: every product and sum is rounded as the host rounds it), so codes and norm halves
-// match the oracle's exactly. Encode is once per token and the rotation once per query row: neither is
-// on attention's critical path, and a row of parts does not map onto the warp butterflies of the
-// one-part kernels.
+// Keys with outlier channels on CUDA (docs/turboquant_layout.md): encode part by part, one thread per row,
+// in double with the oracle's operations in the oracle's order (no fused multiply-adds: every product and
+// sum is rounded as the host rounds it), so codes and norm halves match the oracle's exactly (encode is once
+// per token, off attention's critical path); query rotation, which is on it, a warp per row in f32.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -12,6 +10,7 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/tq_dispatch.cuh"
 #include "cuda/tq_row_math.cuh"
 
 namespace flashtq::cuda {
@@ -64,31 +63,74 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
+// Query rotation: a warp per (query row, head), in f32 (held to 1e-5 like every rotation, docs/spec.md §3; the
+// codes are the encoder's business, so no bit-exact double here). Lane l loads channels [l E, l E + E) and
+// puts each at its permuted coordinate in the warp's shared row: an outlier channel at its rank among the
+// mask's set bits, another at N + (its rank among the rest); then each part's butterflies (relative
+// indices, the signs of its absolute coordinates) and 1 / sqrt(n_p), in shared memory.
+constexpr int kRotateWarps = 4;
+
+template <typename T, int E>
+__global__ void __launch_bounds__(32 * kRotateWarps)
     rotate_parts_kernel(TqTables tables, TensorView q, TqScratchLayout s, float* scratch, const std::uint32_t* keys) {
+  constexpr int D = 32 * E;
+  __shared__ float rows[kRotateWarps][D];
   allow_next_grid();  // the attention's first kernel may start launching (it waits for this one's output)
   const TqLayout& l = tables.layout;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const std::int64_t n = q.shape[1], H = q.shape[2];
-  const std::int64_t row = std::int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (row >= q.shape[0] * n * H) return;
-  const std::int64_t j = row / H, h = row % H, b = j / n;  // j: scratch row b * n + i of query (b, i)
-  const std::int32_t D = std::int32_t(l.head_dim);
-  double x[kMaxDim];
-  std::int32_t order[kMaxDim];
-  core::key_channel_order(l, core::key_outlier_mask(l, keys + b * l.key_words(), h / (H / l.n_kv_heads)), order);
-  for (std::int32_t i = 0; i < D; ++i) x[i] = element<T>(q, b, j % n, h, order[i]);
+  const std::int64_t r = std::int64_t(blockIdx.x) * kRotateWarps + warp;
+  if (r >= q.shape[0] * n * H) return;                 // whole warps
+  const std::int64_t j = r / H, h = r % H, b = j / n;  // j: scratch row b * n + i of query (b, i)
+  const std::uint32_t* mask = core::key_outlier_mask(l, keys + b * l.key_words(), h / (H / l.n_kv_heads));
+  const std::int32_t N = l.key_outliers;
+  int set = 0;
+  for (int w = 0; w < D / 32; ++w) set += __popc(mask[w]);
+  const bool calibrated = set == N;  // else channels [0, N) (core::key_channel_order)
+  float* x = rows[warp];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int c = lane * E + e;
+    int below = 0;  // outlier channels below c
+    bool outlier;
+    if (calibrated) {
+      for (int w = 0; w < c / 32; ++w) below += __popc(mask[w]);
+      below += __popc(mask[c / 32] & ((1u << (c % 32)) - 1u));
+      outlier = (mask[c / 32] >> (c % 32)) & 1u;
+    } else {
+      below = c < N ? c : N;
+      outlier = c < N;
+    }
+    x[outlier ? below : N + c - below] = to_float(static_cast<const T*>(q.data)[row_offset(q, b, j % n, h) + c]);
+  }
+  __syncwarp();
   for (int p = 0; p < l.key_parts(); ++p) {
     const TqLayout::KeyPart kp = l.key_part(p);
-    part_rht(x + kp.offset, kp.size, tables.polar_sign_bits.data(), kp.offset);
+    for (int i = lane; i < kp.size; i += 32) {
+      const int d = kp.offset + i;
+      if ((tables.polar_sign_bits[std::size_t(d / 32)] >> (d % 32)) & 1u) x[d] = -x[d];
+    }
+    __syncwarp();
+    for (int len = 1; len < kp.size; len <<= 1) {
+      for (int k = lane; k < kp.size / 2; k += 32) {  // pair k: relative index i with bit len clear
+        const int i = (k / len) * 2 * len + k % len;
+        const float a = x[kp.offset + i], c = x[kp.offset + i + len];
+        x[kp.offset + i] = a + c;
+        x[kp.offset + i + len] = a - c;
+      }
+      __syncwarp();
+    }
+    const float inv = rsqrtf(float(kp.size));
+    for (int i = lane; i < kp.size; i += 32) x[kp.offset + i] *= inv;
+    __syncwarp();
   }
   float* q_rot = scratch + s.q_rot(j, h);
   float* q_jl = scratch + s.q_jl(j, h);  // keys with outlier channels have no QJL bits
-  for (std::int32_t d = 0; d < D; ++d) {
-    q_rot[d] = float(x[d]);
+  for (int d = lane; d < D; d += 32) {
+    q_rot[d] = x[d];
     q_jl[d] = 0.0f;
   }
-  scratch[s.sum(j, h)] = 0.0f;
+  if (lane == 0) scratch[s.sum(j, h)] = 0.0f;
 }
 
 }  // namespace
@@ -105,10 +147,10 @@ void launch_tq_encode_parts(const TqEncodeCall& c) {
 
 void launch_tq_rotate_parts(const TqRotateCall& c) {
   const std::int64_t rows = c.rows() * c.scratch_layout.n_heads;
-  by_dtype(c.q.dtype, [&](auto tag) {
-    rotate_parts_kernel<decltype(tag)>
-        <<<unsigned((rows + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(c.stream)>>>(
-            c.tables, c.q, c.scratch_layout, c.scratch, c.k_cache);
+  by_dtype_and_width(c.q.dtype, c.tables.layout.head_dim, [&](auto tag, auto width) {
+    rotate_parts_kernel<decltype(tag), decltype(width)::value>
+        <<<unsigned((rows + kRotateWarps - 1) / kRotateWarps), 32 * kRotateWarps, 0,
+           static_cast<cudaStream_t>(c.stream)>>>(c.tables, c.q, c.scratch_layout, c.scratch, c.k_cache);
   });
   FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant rotate kernel (outlier channels)");
 }
