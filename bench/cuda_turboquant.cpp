@@ -159,13 +159,14 @@ AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows,
 
 }  // namespace
 
-// `cuda_turboquant_bench --decode B CTX` times that one decode shape and prints its time only (for
-// profilers and quick comparisons); without arguments, the whole benchmark as JSON.
+// `cuda_turboquant_bench --decode B CTX [PRESET]` times that one decode shape (the seed layout unless a preset is
+// named) and prints its time only (for profilers and quick comparisons); without arguments, the whole benchmark
+// as JSON.
 int main(int argc, char** argv) {
-  if (argc == 4 && std::string(argv[1]) == "--decode") {
+  if ((argc == 4 || argc == 5) && std::string(argv[1]) == "--decode") {
     std::mt19937_64 rng(7);
     const std::int64_t batch = std::atoll(argv[2]), ctx = std::atoll(argv[3]);
-    Sequences s = make_sequences(batch, {128, 8, ctx, 2, 2}, rng);
+    Sequences s = make_sequences(batch, flashtq::tq_preset_layout(argc == 5 ? argv[4] : "seed", 128, 8, ctx), rng);
     const AttendTimes t = attend_ms(s, 32, 1, rng());
     std::printf("decode B=%lld ctx=%lld: graph %.4f ms, eager %.4f ms\n", (long long)batch, (long long)ctx, t.graph_ms,
                 t.eager_ms);
