@@ -57,6 +57,7 @@ struct TqCase {
   bool zero_rows = false;            // some all-zero keys and values
   std::int64_t batch = 1;            // sequences attended in one call (attend only)
   std::vector<std::int32_t> starts;  // per-sequence start positions, or empty: start_pos for all
+  bool exact = false;                // TqAttendArgs::exact
 
   std::string describe() const;
 };

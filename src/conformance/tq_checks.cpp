@@ -32,6 +32,7 @@ std::string TqCase::describe() const {
   if (layout.key_outliers) s << " outliers" << layout.key_outliers << "x" << layout.key_outlier_bits;
   if (layout.key_block) s << " key_block" << layout.key_block;
   if (layout.value_block) s << " value_block" << layout.value_block;
+  if (exact) s << " exact";
   if (zero_rows) s << " zeros";
   if (batch > 1) s << " batch" << batch << (starts.empty() ? "" : " own-starts");
   s << " seed=" << seed << " data_seed=" << data_seed;
@@ -388,6 +389,7 @@ CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
   a.window = c.window;
   a.batch = c.batch;
   a.start_positions = c.starts.empty() ? nullptr : c.starts.data();
+  a.exact = c.exact;
   a.k_cache = cache.keys.data();
   a.v_cache = cache.values.data();
   HostTensor out({c.batch, c.n_queries, c.H, c.layout.head_dim}, DType::f32, false);

@@ -303,11 +303,11 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge(AttendParams a) {
       y[d] * (1.0f / sqrtf(float(D))) * sign;
 }
 
-// Timesteps per block. The tensor-core decode kernel pays a fixed cost per block (copying the query
-// fragments, the cross-warp combine, one partial for the merge), so it takes longer splits while the
+// Timesteps per block. The tensor-core decode kernels pay a fixed cost per block (copying the query
+// fragments or rows, the cross-warp combine, one partial for the merge), so they take longer splits while the
 // grid still gives every SM at least 4 blocks; the scalar kernel keeps kSplitTokens.
-std::int64_t split_tokens_of(const TqAttendCall& c) {
-  if (!mma_decode_supported(c)) return kSplitTokens;
+std::int64_t split_tokens_of(const TqAttendCall& c, TqAttendKernel kernel) {
+  if (kernel != TqAttendKernel::decode_mma && kernel != TqAttendKernel::decode_tiles) return kSplitTokens;
   static const int sms = [] {
     int device = 0, count = 0;
     FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
@@ -315,38 +315,49 @@ std::int64_t split_tokens_of(const TqAttendCall& c) {
     return count;
   }();
   const std::int64_t longest = c.longest_row;
-  const std::int64_t units = c.batch * c.n_queries * c.n_heads / 4;  // blocks per split index
-  std::int64_t per = kMmaSplitTokens;
+  // Blocks per split index: one per (row, group of 4 heads), or per (row, kv head) for the tiles.
+  const std::int64_t units =
+      c.batch * c.n_queries * (kernel == TqAttendKernel::decode_mma ? c.n_heads / 4 : c.layout().n_kv_heads);
+  std::int64_t per = kMmaSplitTokens;  // a multiple of every tile's tokens
   while (per < kMmaMaxSplitTokens && units * ((longest + 2 * per - 1) / (2 * per)) >= 4 * std::int64_t(sms)) per *= 2;
   return per;
 }
 
-int n_splits_of(const TqAttendCall& c) {
-  const std::int64_t per_split = split_tokens_of(c);
+int n_splits_of(const TqAttendCall& c, TqAttendKernel kernel) {
+  const std::int64_t per_split = split_tokens_of(c, kernel);
   return int(std::max<std::int64_t>(1, (c.longest_row + per_split - 1) / per_split));
 }
 
 int head_tile(std::int64_t group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1; }
 
 template <int D>
-void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, cudaStream_t stream) {
+void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, TqAttendKernel kernel,
+                    cudaStream_t stream) {
   const std::int64_t rows = all_rows.batch * all_rows.n_queries;
-  if (mma_decode_supported(all_rows)) {
+  if (kernel == TqAttendKernel::decode_mma) {
     launch_mma_prepare(all_rows, stream);
     FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant query fragment kernel");
   }
   for (std::int64_t first = 0; first < rows; first += kMaxGridZ) {  // grid z holds at most 65535 rows
     AttendParams a = all_rows;
     a.first_row = first;
-    const dim3 grid(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), unsigned(std::min(kMaxGridZ, rows - first)));
-    if (mma_decode_supported(a)) {
-      launch_mma_decode(a, grid, stream);
-    } else
-      switch (ht) {
-        case 4: attend_partial<D, 4><<<grid, kThreads, 0, stream>>>(a); break;
-        case 2: attend_partial<D, 2><<<grid, kThreads, 0, stream>>>(a); break;
-        default: attend_partial<D, 1><<<grid, kThreads, 0, stream>>>(a); break;
+    const unsigned z = unsigned(std::min(kMaxGridZ, rows - first));
+    switch (kernel) {
+      case TqAttendKernel::decode_mma:
+        launch_mma_decode(a, dim3(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), z), stream);
+        break;
+      case TqAttendKernel::decode_tiles:
+        launch_tq_decode_tiles(a, dim3(unsigned(a.n_splits), unsigned(n_kv), z), stream);
+        break;
+      default: {
+        const dim3 grid(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), z);
+        switch (ht) {
+          case 4: attend_partial<D, 4><<<grid, kThreads, 0, stream>>>(a); break;
+          case 2: attend_partial<D, 2><<<grid, kThreads, 0, stream>>>(a); break;
+          default: attend_partial<D, 1><<<grid, kThreads, 0, stream>>>(a); break;
+        }
       }
+    }
     FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant attend kernel");
   }
   const AttendParams& a = all_rows;
@@ -356,18 +367,21 @@ void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, cud
 
 // The workspace: the splits' partials (max, sum, D accumulators per row, head and split), then, for
 // the tensor-core decode, the query fragments of every (row, group of 4 heads), 16-byte aligned.
-std::size_t partial_bytes(const TqAttendCall& c) {
-  return std::size_t(c.rows() * c.n_heads * n_splits_of(c) * partial_stride(int(c.layout().head_dim))) * sizeof(float);
+std::size_t partial_bytes(const TqAttendCall& c, TqAttendKernel kernel) {
+  return std::size_t(c.rows() * c.n_heads * n_splits_of(c, kernel) * partial_stride(int(c.layout().head_dim))) *
+         sizeof(float);
 }
 
-std::size_t fragment_offset(const TqAttendCall& c) { return (partial_bytes(c) + 15) / 16 * 16; }
+std::size_t fragment_offset(const TqAttendCall& c, TqAttendKernel kernel) {
+  return (partial_bytes(c, kernel) + 15) / 16 * 16;
+}
 
 }  // namespace
 
 std::size_t tq_attend_workspace(const TqAttendCall& c, TqAttendKernel kernel) {
   if (kernel == TqAttendKernel::prefill_bf16) return tq_prefill_workspace(c);
-  if (!mma_decode_supported(c)) return partial_bytes(c);
-  return fragment_offset(c) + std::size_t(c.rows() * (c.n_heads / 4)) * kKeyFragmentBytes;
+  if (kernel != TqAttendKernel::decode_mma) return partial_bytes(c, kernel);
+  return fragment_offset(c, kernel) + std::size_t(c.rows() * (c.n_heads / 4)) * kKeyFragmentBytes;
 }
 
 void launch_tq_attend(const TqAttendCall& c, TqAttendKernel kernel) {
@@ -394,9 +408,9 @@ void launch_tq_attend(const TqAttendCall& c, TqAttendKernel kernel) {
   a.starts = c.start_positions;
   a.out_head_stride = c.out.strides[2];
   a.ws = static_cast<float*>(c.workspace);
-  a.key_fragments = static_cast<char*>(c.workspace) + fragment_offset(c);
-  a.n_splits = n_splits_of(c);
-  a.split_tokens = int(split_tokens_of(c));
+  a.key_fragments = static_cast<char*>(c.workspace) + fragment_offset(c, kernel);
+  a.n_splits = n_splits_of(c, kernel);
+  a.split_tokens = int(split_tokens_of(c, kernel));
   a.window = c.window;
   const int ht = head_tile(c.group());
   a.n_tiles = int(c.group() / ht);
@@ -405,13 +419,16 @@ void launch_tq_attend(const TqAttendCall& c, TqAttendKernel kernel) {
     a.value_centroids[i] = c.tables.value_centroids[std::size_t(i)];
     a.outlier_centroids[i] = c.tables.outlier_centroids[std::size_t(i)];
   }
-  for (int i = 0; i < 8; ++i) a.polar_signs[i] = c.tables.polar_sign_bits[std::size_t(i)];
+  for (int i = 0; i < 8; ++i) {
+    a.polar_signs[i] = c.tables.polar_sign_bits[std::size_t(i)];
+    a.jl_signs[i] = c.tables.jl_sign_bits[std::size_t(i)];
+  }
   auto stream = static_cast<cudaStream_t>(c.stream);
   switch (c.layout().head_dim) {
-    case 32: launch_for_dim<32>(a, ht, c.layout().n_kv_heads, stream); break;
-    case 64: launch_for_dim<64>(a, ht, c.layout().n_kv_heads, stream); break;
-    case 128: launch_for_dim<128>(a, ht, c.layout().n_kv_heads, stream); break;
-    case 256: launch_for_dim<256>(a, ht, c.layout().n_kv_heads, stream); break;
+    case 32: launch_for_dim<32>(a, ht, c.layout().n_kv_heads, kernel, stream); break;
+    case 64: launch_for_dim<64>(a, ht, c.layout().n_kv_heads, kernel, stream); break;
+    case 128: launch_for_dim<128>(a, ht, c.layout().n_kv_heads, kernel, stream); break;
+    case 256: launch_for_dim<256>(a, ht, c.layout().n_kv_heads, kernel, stream); break;
     default: throw Error("head_dim", "no CUDA TurboQuant kernel for this head_dim");
   }
 }

@@ -352,11 +352,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
 
 }  // namespace
 
-bool mma_decode_supported(const TqAttendCall& c) { return tq_decode_mma_serves(c.layout(), c.group(), c.window); }
-bool mma_decode_supported(const AttendParams& a) {
-  static_assert(kD == tiles::kTqDecodeMmaDim);
-  return tq_decode_mma_serves(a.l, a.H / a.l.n_kv_heads, a.window);
-}
+static_assert(kD == tiles::kTqDecodeMmaDim, "kernel_choice.hpp's table names this kernel's head_dim");
 
 void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream) {
   launch_dependent(mma_decode_kernel, grid, dim3(32 * kWarps), stream, "TurboQuant decode kernel", a);

@@ -1,12 +1,9 @@
 // Chunked prefill over the packed TurboQuant cache (TqAttendKernel::prefill_bf16, bf16-class: docs/spec.md §3):
 // the rotated queries and every timestep the chunk sees are turned into bf16 rows in the workspace once,
 // the dense tensor-core forward attends them (causal, offset and window placing row j at start_pos + j),
-// and a last kernel rotates each output row back. In rotated space a timestep is what the oracle scores
-// and sums (core/tq_rows.cpp): its exact row where it has one; else per part the norm half times the
-// centroids, plus, with QJL, n γ qjl_scale diag(s_jl) H sgn / sqrt(D) (so that <q_rot, k> carries the
-// sketch's term <q_jl, sgn>), plus the block's mean; values the norm times the centroids plus their
-// block's mean. Per query row the cache is then read as bf16 by a tiled kernel instead of decoded from
-// its words by every row, which is what made prefill on the decode kernels slow.
+// and a last kernel rotates each output row back (a timestep's rows: tq_decode_rows.cuh). Per query row the
+// cache is then read as bf16 by a tiled kernel instead of decoded from its words by every row, which is what
+// made prefill on the decode kernels slow.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -17,6 +14,7 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/tq_decode_rows.cuh"
 #include "cuda/tq_dispatch.cuh"
 
 namespace flashtq::cuda {
@@ -32,7 +30,7 @@ struct DecodeParams {
   __nv_bfloat16* v_rows;
   std::int64_t batch, first, Sk, end;
   float qjl_scale;
-  float key_centroids[16], value_centroids[16], outlier_centroids[16];
+  RowCodebooks books;
   std::uint32_t jl_signs[8];
 };
 
@@ -43,37 +41,6 @@ struct FinishParams {
   std::int64_t out_batch_stride, out_row_stride, out_head_stride;
   std::uint32_t polar_signs[8];
 };
-
-__device__ __forceinline__ float half_at(std::uint32_t word, int which) {
-  return __half2float(__ushort_as_half(std::uint16_t(word >> (16 * which))));
-}
-__device__ __forceinline__ float bf16_at(std::uint32_t word, int which) {
-  return __uint_as_float(which ? word & 0xFFFF0000u : word << 16);
-}
-
-// The Walsh-Hadamard butterflies over a warp, lane holding coordinates [lane * E, lane * E + E).
-template <int E>
-__device__ __forceinline__ void warp_fwht(float (&x)[E], int lane) {
-#pragma unroll
-  for (int len = 1; len < E; len <<= 1) {
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      if (!(e & len)) {
-        const float a = x[e], b = x[e + len];
-        x[e] = a + b;
-        x[e + len] = a - b;
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 1; m < 32; m <<= 1) {
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const float other = __shfl_xor_sync(0xFFFFFFFFu, x[e], m);
-      x[e] = (lane & m) ? other - x[e] : x[e] + other;
-    }
-  }
-}
 
 template <int E>
 __device__ __forceinline__ void store_bf16(__nv_bfloat16* row, const float (&x)[E], int lane) {
@@ -86,84 +53,15 @@ __device__ __forceinline__ void store_bf16(__nv_bfloat16* row, const float (&x)[
   }
 }
 
-// Where a lane's E coordinates sit in a slot's code bits: they lie in one part (parts are powers of two of at
-// least 16, starting on multiples of 16), so one window of at most 32 bits holds their codes. Fixed by the
-// layout: worked out once per thread, not per timestep.
-struct LaneCodes {
-  int bit;   // the first code's bit in the slot's stream
-  int bits;  // per code
-  int part;  // keys with outlier channels: the part (its norm half, part 0's codebook)
-};
-
-template <int E>
-__device__ __forceinline__ LaneCodes lane_codes(const TqLayout& l, bool keys, int lane) {
-  const int i = lane * E;
-  if (!keys) return {i * l.value_bits, l.value_bits, 0};
-  if (!l.key_outliers) return {i * l.key_bits, l.key_bits, 0};
-  const int parts = l.key_parts();
-  for (int p = 0; p < parts; ++p) {
-    const TqLayout::KeyPart kp = l.key_part(p);
-    if (i >= kp.offset && i < kp.offset + kp.size) return {kp.bit_offset + (i - kp.offset) * kp.bits, kp.bits, p};
-  }
-  return {0, 0, 0};  // not reached: the parts cover [0, D)
-}
-
-// The lane's E codes from a slot's code words (`words` of them): one or two loads, then shifts.
-template <int E>
-__device__ __forceinline__ void read_codes(const std::uint32_t* codes, std::int64_t words, const LaneCodes& at,
-                                           std::uint32_t (&out)[E]) {
-  const int w = at.bit / 32, shift = at.bit % 32;
-  std::uint64_t window = codes[w];
-  if (shift + E * at.bits > 32) window |= std::uint64_t(codes[w + 1 < words ? w + 1 : w]) << 32;
-  window >>= shift;
-  const std::uint32_t mask = (1u << at.bits) - 1u;
-#pragma unroll
-  for (int e = 0; e < E; ++e) out[e] = std::uint32_t(window >> (e * at.bits)) & mask;
-}
-
-// Key coordinates [lane * E, lane * E + E) of a coded timestep, in q_rot's space.
-template <int E>
-__device__ __forceinline__ void decode_key(const DecodeParams& a, const std::uint32_t* keys, std::int64_t slot,
-                                           std::int64_t kvh, std::int64_t t, const LaneCodes& at, const float* cent,
-                                           int lane, float (&k)[E]) {
-  constexpr int D = 32 * E;
-  const TqLayout& l = a.l;
-  std::uint32_t code[E];
-  read_codes<E>(keys + slot * l.key_code_words(), l.key_code_words(), at, code);
-  const std::uint32_t* norm = keys + l.key_norm_offset() + slot * l.key_norm_words();
-  const float n = half_at(norm[at.part / 2], at.part % 2);  // the part's norm half (the one norm without parts)
-#pragma unroll
-  for (int e = 0; e < E; ++e) k[e] = n * cent[code[e]];
-  if (l.qjl) {  // the sketch's signs brought back to q_rot's space: diag(s_jl) H sgn / sqrt(D)
-    const std::uint32_t jl = keys[l.key_jl_offset() + slot * (D / 32) + lane * E / 32] >> (lane * E % 32);
-    float s[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) s[e] = ((jl >> e) & 1u) ? 1.0f : -1.0f;
-    warp_fwht(s, lane);
-    const float f = n * half_at(norm[0], 1) * a.qjl_scale * rsqrtf(float(D));
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const int d = lane * E + e;
-      const float sign = ((a.jl_signs[d / 32] >> (d % 32)) & 1u) ? -f : f;
-      k[e] = fmaf(sign, s[e], k[e]);
-    }
-  }
-  if (l.key_block) {
-    const std::uint32_t* mean = keys + l.key_mean(kvh, t);
-#pragma unroll
-    for (int e = 0; e < E; ++e) k[e] += half_at(mean[(lane * E + e) / 2], (lane * E + e) % 2);
-  }
-}
-
 // Warps take (sequence, timestep, kv head) rows in turn: each row's key and value in bf16.
 template <int E>
 __global__ void __launch_bounds__(32 * kWarps) decode_rows(DecodeParams a) {
   constexpr int D = 32 * E;
   __shared__ float kc[16], vc[16], oc[16];
   if (threadIdx.x < 16) {
-    kc[threadIdx.x] = a.key_centroids[threadIdx.x];
-    vc[threadIdx.x] = a.value_centroids[threadIdx.x];
-    oc[threadIdx.x] = a.outlier_centroids[threadIdx.x];
+    kc[threadIdx.x] = a.books.key[threadIdx.x];
+    vc[threadIdx.x] = a.books.value[threadIdx.x];
+    oc[threadIdx.x] = a.books.outlier[threadIdx.x];
   }
   __syncthreads();
   const TqLayout& l = a.l;
@@ -174,32 +72,9 @@ __global__ void __launch_bounds__(32 * kWarps) decode_rows(DecodeParams a) {
   for (std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; row < rows;
        row += std::int64_t(gridDim.x) * kWarps) {  // (b, s, kvh) in that order; whole warps
     const std::int64_t b = row / (a.Sk * Hkv), t = a.first + (row / Hkv) % a.Sk, kvh = row % Hkv;
-    const std::uint32_t* keys = a.k + b * l.key_words();
-    const std::uint32_t* values = a.v + b * l.value_words();
-    const std::int64_t slot = kvh * l.capacity + t;
     float k[E], v[E];
-    const std::int64_t er = l.exact_row(t, a.end);
-    if (er >= 0) {  // a sink or recent timestep: its exact rotated rows
-      const std::int64_t at = (kvh * l.exact_rows() + er) * (D / 2);
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const int d = lane * E + e;
-        k[e] = bf16_at(keys[l.key_exact_offset() + at + d / 2], d % 2);
-        v[e] = bf16_at(values[l.value_exact_offset() + at + d / 2], d % 2);
-      }
-    } else {
-      decode_key<E>(a, keys, slot, kvh, t, key_at, key_cent, lane, k);
-      std::uint32_t code[E];
-      read_codes<E>(values + slot * l.value_code_words(), l.value_code_words(), value_at, code);
-      const float vn = half_at(values[l.value_norm_offset() + slot], 0);
-#pragma unroll
-      for (int e = 0; e < E; ++e) v[e] = vn * vc[code[e]];
-      if (l.value_block) {
-        const std::uint32_t* mean = values + l.value_mean(kvh, t);
-#pragma unroll
-        for (int e = 0; e < E; ++e) v[e] += half_at(mean[(lane * E + e) / 2], (lane * E + e) % 2);
-      }
-    }
+    decode_timestep<E>(l, a.qjl_scale, a.jl_signs, a.k + b * l.key_words(), a.v + b * l.value_words(), kvh, t, a.end,
+                       key_at, value_at, key_cent, vc, lane, k, v);
     store_bf16<E>(a.k_rows + row * D, k, lane);
     store_bf16<E>(a.v_rows + row * D, v, lane);
   }
@@ -284,9 +159,9 @@ void launch_tq_prefill(const TqAttendCall& c) {
   d.end = c.start_pos + c.n_queries;
   d.qjl_scale = c.qjl_scale;
   for (int i = 0; i < 16; ++i) {
-    d.key_centroids[i] = c.tables.key_centroids[std::size_t(i)];
-    d.value_centroids[i] = c.tables.value_centroids[std::size_t(i)];
-    d.outlier_centroids[i] = c.tables.outlier_centroids[std::size_t(i)];
+    d.books.key[i] = c.tables.key_centroids[std::size_t(i)];
+    d.books.value[i] = c.tables.value_centroids[std::size_t(i)];
+    d.books.outlier[i] = c.tables.outlier_centroids[std::size_t(i)];
   }
   for (int i = 0; i < 8; ++i) d.jl_signs[i] = c.tables.jl_sign_bits[std::size_t(i)];
   // Enough blocks to fill the device several times over; each warp then takes rows in turn.

@@ -1,0 +1,158 @@
+// Turning one timestep of the packed TurboQuant cache back into rotated-space rows (the chunked prefill's
+// bf16 rows and the tiled decode's shared-memory tiles): what the oracle scores and sums (core/tq_rows.cpp),
+// a warp per timestep, lane l holding coordinates [l E, l E + E). Keys: the exact row where there is one,
+// else per part the norm half times the centroids, plus, with QJL, n γ qjl_scale diag(s_jl) H sgn / sqrt(D)
+// (so that <q_rot, k> carries the sketch's term <q_jl, sgn>), plus the block's mean; values likewise
+// without the sketch.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "flashtq/problem.hpp"
+
+namespace flashtq::cuda {
+
+// A layout's codebooks, passed by value to a kernel, which copies them to shared memory.
+struct RowCodebooks {
+  float key[16], value[16], outlier[16];
+};
+
+__device__ __forceinline__ float half_at(std::uint32_t word, int which) {
+  return __half2float(__ushort_as_half(std::uint16_t(word >> (16 * which))));
+}
+__device__ __forceinline__ float bf16_at(std::uint32_t word, int which) {
+  return __uint_as_float(which ? word & 0xFFFF0000u : word << 16);
+}
+
+// The Walsh-Hadamard butterflies over a warp, lane holding coordinates [lane * E, lane * E + E).
+template <int E>
+__device__ __forceinline__ void warp_fwht(float (&x)[E], int lane) {
+#pragma unroll
+  for (int len = 1; len < E; len <<= 1) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if (!(e & len)) {
+        const float a = x[e], b = x[e + len];
+        x[e] = a + b;
+        x[e + len] = a - b;
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float other = __shfl_xor_sync(0xFFFFFFFFu, x[e], m);
+      x[e] = (lane & m) ? other - x[e] : x[e] + other;
+    }
+  }
+}
+
+// Where a lane's E coordinates sit in a slot's code bits: they lie in one part (parts are powers of two of at
+// least 16, starting on multiples of 16), so one window of at most 32 bits holds their codes. Fixed by the
+// layout: worked out once per thread, not per timestep.
+struct LaneCodes {
+  int bit;   // the first code's bit in the slot's stream
+  int bits;  // per code
+  int part;  // keys with outlier channels: the part (its norm half, part 0's codebook)
+};
+
+template <int E>
+__device__ __forceinline__ LaneCodes lane_codes(const TqLayout& l, bool keys, int lane) {
+  const int i = lane * E;
+  if (!keys) return {i * l.value_bits, l.value_bits, 0};
+  if (!l.key_outliers) return {i * l.key_bits, l.key_bits, 0};
+  const int parts = l.key_parts();
+  for (int p = 0; p < parts; ++p) {
+    const TqLayout::KeyPart kp = l.key_part(p);
+    if (i >= kp.offset && i < kp.offset + kp.size) return {kp.bit_offset + (i - kp.offset) * kp.bits, kp.bits, p};
+  }
+  return {0, 0, 0};  // not reached: the parts cover [0, D)
+}
+
+// The lane's E codes from a slot's code words (`words` of them): one or two loads, then shifts.
+template <int E>
+__device__ __forceinline__ void read_codes(const std::uint32_t* codes, std::int64_t words, const LaneCodes& at,
+                                           std::uint32_t (&out)[E]) {
+  const int w = at.bit / 32, shift = at.bit % 32;
+  std::uint64_t window = codes[w];
+  if (shift + E * at.bits > 32) window |= std::uint64_t(codes[w + 1 < words ? w + 1 : w]) << 32;
+  window >>= shift;
+  const std::uint32_t mask = (1u << at.bits) - 1u;
+#pragma unroll
+  for (int e = 0; e < E; ++e) out[e] = std::uint32_t(window >> (e * at.bits)) & mask;
+}
+
+// Key coordinates [lane * E, lane * E + E) of a coded timestep, in q_rot's space.
+template <int E>
+__device__ __forceinline__ void decode_key(const TqLayout& l, float qjl_scale, const std::uint32_t* jl_signs,
+                                           const std::uint32_t* keys, std::int64_t slot, std::int64_t kvh,
+                                           std::int64_t t, const LaneCodes& at, const float* cent, int lane,
+                                           float (&k)[E]) {
+  constexpr int D = 32 * E;
+  std::uint32_t code[E];
+  read_codes<E>(keys + slot * l.key_code_words(), l.key_code_words(), at, code);
+  const std::uint32_t* norm = keys + l.key_norm_offset() + slot * l.key_norm_words();
+  const float n = half_at(norm[at.part / 2], at.part % 2);  // the part's norm half (the one norm without parts)
+#pragma unroll
+  for (int e = 0; e < E; ++e) k[e] = n * cent[code[e]];
+  if (l.qjl) {  // the sketch's signs brought back to q_rot's space: diag(s_jl) H sgn / sqrt(D)
+    const std::uint32_t jl = keys[l.key_jl_offset() + slot * (D / 32) + lane * E / 32] >> (lane * E % 32);
+    float s[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) s[e] = ((jl >> e) & 1u) ? 1.0f : -1.0f;
+    warp_fwht(s, lane);
+    const float f = n * half_at(norm[0], 1) * qjl_scale * rsqrtf(float(D));
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int d = lane * E + e;
+      const float sign = ((jl_signs[d / 32] >> (d % 32)) & 1u) ? -f : f;
+      k[e] = fmaf(sign, s[e], k[e]);
+    }
+  }
+  if (l.key_block) {
+    const std::uint32_t* mean = keys + l.key_mean(kvh, t);
+#pragma unroll
+    for (int e = 0; e < E; ++e) k[e] += half_at(mean[(lane * E + e) / 2], (lane * E + e) % 2);
+  }
+}
+
+// Timestep t (slot = kvh * capacity + t) of one sequence's caches, keys and values, for a sequence that
+// ends at `end` (its exact recent window): k and v hold the lane's coordinates. `key_at`, `value_at` and
+// `key_cent` come from lane_codes (once per thread); kc, vc the codebooks in shared memory.
+template <int E>
+__device__ __forceinline__ void decode_timestep(const TqLayout& l, float qjl_scale, const std::uint32_t* jl_signs,
+                                                const std::uint32_t* keys, const std::uint32_t* values,
+                                                std::int64_t kvh, std::int64_t t, std::int64_t end,
+                                                const LaneCodes& key_at, const LaneCodes& value_at,
+                                                const float* key_cent, const float* vc, int lane, float (&k)[E],
+                                                float (&v)[E]) {
+  constexpr int D = 32 * E;
+  const std::int64_t slot = kvh * l.capacity + t;
+  const std::int64_t er = l.exact_row(t, end);
+  if (er >= 0) {  // a sink or recent timestep: its exact rotated rows
+    const std::int64_t at = (kvh * l.exact_rows() + er) * (D / 2);
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int d = lane * E + e;
+      k[e] = bf16_at(keys[l.key_exact_offset() + at + d / 2], d % 2);
+      v[e] = bf16_at(values[l.value_exact_offset() + at + d / 2], d % 2);
+    }
+    return;
+  }
+  decode_key<E>(l, qjl_scale, jl_signs, keys, slot, kvh, t, key_at, key_cent, lane, k);
+  std::uint32_t code[E];
+  read_codes<E>(values + slot * l.value_code_words(), l.value_code_words(), value_at, code);
+  const float vn = half_at(values[l.value_norm_offset() + slot], 0);
+#pragma unroll
+  for (int e = 0; e < E; ++e) v[e] = vn * vc[code[e]];
+  if (l.value_block) {
+    const std::uint32_t* mean = values + l.value_mean(kvh, t);
+#pragma unroll
+    for (int e = 0; e < E; ++e) v[e] += half_at(mean[(lane * E + e) / 2], (lane * E + e) % 2);
+  }
+}
+
+}  // namespace flashtq::cuda
