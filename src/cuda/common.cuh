@@ -77,18 +77,16 @@ __device__ __forceinline__ double sign_of(const std::uint32_t* bits, int d) {
   return ((bits[d / 32] >> (d % 32)) & 1u) ? -1.0 : 1.0;
 }
 
-// RHT_s over a warp, in double, lane holding dims [lane*E, lane*E + E): the same butterflies in the
-// same order as core::rht, so the result is bit-identical to the host's.
-template <int E>
-__device__ __forceinline__ void warp_rht(double (&x)[E], const std::uint32_t* signs, int lane) {
-#pragma unroll
-  for (int e = 0; e < E; ++e) x[e] *= sign_of(signs, lane * E + e);
+// The Walsh-Hadamard butterflies over a warp, lane holding coordinates [lane * E, lane * E + E): within the
+// lane first, then across lanes, in core::fwht's order.
+template <typename T, int E>
+__device__ __forceinline__ void warp_fwht(T (&x)[E], int lane) {
 #pragma unroll
   for (int len = 1; len < E; len <<= 1) {
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       if (!(e & len)) {
-        const double a = x[e], b = x[e + len];
+        const T a = x[e], b = x[e + len];
         x[e] = a + b;
         x[e + len] = a - b;
       }
@@ -98,10 +96,19 @@ __device__ __forceinline__ void warp_rht(double (&x)[E], const std::uint32_t* si
   for (int m = 1; m < 32; m <<= 1) {
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      const double other = __shfl_xor_sync(0xFFFFFFFFu, x[e], m);
+      const T other = __shfl_xor_sync(0xFFFFFFFFu, x[e], m);
       x[e] = (lane & m) ? other - x[e] : x[e] + other;
     }
   }
+}
+
+// RHT_s over a warp, in double, lane holding dims [lane*E, lane*E + E): the same butterflies in the
+// same order as core::rht, so the result is bit-identical to the host's.
+template <int E>
+__device__ __forceinline__ void warp_rht(double (&x)[E], const std::uint32_t* signs, int lane) {
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] *= sign_of(signs, lane * E + e);
+  warp_fwht<double, E>(x, lane);
   const double inv = 1.0 / sqrt(double(32 * E));
 #pragma unroll
   for (int e = 0; e < E; ++e) x[e] *= inv;

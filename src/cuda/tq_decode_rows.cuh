@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "cuda/common.cuh"
 #include "flashtq/problem.hpp"
 
 namespace flashtq::cuda {
@@ -24,30 +25,6 @@ __device__ __forceinline__ float half_at(std::uint32_t word, int which) {
 }
 __device__ __forceinline__ float bf16_at(std::uint32_t word, int which) {
   return __uint_as_float(which ? word & 0xFFFF0000u : word << 16);
-}
-
-// The Walsh-Hadamard butterflies over a warp, lane holding coordinates [lane * E, lane * E + E).
-template <int E>
-__device__ __forceinline__ void warp_fwht(float (&x)[E], int lane) {
-#pragma unroll
-  for (int len = 1; len < E; len <<= 1) {
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      if (!(e & len)) {
-        const float a = x[e], b = x[e + len];
-        x[e] = a + b;
-        x[e + len] = a - b;
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 1; m < 32; m <<= 1) {
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const float other = __shfl_xor_sync(0xFFFFFFFFu, x[e], m);
-      x[e] = (lane & m) ? other - x[e] : x[e] + other;
-    }
-  }
 }
 
 // Where a lane's E coordinates sit in a slot's code bits: they lie in one part (parts are powers of two of at
