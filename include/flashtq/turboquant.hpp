@@ -336,8 +336,9 @@ class TqKvCache {
   // Attention of q [1, n, n_heads, head_dim] at positions start_pos... into out (f32, same shape), both
   // in the backend's memory; with a window (> 0), row p sees only timesteps (p - window, p]. The rotated queries and
   // the kernels' workspace live in buffers the cache owns, grown to the largest call so far and reused.
+  // `exact` as TqAttendArgs::exact: f32 arithmetic instead of the backend's bf16-class fast paths.
   void attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out,
-              std::int64_t window = 0);
+              std::int64_t window = 0, bool exact = false);
   void set_stream(void* stream) { stream_ = stream; }
 
   const TqCacheConfig& config() const { return config_; }

@@ -231,12 +231,16 @@ class TurboQuantCache:
                 seq.calibrate(layer, view(k[b:b + 1], "k"))
 
     def attend(self, layer: int, q: Tensor, start_pos: Optional[int] = None, *, window: int = 0,
-               scale: Optional[float] = None, layout: str = "bshd", out: Optional[Tensor] = None) -> Tensor:
+               scale: Optional[float] = None, layout: str = "bshd", out: Optional[Tensor] = None,
+               exact: bool = False) -> Tensor:
         """Attention of q [B, n, H, D] at positions start_pos.. (default: the last n appended) over the packed
         words; row j sees timesteps [max(0, p - window + 1), p] with p = start_pos + j (window 0 = all).
-        Returns f32 in q's layout (or writes `out`, f32, shaped like q)."""
+        Returns f32 in q's layout (or writes `out`, f32, shaped like q). `exact`: f32 arithmetic (within 1e-5 of
+        the oracle) instead of the backend's bf16-class fast paths (within 1e-2; docs/spec.md §3)."""
         if not isinstance(window, int) or window < 0:  # the library checks the sign, not that it is an integer
             raise error("window", f"must be an integer >= 0, got {window!r}")
+        if not isinstance(exact, bool):
+            raise error("exact", f"must be a bool, got {exact!r}")
         q = self._rows(q, "q", layout)
         n = q.shape[1]
         if scale is not None:
@@ -252,7 +256,7 @@ class TurboQuantCache:
             self._on_stream()
             for b, seq in enumerate(self._seqs):
                 pos = seq.length(layer) - n if start_pos is None else start_pos
-                seq.attend(layer, view(q[b:b + 1], "q"), pos, view(o[b:b + 1], "out"), window)
+                seq.attend(layer, view(q[b:b + 1], "q"), pos, view(o[b:b + 1], "out"), window, exact)
         return out
 
     def length(self, layer: int, seq: int = 0) -> int:

@@ -141,11 +141,12 @@ void bind_tq_cache(nb::module_& m) {
       .def(
           "attend",
           [](TqKvCache& c, std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out,
-             std::int64_t window) {
+             std::int64_t window, bool exact) {
             nb::gil_scoped_release release;
-            c.attend(layer, q, start_pos, out, window);
+            c.attend(layer, q, start_pos, out, window, exact);
           },
-          nb::arg("layer"), nb::arg("q"), nb::arg("start_pos"), nb::arg("out"), nb::arg("window") = 0)
+          nb::arg("layer"), nb::arg("q"), nb::arg("start_pos"), nb::arg("out"), nb::arg("window") = 0,
+          nb::arg("exact") = false)
       .def(
           "set_stream", [](TqKvCache& c, std::uintptr_t stream) { c.set_stream(reinterpret_cast<void*>(stream)); },
           nb::arg("stream"))

@@ -83,6 +83,17 @@ def test_full_cache_is_rejected_and_left_unchanged():
     assert e.value.argument == "start_pos"
 
 
+def test_exact_attention_is_asked_for_by_a_bool(seed):
+    cache = flashtq.TurboQuantCache(1, 2, 64, 128, config="default")
+    k, v, q = torch.randn(1, 40, 2, 64), torch.randn(1, 40, 2, 64), torch.randn(1, 20, 4, 64)
+    cache.append(0, k, v)
+    fast, exact = cache.attend(0, q), cache.attend(0, q, exact=True)
+    assert rel_err(fast, exact) < 1e-2  # docs/spec.md §3: the fast paths within 1e-2 (on cpu both are f32)
+    with pytest.raises(flashtq.FlashTQError) as e:
+        cache.attend(0, q, exact=1)
+    assert e.value.argument == "exact"
+
+
 @pytest.mark.parametrize("device", [d for d in __import__("conftest").DEVICES if d != "cpu"] or ["cuda"])
 def test_device_cache_matches_the_host_cache(device, seed):
     if not __import__("conftest")._cuda_backend_ready():
