@@ -53,10 +53,14 @@ class SeedOverride {
   std::optional<std::string> old_;
 };
 
-// The first case this test draws under the run seed in force, and the check of it.
+// The first case this test draws under the run seed in force whose bound a 1 % error exceeds, and the check of
+// it. Extreme inputs (scores near f32's range, where TF32's rounding may pick another winning key) and the TF32
+// path are held to bounds looser than 1 %: a broken backend may pass those, rightly.
 conformance::CheckResult first_case(Backend& b, conformance::DenseCase* drawn) {
   std::mt19937_64 rng(conformance::derive_seed(conformance::run_seed(), current_test_name(), 0));
-  *drawn = conformance::draw_dense_case(rng, b);
+  do {
+    *drawn = conformance::draw_dense_case(rng, b);
+  } while (drawn->extreme != conformance::Extreme::none || drawn->tf32);
   return conformance::check_forward(b, *drawn);
 }
 
