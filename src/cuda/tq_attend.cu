@@ -318,8 +318,10 @@ std::int64_t split_tokens_of(const TqAttendCall& c, TqAttendKernel kernel) {
   // Blocks per split index: one per (row, group of 4 heads), or per (row, kv head) for the tiles.
   const std::int64_t units =
       c.batch * c.n_queries * (kernel == TqAttendKernel::decode_mma ? c.n_heads / 4 : c.layout().n_kv_heads);
+  // The tiles' blocks are latency-bound (3 fit on an SM): they want many waves, so 16 blocks per SM.
+  const std::int64_t least = (kernel == TqAttendKernel::decode_mma ? 4 : 16) * std::int64_t(sms);
   std::int64_t per = kMmaSplitTokens;  // a multiple of every tile's tokens
-  while (per < kMmaMaxSplitTokens && units * ((longest + 2 * per - 1) / (2 * per)) >= 4 * std::int64_t(sms)) per *= 2;
+  while (per < kMmaMaxSplitTokens && units * ((longest + 2 * per - 1) / (2 * per)) >= least) per *= 2;
   return per;
 }
 

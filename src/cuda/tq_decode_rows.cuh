@@ -3,7 +3,8 @@
 // a warp per timestep, lane l holding coordinates [l E, l E + E). Keys: the exact row where there is one,
 // else per part the norm half times the centroids, plus, with QJL, n γ qjl_scale diag(s_jl) H sgn / sqrt(D)
 // (so that <q_rot, k> carries the sketch's term <q_jl, sgn>), plus the block's mean; values likewise
-// without the sketch.
+// without the sketch. The cache is read through the read-only path (__ldg): the kernels never write it, and
+// loads marked so may be issued ahead of the shared-memory stores between timesteps.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -54,8 +55,8 @@ template <int E>
 __device__ __forceinline__ void read_codes(const std::uint32_t* codes, std::int64_t words, const LaneCodes& at,
                                            std::uint32_t (&out)[E]) {
   const int w = at.bit / 32, shift = at.bit % 32;
-  std::uint64_t window = codes[w];
-  if (shift + E * at.bits > 32) window |= std::uint64_t(codes[w + 1 < words ? w + 1 : w]) << 32;
+  std::uint64_t window = __ldg(codes + w);
+  if (shift + E * at.bits > 32) window |= std::uint64_t(__ldg(codes + (w + 1 < words ? w + 1 : w))) << 32;
   window >>= shift;
   const std::uint32_t mask = (1u << at.bits) - 1u;
 #pragma unroll
@@ -72,16 +73,16 @@ __device__ __forceinline__ void decode_key(const TqLayout& l, float qjl_scale, c
   std::uint32_t code[E];
   read_codes<E>(keys + slot * l.key_code_words(), l.key_code_words(), at, code);
   const std::uint32_t* norm = keys + l.key_norm_offset() + slot * l.key_norm_words();
-  const float n = half_at(norm[at.part / 2], at.part % 2);  // the part's norm half (the one norm without parts)
+  const float n = half_at(__ldg(norm + at.part / 2), at.part % 2);  // the part's norm half (the one norm without parts)
 #pragma unroll
   for (int e = 0; e < E; ++e) k[e] = n * cent[code[e]];
   if (l.qjl) {  // the sketch's signs brought back to q_rot's space: diag(s_jl) H sgn / sqrt(D)
-    const std::uint32_t jl = keys[l.key_jl_offset() + slot * (D / 32) + lane * E / 32] >> (lane * E % 32);
+    const std::uint32_t jl = __ldg(keys + l.key_jl_offset() + slot * (D / 32) + lane * E / 32) >> (lane * E % 32);
     float s[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) s[e] = ((jl >> e) & 1u) ? 1.0f : -1.0f;
     warp_fwht(s, lane);
-    const float f = n * half_at(norm[0], 1) * qjl_scale * rsqrtf(float(D));
+    const float f = n * half_at(__ldg(norm), 1) * qjl_scale * rsqrtf(float(D));
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       const int d = lane * E + e;
@@ -92,7 +93,7 @@ __device__ __forceinline__ void decode_key(const TqLayout& l, float qjl_scale, c
   if (l.key_block) {
     const std::uint32_t* mean = keys + l.key_mean(kvh, t);
 #pragma unroll
-    for (int e = 0; e < E; ++e) k[e] += half_at(mean[(lane * E + e) / 2], (lane * E + e) % 2);
+    for (int e = 0; e < E; ++e) k[e] += half_at(__ldg(mean + (lane * E + e) / 2), (lane * E + e) % 2);
   }
 }
 
@@ -114,21 +115,21 @@ __device__ __forceinline__ void decode_timestep(const TqLayout& l, float qjl_sca
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       const int d = lane * E + e;
-      k[e] = bf16_at(keys[l.key_exact_offset() + at + d / 2], d % 2);
-      v[e] = bf16_at(values[l.value_exact_offset() + at + d / 2], d % 2);
+      k[e] = bf16_at(__ldg(keys + l.key_exact_offset() + at + d / 2), d % 2);
+      v[e] = bf16_at(__ldg(values + l.value_exact_offset() + at + d / 2), d % 2);
     }
     return;
   }
   decode_key<E>(l, qjl_scale, jl_signs, keys, slot, kvh, t, key_at, key_cent, lane, k);
   std::uint32_t code[E];
   read_codes<E>(values + slot * l.value_code_words(), l.value_code_words(), value_at, code);
-  const float vn = half_at(values[l.value_norm_offset() + slot], 0);
+  const float vn = half_at(__ldg(values + l.value_norm_offset() + slot), 0);
 #pragma unroll
   for (int e = 0; e < E; ++e) v[e] = vn * vc[code[e]];
   if (l.value_block) {
     const std::uint32_t* mean = values + l.value_mean(kvh, t);
 #pragma unroll
-    for (int e = 0; e < E; ++e) v[e] += half_at(mean[(lane * E + e) / 2], (lane * E + e) % 2);
+    for (int e = 0; e < E; ++e) v[e] += half_at(__ldg(mean + (lane * E + e) / 2), (lane * E + e) % 2);
   }
 }
 

@@ -17,6 +17,7 @@ namespace flashtq::cuda {
 namespace {
 
 constexpr int kWarps = 4;
+constexpr int kBatch = 4;  // timesteps a warp decodes before it stores them
 
 template <int E>
 struct Tiles {
@@ -26,6 +27,7 @@ struct Tiles {
   static constexpr int ScorePad = T + 8;
   static constexpr int ScoreTiles = T / (8 * kWarps);  // n8 tiles of scores per warp
   static constexpr int ValueTiles = D / (8 * kWarps);  // n8 tiles of output dims per warp
+  static_assert(T % (kWarps * kBatch) == 0, "every warp decodes whole batches of a tile");
 };
 
 template <int E>
@@ -75,21 +77,28 @@ __global__ void __launch_bounds__(32 * kWarps) decode_tiles_kernel(AttendParams 
   // Tiles before the window's start are skipped whole.
   const std::int64_t t_first = t_begin + max(std::int64_t(0), first - t_begin) / T * T;
   for (std::int64_t t0 = t_first; t0 < t_stop; t0 += T) {
-    // ---- decode: a warp per timestep; timesteps the row does not see become zeros (masked below) ----
-    for (int r = warp; r < T; r += kWarps) {
-      const std::int64_t t = t0 + r;
-      float k[E] = {}, v[E] = {};
-      if (t >= first && t < t_stop)
-        decode_timestep<E>(l, a.qjl_scale, a.jl_signs, keys, values, kvh, t, end, key_at, value_at, key_cent, vc, lane,
-                           k, v);
+    // ---- decode: a warp per timestep, kBatch timesteps at once so that their loads are in flight together;
+    // timesteps the row does not see become zeros (masked below) ----
+    for (int r0 = warp * kBatch; r0 < T; r0 += kWarps * kBatch) {
+      float k[kBatch][E] = {}, v[kBatch][E] = {};
 #pragma unroll
-      for (int e = 0; e < E; e += 2) {
-        if constexpr (E == 1) {
-          ks[r][lane] = __float2bfloat16_rn(k[0]);
-          vs[r][lane] = __float2bfloat16_rn(v[0]);
-        } else {
-          *reinterpret_cast<__nv_bfloat162*>(&ks[r][lane * E + e]) = __floats2bfloat162_rn(k[e], k[e + 1]);
-          *reinterpret_cast<__nv_bfloat162*>(&vs[r][lane * E + e]) = __floats2bfloat162_rn(v[e], v[e + 1]);
+      for (int i = 0; i < kBatch; ++i) {
+        const std::int64_t t = t0 + r0 + i;
+        if (t >= first && t < t_stop)
+          decode_timestep<E>(l, a.qjl_scale, a.jl_signs, keys, values, kvh, t, end, key_at, value_at, key_cent, vc,
+                             lane, k[i], v[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+#pragma unroll
+        for (int e = 0; e < E; e += 2) {
+          if constexpr (E == 1) {
+            ks[r0 + i][lane] = __float2bfloat16_rn(k[i][0]);
+            vs[r0 + i][lane] = __float2bfloat16_rn(v[i][0]);
+          } else {
+            *reinterpret_cast<__nv_bfloat162*>(&ks[r0 + i][lane * E + e]) = __floats2bfloat162_rn(k[i][e], k[i][e + 1]);
+            *reinterpret_cast<__nv_bfloat162*>(&vs[r0 + i][lane * E + e]) = __floats2bfloat162_rn(v[i][e], v[i][e + 1]);
+          }
         }
       }
     }
