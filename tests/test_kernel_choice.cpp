@@ -141,8 +141,8 @@ TEST(KernelChoice, TurboQuantChunksGoToTheBf16Prefill) {
   EXPECT_EQ(cuda::choose_tq_attend(chunk_call(preset, 2048, 2048), kHopper), TqAttendKernel::prefill_bf16);
   // Fewer rows than the prefill pays for: each row reads the words (the seed's tensor-core decode here).
   EXPECT_EQ(cuda::choose_tq_attend(chunk_call(seed, n - 1, 1000), kHopper), TqAttendKernel::decode_mma);
-  // head_dim 256 has no mma tiles for the dense forward: off Hopper each row decodes in tiles.
-  EXPECT_EQ(cuda::choose_tq_attend(chunk_call(preset, 512, 0), kAmpere), TqAttendKernel::decode_tiles);
+  // head_dim 256 has no mma tiles for the dense forward: off Hopper the split-K kernel.
+  EXPECT_EQ(cuda::choose_tq_attend(chunk_call(preset, 512, 0), kAmpere), TqAttendKernel::split_k);
   TqAttendCall exact = chunk_call(seed, 512, 1000);
   exact.exact = true;  // the f32 path, asked for
   EXPECT_EQ(cuda::choose_tq_attend(exact, kHopper), TqAttendKernel::decode_mma);
@@ -171,25 +171,18 @@ TEST(KernelChoice, TurboQuantChunksGoToTheBf16Prefill) {
   EXPECT_EQ(cuda::tq_prefill_problem(chunk_call(seed, 100, 1000)).Sk, 1100);
 }
 
-TEST(KernelChoice, TurboQuantDecodeOfEveryOtherLayoutRunsInTiles) {
+TEST(KernelChoice, TurboQuantDecodeOfEveryPreset) {
   for (const TqPreset& preset : tq_presets()) {
     for (const std::int64_t D : {32, 64, 128, 256}) {
       const TqLayout layout = tq_preset_layout(preset.name, D, 2, 4096);
       const TqAttendKernel want =
-          std::string(preset.name) == "seed" && D == 128 ? TqAttendKernel::decode_mma : TqAttendKernel::decode_tiles;
+          std::string(preset.name) == "seed" && D == 128 ? TqAttendKernel::decode_mma : TqAttendKernel::split_k;
       EXPECT_EQ(cuda::choose_tq_attend(chunk_call(layout, 1, 3000), kHopper), want) << preset.name << " D " << D;
       TqAttendCall exact = chunk_call(layout, 1, 3000);
-      exact.exact = true;  // the f32 kernels: the seed's tensor-core decode, else split-K
-      EXPECT_EQ(cuda::choose_tq_attend(exact, kHopper),
-                want == TqAttendKernel::decode_mma ? TqAttendKernel::decode_mma : TqAttendKernel::split_k);
+      exact.exact = true;  // both are exact: the same kernel
+      EXPECT_EQ(cuda::choose_tq_attend(exact, kHopper), want) << preset.name << " D " << D;
     }
   }
-  TqLayout wide{128, 1, 4096, 3, 3};
-  TqAttendCall group = chunk_call(wide, 1, 3000);
-  group.n_heads = 16;  // one m16 tile of heads
-  EXPECT_EQ(cuda::choose_tq_attend(group, kHopper), TqAttendKernel::decode_tiles);
-  group.n_heads = 32;  // more heads per kv head than a tile holds
-  EXPECT_EQ(cuda::choose_tq_attend(group, kHopper), TqAttendKernel::split_k);
 }
 
 // On the GPU: the kernel that served each case (Backend::last_kernel) is the one meant for it.
@@ -246,21 +239,15 @@ TEST(KernelChoiceOnGpu, TurboQuantDecodeRanTheTensorCoreKernel) {
   const conformance::CheckResult r = conformance::check_tq_attend(*b, c);
   EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
   EXPECT_EQ(r.kernel, "tq_attend_decode_mma") << c.describe();
-  c.layout.key_bits = 3;  // every other layout decodes in tiles
+  c.layout.key_bits = 3;  // no tensor-core decode for it: the split-K kernel, deliberately
   const conformance::CheckResult wide = conformance::check_tq_attend(*b, c);
   EXPECT_TRUE(wide.passed) << c.describe() << ": " << wide.detail;
-  EXPECT_EQ(wide.kernel, "tq_attend_decode_tiles") << c.describe();
-  c.exact = true;  // unless the f32 path is asked for
+  EXPECT_EQ(wide.kernel, "tq_attend_split_k") << c.describe();
+  c.exact = true;  // the seed's tensor-core decode is exact: asking for it keeps that kernel
+  c.layout.key_bits = 2;
   const conformance::CheckResult exact = conformance::check_tq_attend(*b, c);
   EXPECT_TRUE(exact.passed) << c.describe() << ": " << exact.detail;
-  EXPECT_EQ(exact.kernel, "tq_attend_split_k") << c.describe();
-  for (const std::int64_t D : {32, 64, 256}) {  // each head_dim's tile shape, a preset with every lever
-    c.exact = false;
-    c.layout = tq_preset_layout("default", D, 2, 1024);
-    const conformance::CheckResult tiles = conformance::check_tq_attend(*b, c);
-    EXPECT_TRUE(tiles.passed) << c.describe() << ": " << tiles.detail;
-    EXPECT_EQ(tiles.kernel, "tq_attend_decode_tiles") << c.describe();
-  }
+  EXPECT_EQ(exact.kernel, "tq_attend_decode_mma") << c.describe();
 }
 
 TEST(KernelChoiceOnGpu, TurboQuantChunksRanTheBf16Prefill) {

@@ -100,7 +100,6 @@ const char* kernel_name(TqAttendKernel k) {
     case TqAttendKernel::decode_mma: return "tq_attend_decode_mma";
     case TqAttendKernel::split_k: return "tq_attend_split_k";
     case TqAttendKernel::prefill_bf16: return "tq_attend_prefill_bf16";
-    case TqAttendKernel::decode_tiles: return "tq_attend_decode_tiles";
   }
   return "?";
 }
@@ -193,16 +192,11 @@ bool tq_prefill_serves(const TqAttendCall& c, const DeviceTraits& device) {
   return built_for(tiles::kTiledForwardDims, p.D) && row_block_grid_fits(p, tiles::kMmaForward);
 }
 
-bool tq_decode_tiles_serves(const TqAttendCall& c) {
-  return !c.exact && c.group() <= tiles::kTqDecodeTilesMaxGroup && built_for(tiles::kTqDims, c.layout().head_dim);
-}
-
-// The seed's layout keeps its exact tensor-core decode; every other layout decodes in tiles unless the f32
-// path is asked for.
+// The seed's layout has an exact tensor-core decode; every other decode runs the split-K kernel (a tiled
+// bf16 decode measured slower than it, docs/benchmarks.md).
 TqAttendKernel choose_tq_attend(const TqAttendCall& c, const DeviceTraits& device) {
   if (tq_prefill_serves(c, device)) return TqAttendKernel::prefill_bf16;
   if (tq_decode_mma_serves(c.layout(), c.group(), c.window)) return TqAttendKernel::decode_mma;
-  if (tq_decode_tiles_serves(c)) return TqAttendKernel::decode_tiles;
   return TqAttendKernel::split_k;
 }
 

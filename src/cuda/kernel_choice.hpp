@@ -31,8 +31,6 @@ enum class TqAttendKernel : std::uint8_t {
   split_k,       // the scalar split-K kernel, every layout (tq_attend.cu)
   prefill_bf16,  // chunked prefill: the visible timesteps decoded to bf16, then the dense tensor-core
                  // forward (tq_prefill.cu); bf16-class, every layout
-  decode_tiles,  // decode of every layout: tiles decoded to bf16 in shared memory, mma.sync products
-                 // (tq_decode_tiles.cu); bf16-class, GQA groups of up to 16 heads
 };
 
 const char* kernel_name(DenseForwardKernel k);
@@ -72,7 +70,6 @@ inline constexpr int kTqDecodeMmaDim = 128;
 // Query rows from which a chunk is attended by decoding the cache once to bf16 (below them each row
 // reads the packed words itself: decoding the whole cache costs a pass over six times the bytes).
 inline constexpr std::int64_t kTqPrefillMinRows = 16;
-inline constexpr std::int64_t kTqDecodeTilesMaxGroup = 16;  // query heads per kv head: one m16 tile
 }  // namespace tiles
 
 template <std::size_t N>
@@ -102,8 +99,6 @@ DenseBackwardKernel choose_dense_backward(const BackwardCall& c, const DeviceTra
 TqAttendKernel choose_tq_attend(const TqAttendCall& c, const DeviceTraits& device);
 // The TurboQuant decision on the layout alone (the tensor-core decode also needs window 0).
 bool tq_decode_mma_serves(const TqLayout& l, std::int64_t group, std::int64_t window);
-// The tiled decode: not TqAttendCall::exact, GQA groups of up to kTqDecodeTilesMaxGroup heads.
-bool tq_decode_tiles_serves(const TqAttendCall& c);
 // The chunked-prefill path (TqAttendKernel::prefill_bf16): a call of one start position for every
 // sequence (start_pos, not start_positions) whose rows are not clamped by max_seq or capacity, not
 // TqAttendCall::exact, of at least kTqPrefillMinRows rows, whose dense problem a tiled tensor-core

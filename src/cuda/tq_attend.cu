@@ -303,11 +303,11 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge(AttendParams a) {
       y[d] * (1.0f / sqrtf(float(D))) * sign;
 }
 
-// Timesteps per block. The tensor-core decode kernels pay a fixed cost per block (copying the query
-// fragments or rows, the cross-warp combine, one partial for the merge), so they take longer splits while the
+// Timesteps per block. The tensor-core decode kernel pays a fixed cost per block (copying the query
+// fragments, the cross-warp combine, one partial for the merge), so it takes longer splits while the
 // grid still gives every SM at least 4 blocks; the scalar kernel keeps kSplitTokens.
 std::int64_t split_tokens_of(const TqAttendCall& c, TqAttendKernel kernel) {
-  if (kernel != TqAttendKernel::decode_mma && kernel != TqAttendKernel::decode_tiles) return kSplitTokens;
+  if (kernel != TqAttendKernel::decode_mma) return kSplitTokens;
   static const int sms = [] {
     int device = 0, count = 0;
     FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
@@ -315,13 +315,9 @@ std::int64_t split_tokens_of(const TqAttendCall& c, TqAttendKernel kernel) {
     return count;
   }();
   const std::int64_t longest = c.longest_row;
-  // Blocks per split index: one per (row, group of 4 heads), or per (row, kv head) for the tiles.
-  const std::int64_t units =
-      c.batch * c.n_queries * (kernel == TqAttendKernel::decode_mma ? c.n_heads / 4 : c.layout().n_kv_heads);
-  // The tiles' blocks are latency-bound (3 fit on an SM): they want many waves, so 16 blocks per SM.
-  const std::int64_t least = (kernel == TqAttendKernel::decode_mma ? 4 : 16) * std::int64_t(sms);
-  std::int64_t per = kMmaSplitTokens;  // a multiple of every tile's tokens
-  while (per < kMmaMaxSplitTokens && units * ((longest + 2 * per - 1) / (2 * per)) >= least) per *= 2;
+  const std::int64_t units = c.batch * c.n_queries * c.n_heads / 4;  // blocks per split index
+  std::int64_t per = kMmaSplitTokens;
+  while (per < kMmaMaxSplitTokens && units * ((longest + 2 * per - 1) / (2 * per)) >= 4 * std::int64_t(sms)) per *= 2;
   return per;
 }
 
@@ -347,9 +343,6 @@ void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, TqA
     switch (kernel) {
       case TqAttendKernel::decode_mma:
         launch_mma_decode(a, dim3(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), z), stream);
-        break;
-      case TqAttendKernel::decode_tiles:
-        launch_tq_decode_tiles(a, dim3(unsigned(a.n_splits), unsigned(n_kv), z), stream);
         break;
       default: {
         const dim3 grid(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), z);
@@ -421,10 +414,7 @@ void launch_tq_attend(const TqAttendCall& c, TqAttendKernel kernel) {
     a.value_centroids[i] = c.tables.value_centroids[std::size_t(i)];
     a.outlier_centroids[i] = c.tables.outlier_centroids[std::size_t(i)];
   }
-  for (int i = 0; i < 8; ++i) {
-    a.polar_signs[i] = c.tables.polar_sign_bits[std::size_t(i)];
-    a.jl_signs[i] = c.tables.jl_sign_bits[std::size_t(i)];
-  }
+  for (int i = 0; i < 8; ++i) a.polar_signs[i] = c.tables.polar_sign_bits[std::size_t(i)];
   auto stream = static_cast<cudaStream_t>(c.stream);
   switch (c.layout().head_dim) {
     case 32: launch_for_dim<32>(a, ht, c.layout().n_kv_heads, kernel, stream); break;

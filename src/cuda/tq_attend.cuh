@@ -35,7 +35,6 @@ struct AttendParams {
   float key_centroids[16], value_centroids[16];
   float outlier_centroids[16];  // keys with outlier channels: part 0's codebook
   std::uint32_t polar_signs[8];
-  std::uint32_t jl_signs[8];
 };
 
 __device__ __forceinline__ float f16_low(std::uint32_t w) {
@@ -86,10 +85,5 @@ constexpr std::size_t kKeyFragmentBytes = 6208;
 // Builds the query fragments of every row of the batch (once per call, before the decode launches).
 void launch_mma_prepare(const AttendParams& a, cudaStream_t stream);
 void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream);
-
-// The tiled decode (every layout, bf16-class, tq_decode_tiles.cu): timesteps per shared-memory tile (a split
-// holds a whole number of them), and its launch over grid (splits, kv heads, rows).
-__host__ __device__ constexpr int tq_decode_tile_tokens(int head_dim) { return head_dim >= 256 ? 32 : 64; }
-void launch_tq_decode_tiles(const AttendParams& a, dim3 grid, cudaStream_t stream);
 
 }  // namespace flashtq::cuda
