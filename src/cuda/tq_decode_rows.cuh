@@ -1,10 +1,9 @@
 // Turning one timestep of the packed TurboQuant cache back into rotated-space rows (the chunked prefill's
-// bf16 rows and the tiled decode's shared-memory tiles): what the oracle scores and sums (core/tq_rows.cpp),
+// bf16 rows, tq_prefill.cu): what the oracle scores and sums (core/tq_rows.cpp),
 // a warp per timestep, lane l holding coordinates [l E, l E + E). Keys: the exact row where there is one,
 // else per part the norm half times the centroids, plus, with QJL, n γ qjl_scale diag(s_jl) H sgn / sqrt(D)
 // (so that <q_rot, k> carries the sketch's term <q_jl, sgn>), plus the block's mean; values likewise
-// without the sketch. The cache is read through the read-only path (__ldg): the kernels never write it, and
-// loads marked so may be issued ahead of the shared-memory stores between timesteps.
+// without the sketch. The cache is read through the read-only path (__ldg): attention never writes it.
 #pragma once
 
 #include <cuda_fp16.h>

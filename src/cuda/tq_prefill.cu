@@ -9,7 +9,6 @@
 
 #include <algorithm>
 
-#include "core/packing.hpp"
 #include "core/validate.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
