@@ -17,9 +17,28 @@ inline void check(cudaError_t e, const char* what) {
   }
 }
 
-// Median milliseconds of `repeats` calls of f on `stream`, after `warmups` untimed calls.
+// Overwrites a buffer four times the size of the L2 cache on `stream`, so that the next call reads its inputs
+// from memory (a decode step reads each layer's cache once).
+inline void flush_l2(cudaStream_t stream) {
+  static const std::size_t bytes = [] {
+    int device = 0, l2 = 0;
+    check(cudaGetDevice(&device), "device");
+    check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "L2 size");
+    return std::size_t(4) * std::size_t(l2);
+  }();
+  static void* buffer = [] {
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), "malloc L2 flush buffer");
+    return p;
+  }();
+  static unsigned char value = 0;
+  check(cudaMemsetAsync(buffer, ++value, bytes, stream), "L2 flush");
+}
+
+// Median milliseconds of `repeats` calls of f on `stream`, after `warmups` untimed calls; with `cold`, each
+// call after an L2 flush (outside the timed interval).
 template <typename F>
-double time_ms(F&& f, cudaStream_t stream = nullptr, int repeats = 20, int warmups = 3) {
+double time_ms(F&& f, cudaStream_t stream = nullptr, int repeats = 20, int warmups = 3, bool cold = false) {
   for (int i = 0; i < warmups; ++i) f();
   check(cudaDeviceSynchronize(), "warm-up");
   cudaEvent_t a, b;
@@ -27,6 +46,7 @@ double time_ms(F&& f, cudaStream_t stream = nullptr, int repeats = 20, int warmu
   cudaEventCreate(&b);
   std::vector<double> t;
   for (int i = 0; i < repeats; ++i) {
+    if (cold) flush_l2(stream);
     cudaEventRecord(a, stream);
     f();
     cudaEventRecord(b, stream);

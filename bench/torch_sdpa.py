@@ -1,6 +1,8 @@
 """PyTorch SDPA baselines over a bf16 cache of the same shapes as bench/cuda_turboquant (same run, same GPU).
 
-Prints JSON. Decode: q [B, 32, 1, 128], k/v [B, 8, ctx, 128] bf16 with enable_gqa. Prefill: a chunk of
+Prints JSON. Decode: q [B, 32, 1, 128], k/v [B, 8, ctx, 128] bf16 with enable_gqa, L2 flushed before each call;
+and, where the flashinfer package imports (../shared/peers), FlashInfer's paged decode over the same keys in bf16 and
+fp8-e4m3 pages. Prefill: a chunk of
 queries against a 32k cache (not causal: PyTorch aligns is_causal top-left, and only the chunk's own
 last keys would be masked bottom-right).
 """
@@ -14,10 +16,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch_timing import median_ms
 
 
-def run(backend, q, k, v):
-    """Median ms of one SDPA call, eager and replayed from a captured CUDA graph."""
+def run(backend, q, k, v, cold):
+    """Median ms of one SDPA call, eager and replayed from a captured CUDA graph (cold: L2 flushed before each)."""
     with sdpa_kernel([backend]):
-        eager = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        eager = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), cold=cold)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -27,7 +29,29 @@ def run(backend, q, k, v):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        return min(eager, median_ms(graph.replay)), eager
+        return min(eager, median_ms(graph.replay, cold=cold)), eager
+
+
+def flashinfer_decode(q, k, v, kv_dtype, page=64):
+    """Median ms of FlashInfer's paged decode (tensor cores) over k, v in pages of `page` timesteps, cast to
+    kv_dtype (bf16, or fp8-e4m3 with unit scales), L2 flushed before each call; None where FlashInfer is absent."""
+    try:
+        import flashinfer
+    except ImportError:
+        return None
+    batch, hkv, ctx, dim = k.shape
+    pages = ctx // page
+    def paged(x):
+        return x.transpose(1, 2).reshape(batch * pages, page, hkv, dim).to(kv_dtype).contiguous()
+    k_pages, v_pages = paged(k), paged(v)
+    workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
+    indptr = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * pages
+    indices = torch.arange(0, batch * pages, dtype=torch.int32, device="cuda")
+    last = torch.full((batch,), page, dtype=torch.int32, device="cuda")
+    wrapper.plan(indptr, indices, last, q.shape[1], hkv, dim, page, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
+    q3 = q[:, :, 0, :].contiguous()
+    return median_ms(lambda: wrapper.run(q3, (k_pages, v_pages)), cold=True)
 
 
 def main():
@@ -35,10 +59,10 @@ def main():
     report = {"torch": torch.__version__, "decode": [], "prefill": []}
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
-    def measure(row, q, k, v):
+    def measure(row, q, k, v, cold=False):
         for name, b in backends.items():
             try:
-                row[name + "_ms"], row[name + "_eager_ms"] = run(b, q, k, v)
+                row[name + "_ms"], row[name + "_eager_ms"] = run(b, q, k, v, cold)
             except RuntimeError as e:
                 row[name + "_error"] = str(e).splitlines()[0][:200]
         print(row, file=sys.stderr)
@@ -48,7 +72,15 @@ def main():
         q = torch.randn(batch, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(batch, 8, ctx, 128, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
-        report["decode"].append(measure({"batch": batch, "ctx": ctx, "bf16_bytes": 2 * k.numel() * 2}, q, k, v))
+        row = {"batch": batch, "ctx": ctx, "bf16_bytes": 2 * k.numel() * 2, "l2_flushed": True}
+        for name, dtype in (("flashinfer_bf16", torch.bfloat16), ("flashinfer_fp8", torch.float8_e4m3fn)):
+            try:
+                ms = flashinfer_decode(q, k, v, dtype)
+                if ms is not None:
+                    row[name + "_ms"] = ms
+            except Exception as e:  # a peer that does not run here is reported, not fatal
+                row[name + "_error"] = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        report["decode"].append(measure(row, q, k, v, cold=True))
         del q, k, v
     k = torch.randn(1, 8, 32768, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)

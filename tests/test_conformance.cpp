@@ -78,7 +78,7 @@ TEST_P(Conformance, TurboQuantDecodeShapes) {
   if (!b.available())
     GTEST_SKIP() << "backend '" << b.name() << "' is compiled in but not available here (no device) "
                  << b.unavailable_reason();
-  expect_pass(conformance::check_tq_attend(b, conformance::draw_tq_decode_case(rng)));
+  expect_pass(conformance::check_tq_attend(b, conformance::draw_tq_decode_case(rng, b)));
 }
 
 TEST_P(Conformance, TurboQuantPrefillShapes) {

@@ -122,6 +122,30 @@ TEST(KernelChoice, TurboQuantAttend) {
   EXPECT_FALSE(cuda::tq_unsupported(small).empty());
 }
 
+TEST(KernelChoice, TurboQuantTensorCoreDecodeLayouts) {
+  const TqLayout quality = tq_preset_layout("quality", 128, 2, 4096);  // 4-bit keys, 3-bit values, block means
+  EXPECT_TRUE(cuda::tq_decode_tc_serves(quality, false));
+  EXPECT_FALSE(cuda::tq_decode_tc_serves(quality, true));  // asked for exact arithmetic
+  TqLayout l = quality;
+  l.value_bits = 4;  // code widths no preset has: not built
+  EXPECT_FALSE(cuda::tq_decode_tc_serves(l, false));
+  l = quality;
+  l.head_dim = 32;
+  EXPECT_FALSE(cuda::tq_decode_tc_serves(l, false));
+  l = quality;
+  l.key_block = 8;  // a block shorter than a tile of 16 timesteps
+  EXPECT_FALSE(cuda::tq_decode_tc_serves(l, false));
+  l = quality;
+  l.value_block = 8;
+  EXPECT_FALSE(cuda::tq_decode_tc_serves(l, false));
+  l = tq_preset_layout("default", 128, 2, 4096);  // 32 outlier channels at 4 bits
+  EXPECT_TRUE(cuda::tq_decode_tc_serves(l, false));
+  l.key_outliers = 16;  // a group of 32 coordinates would straddle two parts
+  EXPECT_FALSE(cuda::tq_decode_tc_serves(l, false));
+  l = tq_preset_layout("seed", 128, 2, 4096);  // keys with QJL
+  EXPECT_FALSE(cuda::tq_decode_tc_serves(l, false));
+}
+
 // A chunk of `n` query rows from `start` over one cache of capacity 4096 (pure: nothing is read).
 TqAttendCall chunk_call(const TqLayout& layout, std::int64_t n, std::int64_t start) {
   TqAttendCall c(core::Validator::stamp());
@@ -141,8 +165,8 @@ TEST(KernelChoice, TurboQuantChunksGoToTheBf16Prefill) {
   EXPECT_EQ(cuda::choose_tq_attend(chunk_call(preset, 2048, 2048), kHopper), TqAttendKernel::prefill_bf16);
   // Fewer rows than the prefill pays for: each row reads the words (the seed's tensor-core decode here).
   EXPECT_EQ(cuda::choose_tq_attend(chunk_call(seed, n - 1, 1000), kHopper), TqAttendKernel::decode_mma);
-  // head_dim 256 has no mma tiles for the dense forward: off Hopper the split-K kernel.
-  EXPECT_EQ(cuda::choose_tq_attend(chunk_call(preset, 512, 0), kAmpere), TqAttendKernel::split_k);
+  // head_dim 256 has no mma tiles for the dense forward: off Hopper each row reads the words (the presets' decode).
+  EXPECT_EQ(cuda::choose_tq_attend(chunk_call(preset, 512, 0), kAmpere), TqAttendKernel::decode_tc);
   TqAttendCall exact = chunk_call(seed, 512, 1000);
   exact.exact = true;  // the f32 path, asked for
   EXPECT_EQ(cuda::choose_tq_attend(exact, kHopper), TqAttendKernel::decode_mma);
@@ -175,12 +199,17 @@ TEST(KernelChoice, TurboQuantDecodeOfEveryPreset) {
   for (const TqPreset& preset : tq_presets()) {
     for (const std::int64_t D : {32, 64, 128, 256}) {
       const TqLayout layout = tq_preset_layout(preset.name, D, 2, 4096);
-      const TqAttendKernel want =
-          std::string(preset.name) == "seed" && D == 128 ? TqAttendKernel::decode_mma : TqAttendKernel::split_k;
+      const bool seed = std::string(preset.name) == "seed";
+      const TqAttendKernel want = seed && D == 128  ? TqAttendKernel::decode_mma
+                                  : !seed && D > 32 ? TqAttendKernel::decode_tc
+                                                    : TqAttendKernel::split_k;
       EXPECT_EQ(cuda::choose_tq_attend(chunk_call(layout, 1, 3000), kHopper), want) << preset.name << " D " << D;
+      EXPECT_EQ(cuda::choose_tq_attend(chunk_call(layout, 1, 3000), kAmpere), want) << preset.name << " D " << D;
       TqAttendCall exact = chunk_call(layout, 1, 3000);
-      exact.exact = true;  // both are exact: the same kernel
-      EXPECT_EQ(cuda::choose_tq_attend(exact, kHopper), want) << preset.name << " D " << D;
+      exact.exact = true;  // the seed's tensor-core decode is exact; the presets' is bf16-class: split-K
+      EXPECT_EQ(cuda::choose_tq_attend(exact, kHopper),
+                want == TqAttendKernel::decode_tc ? TqAttendKernel::split_k : want)
+          << preset.name << " D " << D;
     }
   }
 }
@@ -248,6 +277,19 @@ TEST(KernelChoiceOnGpu, TurboQuantDecodeRanTheTensorCoreKernel) {
   const conformance::CheckResult exact = conformance::check_tq_attend(*b, c);
   EXPECT_TRUE(exact.passed) << c.describe() << ": " << exact.detail;
   EXPECT_EQ(exact.kernel, "tq_attend_decode_mma") << c.describe();
+  for (const char* preset : {"default", "quality", "small"}) {  // the presets' bf16-class decode, exact on request
+    for (const std::int64_t D : {64, 128, 256}) {
+      c.layout = tq_preset_layout(preset, D, 2, 1024);
+      c.exact = false;
+      const conformance::CheckResult fast = conformance::check_tq_attend(*b, c);
+      EXPECT_TRUE(fast.passed) << c.describe() << ": " << fast.detail;
+      EXPECT_EQ(fast.kernel, "tq_attend_decode_tc") << c.describe();
+      c.exact = true;
+      const conformance::CheckResult slow = conformance::check_tq_attend(*b, c);
+      EXPECT_TRUE(slow.passed) << c.describe() << ": " << slow.detail;
+      EXPECT_EQ(slow.kernel, "tq_attend_split_k") << c.describe();
+    }
+  }
 }
 
 TEST(KernelChoiceOnGpu, TurboQuantChunksRanTheBf16Prefill) {

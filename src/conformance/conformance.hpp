@@ -86,9 +86,10 @@ DenseCase backward_case(DenseCase forward_case);
 // of every tiled kernel (the GPU kernels tile by 64 and 128), their pipelines and tile skipping.
 DenseCase draw_long_dense_case(std::mt19937_64& rng, const Backend& backend);
 TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend);
-// Decode-shaped cases in the seed's configuration (head_dim 128, keys 2+1, values 2, GQA groups of
-// 4 or 8, up to a few thousand timesteps): the shapes that GPU decode fast paths specialise for.
-TqCase draw_tq_decode_case(std::mt19937_64& rng);
+// Decode-shaped cases (1 to 3 query rows at the end of up to a few thousand timesteps): half in the seed's
+// configuration (head_dim 128, keys 2+1, values 2, GQA groups of 4 or 8), half in a preset's layout that the
+// backend serves (head_dim 64, 128 or 256, GQA groups of 1 to 16): the shapes GPU decode fast paths specialise for.
+TqCase draw_tq_decode_case(std::mt19937_64& rng, const Backend& backend);
 // Chunk-shaped cases (chunked prefill): 16 to 96 query rows from one start position for every sequence of
 // the batch, unclamped, over every layout draw_tq_case draws: the shapes GPU prefill paths specialise for.
 TqCase draw_tq_prefill_case(std::mt19937_64& rng, const Backend& backend);

@@ -489,7 +489,7 @@ TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
   }
 }
 
-TqCase draw_tq_decode_case(std::mt19937_64& rng) {
+TqCase draw_tq_decode_case(std::mt19937_64& rng, const Backend& backend) {
   auto range = [&](std::int64_t lo, std::int64_t hi) {
     return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
   };
@@ -500,6 +500,18 @@ TqCase draw_tq_decode_case(std::mt19937_64& rng) {
   c.H = c.layout.n_kv_heads * (range(0, 1) ? 8 : 4);
   c.tokens = range(1, 3000);
   c.layout.capacity = c.tokens + range(0, 40);
+  if (range(0, 1) == 1) {  // half: a preset's layout, its exact tokens and block means, GQA groups of 1 to 16
+    const std::vector<TqPreset>& presets = tq_presets();
+    const char* name = presets[std::size_t(range(0, std::int64_t(presets.size()) - 1))].name;
+    const std::int64_t dims[] = {64, 128, 256}, groups[] = {1, 3, 4, 8, 16};
+    const std::int64_t D = dims[range(0, 2)];
+    c.H = c.layout.n_kv_heads * groups[range(0, 4)];
+    if (D == 256) c.tokens = range(1, 1500);
+    const TqLayout widths = tq_preset_layout(name, D, c.layout.n_kv_heads, 1 << 16);
+    const TqLayout p = tq_preset_layout(name, D, c.layout.n_kv_heads,
+                                        std::max<std::int64_t>(c.tokens + range(0, 40), widths.exact_rows()));
+    if (!backend.unsupported(p)) c.layout = p;
+  }
   c.n_queries = range(1, std::min<std::int64_t>(3, c.layout.capacity));
   c.start_pos = std::max<std::int64_t>(0, std::min(c.tokens - 1, c.layout.capacity - c.n_queries) - range(0, 3));
   if (range(0, 4) == 0) c.max_seq = range(0, c.layout.capacity);
@@ -540,7 +552,7 @@ std::vector<CheckResult> run_suite(Backend& backend, int cases, std::uint64_t se
     results.push_back(check_tq_encode(backend, tc));
     results.push_back(check_tq_rotate(backend, tc));
     results.push_back(check_tq_attend(backend, tc));
-    if (i % 4 == 0) results.push_back(check_tq_attend(backend, draw_tq_decode_case(rng)));
+    if (i % 4 == 0) results.push_back(check_tq_attend(backend, draw_tq_decode_case(rng, backend)));
     if (i % 8 == 2) results.push_back(check_tq_attend(backend, draw_tq_prefill_case(rng, backend)));
     if (i % 10 == 0) results.push_back(check_dropout(backend, std::uint32_t(rng()), 0.1f + 0.08f * float(i % 10)));
   }

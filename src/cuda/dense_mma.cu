@@ -11,6 +11,7 @@
 
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
+#include "cuda/mma.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/dense_softmax.cuh"
 #include "cuda/stage_rows.cuh"
@@ -33,22 +34,8 @@ constexpr int kKeysFor = D >= 96 ? 32 : 64;
 // Volatile asm: the products issue in source order (non-volatile, letting the compiler reorder
 // them, was slower here and in the TurboQuant decode; docs/benchmarks.md).
 template <typename T>
-__device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);
-template <>
-__device__ __forceinline__ void mma<__half>(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                            std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                                   std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+__device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  mma_16816<T>(d, a[0], a[1], a[2], a[3], b0, b1);
 }
 
 template <typename T, int D>

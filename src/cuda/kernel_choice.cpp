@@ -98,6 +98,7 @@ const char* kernel_name(DenseBackwardKernel k) {
 const char* kernel_name(TqAttendKernel k) {
   switch (k) {
     case TqAttendKernel::decode_mma: return "tq_attend_decode_mma";
+    case TqAttendKernel::decode_tc: return "tq_attend_decode_tc";
     case TqAttendKernel::split_k: return "tq_attend_split_k";
     case TqAttendKernel::prefill_bf16: return "tq_attend_prefill_bf16";
   }
@@ -166,6 +167,17 @@ bool tq_decode_mma_serves(const TqLayout& l, std::int64_t group, std::int64_t wi
          l.value_bits == 2 && group % 4 == 0;
 }
 
+bool tq_decode_tc_serves(const TqLayout& l, bool exact) {
+  if (exact || l.qjl || !built_for(tiles::kTqDecodeTcDims, l.head_dim)) return false;
+  if (l.key_outliers % tiles::kTqDecodeTcOutlierMultiple != 0) return false;
+  for (const std::int32_t g : {l.key_block, l.value_block})
+    if (g != 0 && g < tiles::kTqDecodeTcLeastBlock) return false;
+  const int outlier_bits = l.key_outliers ? l.key_outlier_bits : 0;
+  for (const tiles::TqCodeWidths& w : tiles::kTqDecodeTcWidths)
+    if (w.key_bits == l.key_bits && w.outlier_bits == outlier_bits && w.value_bits == l.value_bits) return true;
+  return false;
+}
+
 std::int64_t tq_prefill_first_key(const TqAttendCall& c) { return c.first_visible(c.start_pos); }
 
 DenseProblem tq_prefill_problem(const TqAttendCall& c) {
@@ -192,11 +204,12 @@ bool tq_prefill_serves(const TqAttendCall& c, const DeviceTraits& device) {
   return built_for(tiles::kTiledForwardDims, p.D) && row_block_grid_fits(p, tiles::kMmaForward);
 }
 
-// The seed's layout has an exact tensor-core decode; every other decode runs the split-K kernel (a tiled
-// bf16 decode measured slower than it, docs/benchmarks.md).
+// The seed's layout has an exact tensor-core decode; the presets' layouts a bf16-class one; everything
+// else, and an exact call of those, the split-K kernel.
 TqAttendKernel choose_tq_attend(const TqAttendCall& c, const DeviceTraits& device) {
   if (tq_prefill_serves(c, device)) return TqAttendKernel::prefill_bf16;
   if (tq_decode_mma_serves(c.layout(), c.group(), c.window)) return TqAttendKernel::decode_mma;
+  if (tq_decode_tc_serves(c.layout(), c.exact)) return TqAttendKernel::decode_tc;
   return TqAttendKernel::split_k;
 }
 

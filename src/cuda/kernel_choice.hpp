@@ -28,6 +28,8 @@ enum class DenseBackwardKernel : std::uint8_t {
 };
 enum class TqAttendKernel : std::uint8_t {
   decode_mma,    // tensor-core decode of the seed layout at head_dim 128 (tq_decode_mma.cu)
+  decode_tc,     // bf16 tensor-core decode of keys without QJL, codes turned into operands through tables of
+                 // centroid pairs (tq_decode_tc.cu); bf16-class, the presets' code widths
   split_k,       // the scalar split-K kernel, every layout (tq_attend.cu)
   prefill_bf16,  // chunked prefill: the visible timesteps decoded to bf16, then the dense tensor-core
                  // forward (tq_prefill.cu); bf16-class, every layout
@@ -67,6 +69,17 @@ inline constexpr std::array<int, 4> kTiledForwardDims{32, 64, 96, 128};  // mma,
 inline constexpr std::array<int, 2> kWgmmaBackwardDims{64, 128};
 inline constexpr std::array<int, 4> kTqDims{32, 64, 128, 256};  // every TurboQuant kernel
 inline constexpr int kTqDecodeMmaDim = 128;
+// The code widths the tensor-core decode of keys without QJL is built for (each an instantiation per head
+// dim): the presets' (default 3/3 and 3+4/3 with outlier channels, quality 4/3, small 2+4/2).
+struct TqCodeWidths {
+  int key_bits, outlier_bits, value_bits;  // outlier_bits 0: no outlier channels
+};
+inline constexpr std::array<TqCodeWidths, 4> kTqDecodeTcWidths{{{3, 0, 3}, {3, 4, 3}, {4, 0, 3}, {2, 4, 2}}};
+inline constexpr std::array<int, 3> kTqDecodeTcDims{64, 128, 256};
+// Its key-coordinate groups of 32 must each lie in one part (outlier counts multiples of 32), and a tile of
+// 16 timesteps in one mean block.
+inline constexpr int kTqDecodeTcOutlierMultiple = 32;
+inline constexpr int kTqDecodeTcLeastBlock = 16;
 // Query rows from which a chunk is attended by decoding the cache once to bf16 (below them each row
 // reads the packed words itself: decoding the whole cache costs a pass over six times the bytes).
 inline constexpr std::int64_t kTqPrefillMinRows = 16;
@@ -99,6 +112,9 @@ DenseBackwardKernel choose_dense_backward(const BackwardCall& c, const DeviceTra
 TqAttendKernel choose_tq_attend(const TqAttendCall& c, const DeviceTraits& device);
 // The TurboQuant decision on the layout alone (the tensor-core decode also needs window 0).
 bool tq_decode_mma_serves(const TqLayout& l, std::int64_t group, std::int64_t window);
+// The tensor-core decode of keys without QJL (TqAttendKernel::decode_tc): bf16-class, so not for
+// TqAttendArgs::exact; built for tiles::kTqDecodeTcWidths at tiles::kTqDecodeTcDims.
+bool tq_decode_tc_serves(const TqLayout& l, bool exact);
 // The chunked-prefill path (TqAttendKernel::prefill_bf16): a call of one start position for every
 // sequence (start_pos, not start_positions) whose rows are not clamped by max_seq or capacity, not
 // TqAttendCall::exact, of at least kTqPrefillMinRows rows, whose dense problem a tiled tensor-core

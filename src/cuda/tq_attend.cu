@@ -303,17 +303,34 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge(AttendParams a) {
       y[d] * (1.0f / sqrtf(float(D))) * sign;
 }
 
+int multiprocessors() {
+  int device = 0, count = 0;
+  FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
 // Timesteps per block. The tensor-core decode kernel pays a fixed cost per block (copying the query
 // fragments, the cross-warp combine, one partial for the merge), so it takes longer splits while the
 // grid still gives every SM at least 4 blocks; the scalar kernel keeps kSplitTokens.
+int head_tile(std::int64_t group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1; }
+
+int heads_per_block(const TqAttendCall& c, TqAttendKernel kernel) {
+  return kernel == TqAttendKernel::decode_tc ? int(std::min<std::int64_t>(kTcHeads, c.group())) : head_tile(c.group());
+}
+
 std::int64_t split_tokens_of(const TqAttendCall& c, TqAttendKernel kernel) {
+  if (kernel == TqAttendKernel::decode_tc) {
+    static const int sms = multiprocessors();
+    const std::int64_t tiles = (c.group() + kTcHeads - 1) / kTcHeads;
+    const std::int64_t units = c.batch * c.n_queries * c.layout().n_kv_heads * tiles;  // blocks per split index
+    std::int64_t per = kTcSplitTokens;
+    while (per < kMmaMaxSplitTokens && units * ((c.longest_row + 2 * per - 1) / (2 * per)) >= 4 * std::int64_t(sms))
+      per *= 2;
+    return per;
+  }
   if (kernel != TqAttendKernel::decode_mma) return kSplitTokens;
-  static const int sms = [] {
-    int device = 0, count = 0;
-    FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
-    FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-  }();
+  static const int sms = multiprocessors();
   const std::int64_t longest = c.longest_row;
   const std::int64_t units = c.batch * c.n_queries * c.n_heads / 4;  // blocks per split index
   std::int64_t per = kMmaSplitTokens;
@@ -321,12 +338,12 @@ std::int64_t split_tokens_of(const TqAttendCall& c, TqAttendKernel kernel) {
   return per;
 }
 
+// decode_tc gives the exact sink and recent timesteps a split of their own, the last.
 int n_splits_of(const TqAttendCall& c, TqAttendKernel kernel) {
   const std::int64_t per_split = split_tokens_of(c, kernel);
-  return int(std::max<std::int64_t>(1, (c.longest_row + per_split - 1) / per_split));
+  const int exact = kernel == TqAttendKernel::decode_tc && c.layout().exact_rows() > 0 ? 1 : 0;
+  return int(std::max<std::int64_t>(1, (c.longest_row + per_split - 1) / per_split)) + exact;
 }
-
-int head_tile(std::int64_t group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1; }
 
 template <int D>
 void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, TqAttendKernel kernel,
@@ -343,6 +360,9 @@ void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, TqA
     switch (kernel) {
       case TqAttendKernel::decode_mma:
         launch_mma_decode(a, dim3(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), z), stream);
+        break;
+      case TqAttendKernel::decode_tc:
+        launch_tc_decode(a, dim3(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), z), stream);
         break;
       default: {
         const dim3 grid(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), z);
@@ -371,10 +391,18 @@ std::size_t fragment_offset(const TqAttendCall& c, TqAttendKernel kernel) {
   return (partial_bytes(c, kernel) + 15) / 16 * 16;
 }
 
+// decode_tc with key block means: <q_rot, mu_b> of every (row, head) and block of the longest row, after the partials.
+std::int64_t key_mean_blocks(const TqAttendCall& c, TqAttendKernel kernel) {
+  const std::int64_t g = c.layout().key_block;
+  return kernel == TqAttendKernel::decode_tc && g ? (c.longest_row + g - 1) / g : 0;
+}
+
 }  // namespace
 
 std::size_t tq_attend_workspace(const TqAttendCall& c, TqAttendKernel kernel) {
   if (kernel == TqAttendKernel::prefill_bf16) return tq_prefill_workspace(c);
+  if (kernel == TqAttendKernel::decode_tc)
+    return fragment_offset(c, kernel) + std::size_t(c.rows() * c.n_heads * key_mean_blocks(c, kernel)) * sizeof(float);
   if (kernel != TqAttendKernel::decode_mma) return partial_bytes(c, kernel);
   return fragment_offset(c, kernel) + std::size_t(c.rows() * (c.n_heads / 4)) * kKeyFragmentBytes;
 }
@@ -404,11 +432,13 @@ void launch_tq_attend(const TqAttendCall& c, TqAttendKernel kernel) {
   a.out_head_stride = c.out.strides[2];
   a.ws = static_cast<float*>(c.workspace);
   a.key_fragments = static_cast<char*>(c.workspace) + fragment_offset(c, kernel);
+  a.key_mean_dots = reinterpret_cast<float*>(static_cast<char*>(c.workspace) + fragment_offset(c, kernel));
+  a.key_mean_blocks = key_mean_blocks(c, kernel);
   a.n_splits = n_splits_of(c, kernel);
   a.split_tokens = int(split_tokens_of(c, kernel));
   a.window = c.window;
-  const int ht = head_tile(c.group());
-  a.n_tiles = int(c.group() / ht);
+  const int ht = heads_per_block(c, kernel);
+  a.n_tiles = int((c.group() + ht - 1) / ht);
   for (int i = 0; i < 16; ++i) {
     a.key_centroids[i] = c.tables.key_centroids[std::size_t(i)];
     a.value_centroids[i] = c.tables.value_centroids[std::size_t(i)];

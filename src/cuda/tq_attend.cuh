@@ -29,6 +29,8 @@ struct AttendParams {
   std::int64_t first_row;      // first batch row of this launch (grids hold at most 65535 rows in z)
   float* ws;
   void* key_fragments;  // the tensor-core decode's per (row, head group) query fragments, in the workspace
+  float* key_mean_dots;  // decode_tc with key block means: <q_rot, mu_b> per (row, head, block), in the workspace
+  std::int64_t key_mean_blocks;  // blocks per (row, head) there: the longest row's
   int n_splits, n_tiles;
   int split_tokens;     // timesteps per block (split)
   std::int64_t window;  // 0 = none; else row p sees (p - window, p]
@@ -85,5 +87,13 @@ constexpr std::size_t kKeyFragmentBytes = 6208;
 // Builds the query fragments of every row of the batch (once per call, before the decode launches).
 void launch_mma_prepare(const AttendParams& a, cudaStream_t stream);
 void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream);
+
+// The tensor-core decode of keys without QJL (tq_decode_tc.cu; kernel_choice.hpp says which layouts):
+// at most 8 query heads per block (grid y: kv heads x ceil(group / 8)), splits of split_tokens timesteps
+// (a multiple of 64), and with exact tokens one split more, the last, for them. Launches the key block
+// means' dot products first when the layout has them.
+constexpr int kTcHeads = 8;
+constexpr int kTcSplitTokens = 256;  // least timesteps per split
+void launch_tc_decode(const AttendParams& a, dim3 grid, cudaStream_t stream);
 
 }  // namespace flashtq::cuda

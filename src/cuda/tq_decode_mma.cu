@@ -22,6 +22,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/common.cuh"
+#include "cuda/mma.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/launch.hpp"
 #include "cuda/tq_attend.cuh"
@@ -31,14 +32,6 @@ namespace flashtq::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-
-__device__ __forceinline__ void mma16816(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
-                                         std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // D[16x8] += A[16x32] (s8, row-major) . B[32x8] (u8, column-major), exact in 32-bit integers.
 __device__ __forceinline__ void imma16832(int (&d)[4], const uint4& a, std::uint32_t b0, std::uint32_t b1) {
@@ -60,21 +53,6 @@ __device__ __forceinline__ std::uint32_t bit_pair(std::uint32_t inverted, int p,
 __device__ __forceinline__ float split_part(float x, int part) {
   const float hi = __bfloat162float(__float2bfloat16_rn(x));
   return part ? x - hi : hi;
-}
-
-__device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&h);
-}
-
-// Max and sum over the 4 threads of a group (lanes 4g .. 4g + 3: the tokens of one head).
-__device__ __forceinline__ float group_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 2));
-}
-__device__ __forceinline__ float group_sum(float x) {
-  x += __shfl_xor_sync(0xFFFFFFFFu, x, 1);
-  return x + __shfl_xor_sync(0xFFFFFFFFu, x, 2);
 }
 
 // One 16-token tile of the cache, staged in shared memory.
@@ -277,13 +255,13 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       const int vhead = row >> 1, part = row & 1;
       const float x0 = w_tile[warp][8 * ks + tig][vhead], x1 = w_tile[warp][8 * ks + tig + 4][vhead];
       const float lo = 0.5f * (vc1 - vc0), hi = 0.5f * (vc0 + vc1);
-      const std::uint32_t b0 = pack(split_part(x0 * lo, part), split_part(x1 * lo, part));
-      const std::uint32_t b1 = pack(split_part(x0 * hi, part), split_part(x1 * hi, part));
+      const std::uint32_t b0 = bf16_pair(split_part(x0 * lo, part), split_part(x1 * lo, part));
+      const std::uint32_t b1 = bf16_pair(split_part(x0 * hi, part), split_part(x1 * hi, part));
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const std::uint32_t src = i < 4 ? lo_half : hi_half;
         const int q = 4 * (i % 4);
-        mma16816(acc[i], bit_pair(src, q, mag), bit_pair(src, q + 2, mag), bit_pair(src, q + 1, mag),
+        mma_16816<__nv_bfloat16>(acc[i], bit_pair(src, q, mag), bit_pair(src, q + 2, mag), bit_pair(src, q + 1, mag),
                  bit_pair(src, q + 3, mag), b0, b1);
       }
     }

@@ -1,0 +1,548 @@
+// Tensor-core decode over the packed TurboQuant cache for keys without QJL (the presets' layouts):
+// TqAttendKernel::decode_tc, bf16-class arithmetic (docs/spec.md §3: decoded keys and values, queries and
+// weights rounded to bf16; softmax statistics and sums in f32).
+//
+// Codes become mma operands through tables in shared memory whose entries are PAIRS of centroids: the
+// index bits of two codes give a bf16x2 register in one load. Each table is replicated across the banks
+// (32 copies; 8 for 4-bit codes, whose tables are 16 times larger), lane l reading copy l % copies, so a
+// warp's 32 lookups at random entries do not wait on each other.
+//
+// Per 16 timesteps of one (sequence, kv head), for up to 8 query heads of its GQA group:
+//   keys    S [heads x 16 timesteps] = Q [heads x D] . K^T    (heads in rows 0-7 of mma's 16)
+//   values  O^T [D x heads] += V^T [D x 16 timesteps] . P^T   (dims as rows: nothing padded)
+// The lane that receives S's columns 2 col, 2 col + 1 is the lane that supplies P^T's rows 2 col, 2 col + 1,
+// so the weights pass from one product to the next in registers. A key's coordinates are taken in groups of
+// 32 (lane col owns 8 col .. 8 col + 7 of each: two k-steps from one 32-bit window of codes); a group lies
+// inside one part of a key with outlier channels (kernel_choice serves outlier counts that are multiples of
+// 32), and a part's dot product is scaled by its norm as the part ends. Values: the lanes of mma row r own
+// dims r D / 8 .. r D / 8 + D / 8 - 1 of every timestep, 8 dims (one 32-bit window) at a time.
+// Block means: <q, mu> per (row, head, key block) comes from key_mean_dots_kernel, launched before; a value
+// block's mean is added once per warp and block, weighted by the warp's probabilities of that block.
+// Exact sink and recent timesteps are a split of their own (the last, exact_split_kernel), in f32 from their
+// bf16 rows. The
+// merge kernel (tq_attend.cu) combines every split by LSE and rotates back once.
+#include <cuda_bf16.h>
+
+#include <utility>
+
+#include "core/tq_outliers.hpp"
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernel_choice.hpp"
+#include "cuda/launch.hpp"
+#include "cuda/mma.cuh"
+#include "cuda/tq_attend.cuh"
+
+namespace flashtq::cuda {
+namespace {
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kTile = 16;   // timesteps per tile
+constexpr int kHeads = kTcHeads;  // query heads per block (mma rows 0-7)
+
+__host__ __device__ constexpr int lut_copies(int bits) { return bits <= 3 ? 32 : 8; }
+__host__ __device__ constexpr int lut_words(int bits) { return bits ? (1 << (2 * bits)) * lut_copies(bits) : 0; }
+__host__ __device__ constexpr int round4(int x) { return (x + 3) / 4 * 4; }
+__host__ __device__ constexpr int larger(int x, int y) { return x > y ? x : y; }
+
+// Shared memory, in words: the tables, then an area that holds each warp's two stages while the tiles run,
+// then the warps' results for the combine.
+template <int D, int KB, int KO, int VB>
+struct Shape {
+  static constexpr int kKeyWords = (D * KB + (KO ? (D / 2) * (KO - KB) : 0) + 31) / 32;  // at most D / 2 outliers
+  static constexpr int kValueWords = D * VB / 32;
+  static constexpr int kNormWords = KO ? (core::kMaxKeyParts + 1) / 2 : 1;
+  // A stage: a tile's words, plus the up to 3 words before them where a 16-byte copy starts, plus one word
+  // after them that a window may read (never used).
+  static constexpr int kKeyStage = round4(kTile * kKeyWords + 5);
+  static constexpr int kValueStage = round4(kTile * kValueWords + 5);
+  static constexpr int kKeyNormStage = round4(kTile * kNormWords + 5);
+  static constexpr int kValueNormStage = round4(kTile + 5);
+  static constexpr int kStage = kKeyStage + kValueStage + kKeyNormStage + kValueNormStage;
+  static constexpr int kLuts = lut_words(KB) + lut_words(KO) + lut_words(VB);
+  static constexpr int kCombine = kWarps * kHeads * (D + 2);
+  static constexpr int kArea = larger(2 * kWarps * kStage, kCombine);
+  static constexpr int kBytes = 4 * (kLuts + kArea);
+};
+
+// Where word src lands in a stage (16-byte copies start at src rounded down to 16 bytes).
+__device__ __forceinline__ int lead_of(const std::uint32_t* src, bool vector) {
+  return vector ? int((reinterpret_cast<std::uintptr_t>(src) / 4) % 4) : 0;
+}
+
+// Starts copying words [src, src + n) to stage + lead_of(src): 16 bytes at a time with `vector` (the caches
+// start on 16 bytes, so the words before src that the first copy takes are the caches' own), the last
+// words one at a time, so nothing past src + n is read.
+__device__ __forceinline__ void stage_words(std::uint32_t* stage, const std::uint32_t* src, int n, bool vector,
+                                            int lane) {
+  if (!vector) {
+    for (int i = lane; i < n; i += 32) cp_async4(stage + i, src + i);
+    return;
+  }
+  const int lead = lead_of(src, true);
+  const std::uint32_t* base = src - lead;
+  const int total = lead + n, chunks = total / 4;
+  for (int c = lane; c < chunks; c += 32) cp_async16(stage + 4 * c, base + 4 * c);
+  for (int i = 4 * chunks + lane; i < total; i += 32) cp_async4(stage + i, base + i);
+}
+
+// 32 bits of a bit stream in shared memory from bit `bit` on.
+__device__ __forceinline__ std::uint32_t bits_at(const std::uint32_t* words, int bit) {
+  const int w = bit >> 5;
+  return __funnelshift_r(words[w], words[w + 1], bit & 31);
+}
+
+// A pair table: entry i (copies of it side by side) holds centroids[i % 2^bits] in its low half and
+// centroids[i / 2^bits] in its high half, as bf16.
+__device__ void fill_pairs(std::uint32_t* lut, int bits, const float* centroids, int tid) {
+  const int copies = lut_copies(bits), mask = (1 << bits) - 1;
+  for (int i = tid; i < lut_words(bits); i += kThreads) {
+    const int entry = i / copies;
+    lut[i] = bf16_pair(centroids[entry & mask], centroids[entry >> bits]);
+  }
+}
+
+// The exact sink and recent timesteps a row sees, in f32 (their bf16 rows), as one partial.
+template <int D>
+__device__ void exact_split(const AttendParams& a, float* area, std::int64_t j, std::int64_t kvh, std::int64_t h0,
+                            int heads, float* ws, std::int64_t ws_head) {
+  constexpr int R = (D + kThreads - 1) / kThreads;
+  const TqLayout& l = a.l;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  float* q = area;                        // [kHeads][D]
+  float* w = q + kHeads * D;              // [kHeads][kThreads]: a chunk's scores, then weights
+  int* rows = reinterpret_cast<int*>(w + kHeads * kThreads);  // the chunk's exact rows
+  float* run_m = reinterpret_cast<float*>(rows + kThreads);   // per head: running max, sum, last correction
+  float* run_l = run_m + kHeads;
+  float* corr = run_l + kHeads;
+  const std::int64_t seq = seq_len_of(a, j), end = sequence_end_of(a, j), first = first_visible_of(a, j);
+  const std::int64_t sink_end = min(std::int64_t(l.sink_tokens), seq);
+  const std::int64_t n_sink = max(std::int64_t(0), sink_end - first);
+  const std::int64_t recent = l.recent_tokens > 0 ? max(max(end - l.recent_tokens, std::int64_t(l.sink_tokens)), first)
+                                                  : seq;
+  const std::int64_t n_exact = n_sink + max(std::int64_t(0), seq - recent);
+  for (int e = tid; e < heads * D; e += kThreads) q[e] = a.scratch[a.scratch_layout.q_rot(j, h0 + e / D) + e % D];
+  if (tid < kHeads) run_m[tid] = -INFINITY, run_l[tid] = 0.0f;
+  const std::uint32_t* keys = keys_of(a, j) + l.key_exact_offset() + kvh * l.exact_rows() * (D / 2);
+  const std::uint32_t* values = values_of(a, j) + l.value_exact_offset() + kvh * l.exact_rows() * (D / 2);
+  float acc[kHeads][R] = {};
+  __syncthreads();
+  for (std::int64_t c0 = 0; c0 < n_exact; c0 += kThreads) {
+    const std::int64_t i = c0 + tid;
+    if (i < n_exact) {
+      const std::int64_t t = i < n_sink ? first + i : recent + (i - n_sink);
+      const int er = int(l.exact_row(t, end));
+      rows[tid] = er;
+      const std::uint32_t* k = keys + std::int64_t(er) * (D / 2);
+      float dot[kHeads] = {};
+      for (int x = 0; x < D / 2; ++x) {
+        const std::uint32_t word = k[x];
+        const float lo = __uint_as_float(word << 16), hi = __uint_as_float(word & 0xFFFF0000u);
+#pragma unroll
+        for (int g = 0; g < kHeads; ++g)
+          if (g < heads) dot[g] = fmaf(q[g * D + 2 * x + 1], hi, fmaf(q[g * D + 2 * x], lo, dot[g]));
+      }
+#pragma unroll
+      for (int g = 0; g < kHeads; ++g) w[g * kThreads + tid] = a.scale * dot[g];
+    } else {
+      for (int g = 0; g < kHeads; ++g) w[g * kThreads + tid] = -INFINITY;
+    }
+    __syncthreads();
+    for (int g = warp; g < heads; g += kWarps) {  // the chunk's softmax step, a warp per head
+      float mx = -INFINITY;
+      for (int x = lane; x < kThreads; x += 32) mx = fmaxf(mx, w[g * kThreads + x]);
+      mx = warp_max(mx);
+      const float m_new = fmaxf(run_m[g], mx);
+      float s = 0.0f;
+      for (int x = lane; x < kThreads; x += 32) {
+        const float v = w[g * kThreads + x];
+        const float p = v == -INFINITY ? 0.0f : expf(v - m_new);
+        w[g * kThreads + x] = p;
+        s += p;
+      }
+      s = warp_sum(s);
+      __syncwarp();
+      if (lane == 0) {
+        const float c = m_new == -INFINITY ? 1.0f : expf(run_m[g] - m_new);
+        corr[g] = c;
+        run_l[g] = fmaf(run_l[g], c, s);
+        run_m[g] = m_new;
+      }
+    }
+    __syncthreads();
+    const int n = int(min(std::int64_t(kThreads), n_exact - c0));
+#pragma unroll
+    for (int e = 0; e < R; ++e) {
+      const int d = tid + e * kThreads;
+      if (d >= D) continue;
+#pragma unroll
+      for (int g = 0; g < kHeads; ++g) acc[g][e] *= g < heads ? corr[g] : 1.0f;
+      for (int x = 0; x < n; ++x) {
+        const std::uint32_t word = values[std::int64_t(rows[x]) * (D / 2) + d / 2];
+        const float v = __uint_as_float(d % 2 ? word & 0xFFFF0000u : word << 16);
+#pragma unroll
+        for (int g = 0; g < kHeads; ++g)
+          if (g < heads) acc[g][e] = fmaf(w[g * kThreads + x], v, acc[g][e]);
+      }
+    }
+    __syncthreads();
+  }
+  for (int g = 0; g < heads; ++g) {
+#pragma unroll
+    for (int e = 0; e < R; ++e) {
+      const int d = tid + e * kThreads;
+      if (d < D) ws[g * ws_head + kPartialHeader + d] = acc[g][e];
+    }
+    if (tid == 0) {
+      ws[g * ws_head] = run_m[g];
+      ws[g * ws_head + 1] = run_l[g];
+    }
+  }
+}
+
+// The exact split's kernel: a block per (row, kv head, tile of heads), writing the last split's partial.
+template <int D>
+__global__ void __launch_bounds__(kThreads) exact_split_kernel(AttendParams a) {
+  __shared__ float area[kHeads * D + kHeads * kThreads + kThreads + 3 * kHeads];
+  const int G = int(a.H / a.l.n_kv_heads), tile = int(blockIdx.y % a.n_tiles);
+  const std::int64_t kvh = blockIdx.y / a.n_tiles, j = a.first_row + blockIdx.z;
+  const std::int64_t h0 = kvh * G + std::int64_t(tile) * kHeads;
+  float* const ws = a.ws + ((j * a.H + h0) * a.n_splits + a.n_splits - 1) * partial_stride(D);
+  exact_split<D>(a, area, j, kvh, h0, min(kHeads, G - tile * kHeads), ws, std::int64_t(a.n_splits) * partial_stride(D));
+}
+
+// Blocks per SM the registers are held to (128 registers a thread up to D = 128).
+__host__ __device__ constexpr int min_blocks(int D) { return D <= 128 ? 4 : 2; }
+
+template <int D, int KB, int KO, int VB>
+__global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(AttendParams a) {
+  using S = Shape<D, KB, KO, VB>;
+  constexpr int VW = S::kValueWords;
+  extern __shared__ __align__(16) std::uint32_t smem[];
+  std::uint32_t* const key_lut = smem;
+  std::uint32_t* const outlier_lut = key_lut + lut_words(KB);
+  std::uint32_t* const value_lut = outlier_lut + lut_words(KO);
+  std::uint32_t* const area = value_lut + lut_words(VB);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, r = lane / 4, col = lane % 4;
+  const TqLayout& l = a.l;
+  const int G = int(a.H / l.n_kv_heads), tile = int(blockIdx.y % a.n_tiles);
+  const std::int64_t kvh = blockIdx.y / a.n_tiles, j = a.first_row + blockIdx.z;
+  const int heads = min(kHeads, G - tile * kHeads);
+  const std::int64_t h0 = kvh * G + std::int64_t(tile) * kHeads;
+  float* const ws = a.ws + ((j * a.H + h0) * a.n_splits + blockIdx.x) * partial_stride(D);
+  const std::int64_t ws_head = std::int64_t(a.n_splits) * partial_stride(D);
+  const std::uint32_t* keys = keys_of(a, j);
+  const std::uint32_t* values = values_of(a, j);
+  const std::int64_t seq = seq_len_of(a, j), end = sequence_end_of(a, j);
+  // The coded timesteps this row sees: from the window's start (or the sinks' end) to the recent window.
+  // Positions fit in 32 bits (the validator caps a cache below 2^32 words).
+  const int lo = int(max(first_visible_of(a, j), std::int64_t(l.sink_tokens)));
+  const int hi = int(l.recent_tokens > 0 ? min(seq, end - l.recent_tokens) : seq);
+  const int warp_tokens = a.split_tokens / kWarps;
+  const int w_begin = max(int(blockIdx.x) * a.split_tokens + warp * warp_tokens, lo & ~(kTile - 1));
+  const int w_end = min(int(blockIdx.x) * a.split_tokens + (warp + 1) * warp_tokens, hi);
+
+  const int kw = int(l.key_code_words()), nw = int(l.key_norm_words());
+  const std::int64_t key_norms = l.key_norm_offset(), value_norms = l.value_norm_offset();
+  const bool vector = (reinterpret_cast<std::uintptr_t>(a.k) | reinterpret_cast<std::uintptr_t>(a.v)) % 16 == 0;
+  std::uint32_t* const stages = area + warp * 2 * S::kStage;
+  auto fill = [&](int t0, int buf) {
+    std::uint32_t* st = stages + buf * S::kStage;
+    const int n = min(kTile, hi - t0);
+    const std::int64_t slot = kvh * l.capacity + t0;
+    const std::uint32_t* k = keys + slot * kw;
+    const std::uint32_t* v = values + slot * VW;
+    const std::uint32_t* kn = keys + key_norms + slot * nw;
+    const std::uint32_t* vn = values + value_norms + slot;
+    stage_words(st, k, n * kw, vector, lane);
+    st += S::kKeyStage;
+    stage_words(st, v, n * VW, vector, lane);
+    st += S::kValueStage;
+    stage_words(st, kn, n * nw, vector, lane);
+    st += S::kKeyNormStage;
+    stage_words(st, vn, n, vector, lane);
+    cp_async_commit();
+  };
+  if (w_begin < w_end) fill(w_begin, 0);  // in flight while the tables are built
+
+  fill_pairs(key_lut, KB, a.key_centroids, tid);
+  if (KO) fill_pairs(outlier_lut, KO, a.outlier_centroids, tid);
+  fill_pairs(value_lut, VB, a.value_centroids, tid);
+  // Groups of 32 key coordinates that end a part (bit u), and the outlier part's groups.
+  unsigned part_ends = 1u << (D / 32 - 1);
+  const int outlier_groups = KO ? l.key_outliers / 32 : 0;
+  if (KO) {
+    for (int p = 0; p < l.key_parts(); ++p) {
+      const TqLayout::KeyPart kp = l.key_part(p);
+      part_ends |= 1u << ((kp.offset + kp.size) / 32 - 1);
+    }
+  }
+  // Head r's query: coordinates 32 u + 8 col + {0 1, 2 3, 4 5, 6 7} as bf16 pairs; rows past the heads are 0.
+  std::uint32_t qa[D / 32][4];
+  {
+    const float* q = a.scratch + a.scratch_layout.q_rot(j, h0 + (r < heads ? r : 0));
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        qa[u][e] = r < heads ? bf16_pair(q[32 * u + 8 * col + 2 * e], q[32 * u + 8 * col + 2 * e + 1]) : 0u;
+  }
+  const float score_scale = a.scale * kLog2e;  // base-2 scores
+  const int kg = l.key_block, vg = l.value_block;
+  const float* mean_dots = a.key_mean_dots + ((j * a.H + h0 + (r < heads ? r : 0)) * a.key_mean_blocks);
+  __syncthreads();  // the tables
+
+  float m = -INFINITY, lsum = 0.0f;  // head r's running maximum (base 2) and sum of weights
+  float acc[D / 16][4] = {};         // O^T: dims r D / 8 + 2 i (+ 1 in [2], [3]) of heads 2 col, 2 col + 1
+  float mean_w[2] = {0.0f, 0.0f};    // value-mean weights of heads 2 col, 2 col + 1 in the current block
+  int buf = 0;
+  for (int t0 = w_begin; t0 < w_end; t0 += kTile, buf ^= 1) {
+    if (t0 + kTile < w_end) {
+      fill(t0 + kTile, buf ^ 1);
+    } else {
+      cp_async_commit();  // an empty group: the wait below is always for this tile
+    }
+    cp_async_wait<1>();
+    __syncwarp();
+    const std::int64_t slot = kvh * l.capacity + t0;
+    const std::uint32_t* st = stages + buf * S::kStage;
+    const std::uint32_t* kst = st + lead_of(keys + slot * kw, vector);
+    st += S::kKeyStage;
+    const std::uint32_t* vst = st + lead_of(values + slot * VW, vector);
+    st += S::kValueStage;
+    const std::uint32_t* knst = st + lead_of(keys + key_norms + slot * nw, vector);
+    st += S::kKeyNormStage;
+    const std::uint32_t* vnst = st + lead_of(values + value_norms + slot, vector);
+
+    // ---- keys: head r's scores of timesteps t0 + 8 nt + 2 col + x ----
+    float score[2][2] = {};
+    {
+      float part[2][4] = {};
+      int p = 0;
+      // Two k-steps of a group from one window: coordinates c0 + {0 1}, {2 3} (step 1), {4 5}, {6 7} (step 2).
+      auto group = [&](auto bits, const std::uint32_t* lut, int bit0, std::uint32_t q0, std::uint32_t q1,
+                       std::uint32_t q2, std::uint32_t q3) {
+        constexpr int B = decltype(bits)::value, kMask = (1 << (2 * B)) - 1, kCopies = lut_copies(B);
+        const std::uint32_t* mine = lut + lane % kCopies;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const std::uint32_t x = bits_at(kst + (8 * nt + r) * kw, bit0);
+          const std::uint32_t b0 = mine[(x & kMask) * kCopies], b1 = mine[((x >> (2 * B)) & kMask) * kCopies];
+          const std::uint32_t b2 = mine[((x >> (4 * B)) & kMask) * kCopies];
+          const std::uint32_t b3 = mine[((x >> (6 * B)) & kMask) * kCopies];
+          mma_16816<__nv_bfloat16>(part[nt], q0, 0u, q1, 0u, b0, b1);
+          mma_16816<__nv_bfloat16>(part[nt], q2, 0u, q3, 0u, b2, b3);
+        }
+      };
+#pragma unroll
+      for (int u = 0; u < D / 32; ++u) {
+        const int c0 = 32 * u + 8 * col;  // this lane's first coordinate of the group
+        if (KO && u < outlier_groups) {
+          group(std::integral_constant<int, KO ? KO : 1>{}, outlier_lut, c0 * KO, qa[u][0], qa[u][1], qa[u][2],
+                qa[u][3]);
+        } else {
+          group(std::integral_constant<int, KB>{}, key_lut, c0 * KB + l.key_outliers * (KO - KB), qa[u][0], qa[u][1],
+                qa[u][2], qa[u][3]);
+        }
+        if ((part_ends >> u) & 1u) {  // the part ends: its dot products times the timesteps' norms of it
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+              const int t = 8 * nt + 2 * col + x;
+              const float n = f16_low(knst[t * nw + p / 2] >> (16 * (p % 2)));
+              score[nt][x] = fmaf(n, part[nt][x], score[nt][x]);
+              part[nt][x] = 0.0f;
+            }
+          ++p;
+        }
+      }
+    }
+    const float mean_dot = kg && r < heads ? mean_dots[t0 / kg] : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int t = t0 + 8 * nt + 2 * col + x;
+        score[nt][x] = r < heads && t >= lo && t < w_end ? (score[nt][x] + mean_dot) * score_scale : -INFINITY;
+      }
+    // ---- online softmax of head r ----
+    const float m_new =
+        fmaxf(m, group_max(fmaxf(fmaxf(score[0][0], score[0][1]), fmaxf(score[1][0], score[1][1]))));
+    const float corr = m_new == -INFINITY ? 1.0f : exp2_approx(m - m_new);
+    float tile_sum = 0.0f;
+    std::uint32_t pb[2];  // P^T's B fragment: weights times the value norms, timesteps 8 nt + 2 col + x
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      float pv[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const float p = score[nt][x] == -INFINITY ? 0.0f : exp2_approx(score[nt][x] - m_new);
+        tile_sum += p;
+        pv[x] = p == 0.0f ? 0.0f : p * f16_low(vnst[8 * nt + 2 * col + x]);
+      }
+      pb[nt] = bf16_pair(pv[0], pv[1]);
+    }
+    tile_sum = group_sum(tile_sum);
+    lsum = fmaf(lsum, corr, tile_sum);
+    m = m_new;
+    // The accumulators' heads are 2 col and 2 col + 1: their corrections come from lanes 8 col and 8 col + 4.
+    const float c_even = __shfl_sync(0xFFFFFFFFu, corr, 8 * col), c_odd = __shfl_sync(0xFFFFFFFFu, corr, 8 * col + 4);
+    if (c_even != 1.0f || c_odd != 1.0f) {
+#pragma unroll
+      for (int i = 0; i < D / 16; ++i) {
+        acc[i][0] *= c_even, acc[i][1] *= c_odd;
+        acc[i][2] *= c_even, acc[i][3] *= c_odd;
+      }
+    }
+    if (vg) {
+      mean_w[0] = fmaf(mean_w[0], c_even, __shfl_sync(0xFFFFFFFFu, tile_sum, 8 * col));
+      mean_w[1] = fmaf(mean_w[1], c_odd, __shfl_sync(0xFFFFFFFFu, tile_sum, 8 * col + 4));
+    }
+    // ---- values: dims r D / 8 + 8 c .. + 7 of timesteps 2 col, 2 col + 1, 2 col + 8, 2 col + 9 ----
+    {
+      constexpr int kMask = (1 << VB) - 1, kCopies = lut_copies(VB);
+      const std::uint32_t* mine = value_lut + lane % kCopies;
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        const int bit0 = (r * (D / 8) + 8 * c) * VB;
+        const std::uint32_t x0 = bits_at(vst + (2 * col) * VW, bit0), x1 = bits_at(vst + (2 * col + 1) * VW, bit0);
+        const std::uint32_t x2 = bits_at(vst + (2 * col + 8) * VW, bit0), x3 = bits_at(vst + (2 * col + 9) * VW, bit0);
+        auto pair = [&](std::uint32_t lo, std::uint32_t hi, int d) {
+          return mine[(((lo >> (d * VB)) & kMask) | (((hi >> (d * VB)) & kMask) << VB)) * kCopies];
+        };
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          mma_16816<__nv_bfloat16>(acc[4 * c + i], pair(x0, x1, 2 * i), pair(x0, x1, 2 * i + 1), pair(x2, x3, 2 * i),
+                                   pair(x2, x3, 2 * i + 1), pb[0], pb[1]);
+      }
+    }
+    if (vg && ((t0 + kTile) % vg == 0 || t0 + kTile >= w_end)) {  // the block (or the warp's part of it) ends
+      const std::uint32_t* mean = values + l.value_mean(kvh, t0) + r * (D / 16);
+#pragma unroll
+      for (int i = 0; i < D / 16; ++i) {
+        const std::uint32_t word = mean[i];
+        const float lo = f16_low(word), hi = f16_low(word >> 16);
+        acc[i][0] = fmaf(mean_w[0], lo, acc[i][0]), acc[i][1] = fmaf(mean_w[1], lo, acc[i][1]);
+        acc[i][2] = fmaf(mean_w[0], hi, acc[i][2]), acc[i][3] = fmaf(mean_w[1], hi, acc[i][3]);
+      }
+      mean_w[0] = mean_w[1] = 0.0f;
+    }
+    __syncwarp();  // every lane has read this stage before it is refilled
+  }
+
+  // ---- the warps' results, combined into one partial ----
+  __syncthreads();  // the stages are free
+  float* const cm = reinterpret_cast<float*>(area);  // [kWarps][kHeads] maxima (base 2)
+  float* const cl = cm + kWarps * kHeads;             // sums
+  float* const cacc = cl + kWarps * kHeads;           // [kWarps][kHeads][D]
+  if (col == 0) {
+    cm[warp * kHeads + r] = m;
+    cl[warp * kHeads + r] = lsum;
+  }
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) {
+    const int d = r * (D / 8) + 2 * i;
+    float* even = cacc + (warp * kHeads + 2 * col) * D + d;
+    float* odd = even + D;
+    even[0] = acc[i][0], odd[0] = acc[i][1], even[1] = acc[i][2], odd[1] = acc[i][3];
+  }
+  __syncthreads();
+  for (int e = tid; e < heads * D; e += kThreads) {
+    const int h = e / D, d = e % D;
+    float M = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, cm[w * kHeads + h]);
+    float L = 0.0f, x = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float lw = cl[w * kHeads + h];
+      if (lw == 0.0f) continue;
+      const float f = exp2_approx(cm[w * kHeads + h] - M);
+      L = fmaf(lw, f, L);
+      x = fmaf(cacc[(w * kHeads + h) * D + d], f, x);
+    }
+    float* out = ws + h * ws_head;
+    out[kPartialHeader + d] = x;
+    if (d == 0) {
+      out[0] = M * kLn2;  // the merge takes natural-log maxima
+      out[1] = L;
+    }
+  }
+}
+
+// <q_rot, mu_b> of every (row, head, key block): a warp per key block of a (row, kv head), all its heads.
+template <int D>
+__global__ void __launch_bounds__(kThreads) key_mean_dots_kernel(AttendParams a) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const std::int64_t block = std::int64_t(blockIdx.x) * kWarps + warp;
+  if (block >= a.key_mean_blocks) return;
+  const TqLayout& l = a.l;
+  const std::int64_t kvh = blockIdx.y, j = a.first_row + blockIdx.z, G = a.H / l.n_kv_heads;
+  const std::uint32_t* mean = keys_of(a, j) + l.key_mean(kvh, block * l.key_block);
+  constexpr int kWords = D / 64;  // words of the mean per lane: lane + 32 e
+  float lo[kWords], hi[kWords];
+#pragma unroll
+  for (int e = 0; e < kWords; ++e) {
+    const std::uint32_t word = mean[lane + 32 * e];
+    lo[e] = f16_low(word), hi[e] = f16_low(word >> 16);
+  }
+  for (std::int64_t g = 0; g < G; ++g) {
+    const float* q = a.scratch + a.scratch_layout.q_rot(j, kvh * G + g);
+    float dot = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kWords; ++e) {
+      const int w = lane + 32 * e;
+      dot = fmaf(q[2 * w + 1], hi[e], fmaf(q[2 * w], lo[e], dot));
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) a.key_mean_dots[(j * a.H + kvh * G + g) * a.key_mean_blocks + block] = dot;
+  }
+}
+
+template <int D, int KB, int KO, int VB>
+void launch_widths(const AttendParams& a, dim3 grid, cudaStream_t stream) {
+  using S = Shape<D, KB, KO, VB>;
+  allow_shared_bytes<decode_tc_kernel<D, KB, KO, VB>>(S::kBytes);
+  decode_tc_kernel<D, KB, KO, VB><<<grid, kThreads, S::kBytes, stream>>>(a);
+}
+
+template <int D, std::size_t... I>
+bool launch_built(const AttendParams& a, dim3 grid, cudaStream_t stream, std::index_sequence<I...>) {
+  const int ko = a.l.key_outliers ? a.l.key_outlier_bits : 0;
+  constexpr auto& W = tiles::kTqDecodeTcWidths;
+  return ((a.l.key_bits == W[I].key_bits && ko == W[I].outlier_bits && a.l.value_bits == W[I].value_bits
+               ? (launch_widths<D, W[I].key_bits, W[I].outlier_bits, W[I].value_bits>(a, grid, stream), true)
+               : false) ||
+          ...);
+}
+
+template <int D>
+void launch_dim(const AttendParams& a, dim3 grid, cudaStream_t stream) {
+  if (a.l.key_block && a.key_mean_blocks > 0) {
+    const dim3 mean_grid(unsigned((a.key_mean_blocks + kWarps - 1) / kWarps), unsigned(a.l.n_kv_heads), grid.z);
+    key_mean_dots_kernel<D><<<mean_grid, kThreads, 0, stream>>>(a);
+    FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant key block means kernel");
+  }
+  // The coded splits are grid x's first n_splits - 1 when the layout has exact tokens; the last is theirs.
+  const bool exact = a.l.exact_rows() > 0;
+  const dim3 coded(grid.x - (exact ? 1 : 0), grid.y, grid.z);
+  if (!launch_built<D>(a, coded, stream, std::make_index_sequence<tiles::kTqDecodeTcWidths.size()>{}))
+    throw Error("backend", "cuda: internal error: no tensor-core decode built for this layout's code widths");
+  FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant tensor-core decode kernel");
+  if (exact) {
+    exact_split_kernel<D><<<dim3(1, grid.y, grid.z), kThreads, 0, stream>>>(a);
+    FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant exact tokens kernel");
+  }
+}
+
+}  // namespace
+
+void launch_tc_decode(const AttendParams& a, dim3 grid, cudaStream_t stream) {
+  switch (a.l.head_dim) {
+    case 64: launch_dim<64>(a, grid, stream); break;
+    case 128: launch_dim<128>(a, grid, stream); break;
+    case 256: launch_dim<256>(a, grid, stream); break;
+    default: throw Error("backend", "cuda: internal error: no tensor-core decode for this head_dim");
+  }
+}
+
+}  // namespace flashtq::cuda
