@@ -126,14 +126,24 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return r;
 }
 
-// Asynchronous global -> shared copies (sm_80+): 16 bytes (both addresses 16-byte aligned) or 4.
-__device__ __forceinline__ void cp_async16(void* smem, const void* global) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+// Asynchronous global -> shared copies (sm_80+): 16 bytes (both addresses 16-byte aligned) or 4; the shared side
+// as a pointer or as a 32-bit shared-window address (shared_address()).
+__device__ __forceinline__ unsigned shared_address(const void* smem) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(smem));
+}
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
 }
-__device__ __forceinline__ void cp_async4(void* smem, const void* global) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* global) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(global));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* global) { cp_async16(shared_address(smem), global); }
+__device__ __forceinline__ void cp_async4(void* smem, const void* global) { cp_async4(shared_address(smem), global); }
+// A 32-bit load from a shared-window address (volatile: never moved above a cp.async wait).
+__device__ __forceinline__ std::uint32_t lds32(unsigned address) {
+  std::uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(address));
+  return v;
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most `pending` of this thread's committed groups are still in flight.

@@ -18,8 +18,8 @@
 // dims r D / 8 .. r D / 8 + D / 8 - 1 of every timestep, 8 dims (one 32-bit window) at a time.
 // Block means: <q, mu> per (row, head, key block) comes from key_mean_dots_kernel, launched before; a value
 // block's mean is added once per warp and block, weighted by the warp's probabilities of that block.
-// Exact sink and recent timesteps are a split of their own (the last, exact_split_kernel), in f32 from their
-// bf16 rows. The
+// Exact sink and recent timesteps are a split of their own (the last; a call its blocks make, so its registers do
+// not count against the tiles'), in f32 from their bf16 rows. The
 // merge kernel (tq_attend.cu) combines every split by LSE and rotates back once.
 #include <cuda_bf16.h>
 
@@ -46,7 +46,7 @@ __host__ __device__ constexpr int round4(int x) { return (x + 3) / 4 * 4; }
 __host__ __device__ constexpr int larger(int x, int y) { return x > y ? x : y; }
 
 // Shared memory, in words: the tables, then an area that holds each warp's two stages while the tiles run,
-// then the warps' results for the combine.
+// then the warps' results for the combine (or, in the exact split, its queries and weights).
 template <int D, int KB, int KO, int VB>
 struct Shape {
   static constexpr int kKeyWords = (D * KB + (KO ? (D / 2) * (KO - KB) : 0) + 31) / 32;  // at most D / 2 outliers
@@ -62,34 +62,42 @@ struct Shape {
   static constexpr int kLuts = lut_words(KB) + lut_words(KO) + lut_words(VB);
   static constexpr int kCombine = kWarps * kHeads * (D + 2);
   static constexpr int kArea = larger(2 * kWarps * kStage, kCombine);
+  static_assert(kArea >= kHeads * D + kHeads * kThreads + kThreads + 3 * kHeads, "the exact split's queries and weights");
   static constexpr int kBytes = 4 * (kLuts + kArea);
 };
 
 // Where word src lands in a stage (16-byte copies start at src rounded down to 16 bytes).
 __device__ __forceinline__ int lead_of(const std::uint32_t* src, bool vector) {
-  return vector ? int((reinterpret_cast<std::uintptr_t>(src) / 4) % 4) : 0;
+  return vector ? int((reinterpret_cast<std::uintptr_t>(src) >> 2) & 3u) : 0;
 }
 
-// Starts copying words [src, src + n) to stage + lead_of(src): 16 bytes at a time with `vector` (the caches
-// start on 16 bytes, so the words before src that the first copy takes are the caches' own), the last
-// words one at a time, so nothing past src + n is read.
-__device__ __forceinline__ void stage_words(std::uint32_t* stage, const std::uint32_t* src, int n, bool vector,
-                                            int lane) {
+// Starts copying words [src, src + n) to the stage at shared address `stage`, word lead_of(src) on: 16 bytes at
+// a time with `vector` (the caches start on 16 bytes, so the words before src that the first copy takes are the
+// caches' own), the last words one at a time, so nothing past src + n is read.
+__device__ __forceinline__ void stage_words(unsigned stage, const std::uint32_t* src, int n, bool vector, int lane) {
   if (!vector) {
-    for (int i = lane; i < n; i += 32) cp_async4(stage + i, src + i);
+    for (int i = lane; i < n; i += 32) cp_async4(stage + 4 * i, src + i);
     return;
   }
   const int lead = lead_of(src, true);
   const std::uint32_t* base = src - lead;
-  const int total = lead + n, chunks = total / 4;
-  for (int c = lane; c < chunks; c += 32) cp_async16(stage + 4 * c, base + 4 * c);
-  for (int i = 4 * chunks + lane; i < total; i += 32) cp_async4(stage + i, base + i);
+  const int total = lead + n, chunks = total >> 2;
+  for (int c = lane; c < chunks; c += 32) cp_async16(stage + 16 * c, base + 4 * c);
+  for (int i = 4 * chunks + lane; i < total; i += 32) cp_async4(stage + 4 * i, base + i);
 }
 
-// 32 bits of a bit stream in shared memory from bit `bit` on.
-__device__ __forceinline__ std::uint32_t bits_at(const std::uint32_t* words, int bit) {
-  const int w = bit >> 5;
-  return __funnelshift_r(words[w], words[w + 1], bit & 31);
+// 32 bits of a bit stream at shared address `words`, from bit `bit` on.
+__device__ __forceinline__ std::uint32_t bits_at(unsigned words, int bit) {
+  const unsigned w = words + 4 * unsigned(bit >> 5);
+  return __funnelshift_r(lds32(w), lds32(w + 4), bit & 31);
+}
+
+// The byte offset of entry `index` in a pair table of `bits`-bit codes (copies of an entry side by side).
+template <int B>
+__device__ __forceinline__ unsigned entry_offset(std::uint32_t index) {
+  constexpr int kScale = lut_copies(B) == 32 ? 7 : 5;  // log2(copies * 4 bytes)
+  static_assert((1 << kScale) == 4 * lut_copies(B), "copies of an entry: 8 or 32 words");
+  return index << kScale;
 }
 
 // A pair table: entry i (copies of it side by side) holds centroids[i % 2^bits] in its low half and
@@ -104,7 +112,7 @@ __device__ void fill_pairs(std::uint32_t* lut, int bits, const float* centroids,
 
 // The exact sink and recent timesteps a row sees, in f32 (their bf16 rows), as one partial.
 template <int D>
-__device__ void exact_split(const AttendParams& a, float* area, std::int64_t j, std::int64_t kvh, std::int64_t h0,
+__device__ __noinline__ void exact_split(const AttendParams& a, float* area, std::int64_t j, std::int64_t kvh, std::int64_t h0,
                             int heads, float* ws, std::int64_t ws_head) {
   constexpr int R = (D + kThreads - 1) / kThreads;
   const TqLayout& l = a.l;
@@ -177,6 +185,7 @@ __device__ void exact_split(const AttendParams& a, float* area, std::int64_t j, 
       if (d >= D) continue;
 #pragma unroll
       for (int g = 0; g < kHeads; ++g) acc[g][e] *= g < heads ? corr[g] : 1.0f;
+#pragma unroll 4
       for (int x = 0; x < n; ++x) {
         const std::uint32_t word = values[std::int64_t(rows[x]) * (D / 2) + d / 2];
         const float v = __uint_as_float(d % 2 ? word & 0xFFFF0000u : word << 16);
@@ -200,17 +209,6 @@ __device__ void exact_split(const AttendParams& a, float* area, std::int64_t j, 
   }
 }
 
-// The exact split's kernel: a block per (row, kv head, tile of heads), writing the last split's partial.
-template <int D>
-__global__ void __launch_bounds__(kThreads) exact_split_kernel(AttendParams a) {
-  __shared__ float area[kHeads * D + kHeads * kThreads + kThreads + 3 * kHeads];
-  const int G = int(a.H / a.l.n_kv_heads), tile = int(blockIdx.y % a.n_tiles);
-  const std::int64_t kvh = blockIdx.y / a.n_tiles, j = a.first_row + blockIdx.z;
-  const std::int64_t h0 = kvh * G + std::int64_t(tile) * kHeads;
-  float* const ws = a.ws + ((j * a.H + h0) * a.n_splits + a.n_splits - 1) * partial_stride(D);
-  exact_split<D>(a, area, j, kvh, h0, min(kHeads, G - tile * kHeads), ws, std::int64_t(a.n_splits) * partial_stride(D));
-}
-
 // Blocks per SM the registers are held to (128 registers a thread up to D = 128).
 __host__ __device__ constexpr int min_blocks(int D) { return D <= 128 ? 4 : 2; }
 
@@ -231,6 +229,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
   const std::int64_t h0 = kvh * G + std::int64_t(tile) * kHeads;
   float* const ws = a.ws + ((j * a.H + h0) * a.n_splits + blockIdx.x) * partial_stride(D);
   const std::int64_t ws_head = std::int64_t(a.n_splits) * partial_stride(D);
+  if (l.exact_rows() > 0 && int(blockIdx.x) == a.n_splits - 1) {  // not inlined: its registers are its own
+    exact_split<D>(a, reinterpret_cast<float*>(area), j, kvh, h0, heads, ws, ws_head);
+    return;
+  }
   const std::uint32_t* keys = keys_of(a, j);
   const std::uint32_t* values = values_of(a, j);
   const std::int64_t seq = seq_len_of(a, j), end = sequence_end_of(a, j);
@@ -243,31 +245,32 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
   const int w_end = min(int(blockIdx.x) * a.split_tokens + (warp + 1) * warp_tokens, hi);
 
   const int kw = int(l.key_code_words()), nw = int(l.key_norm_words());
-  const std::int64_t key_norms = l.key_norm_offset(), value_norms = l.value_norm_offset();
   const bool vector = (reinterpret_cast<std::uintptr_t>(a.k) | reinterpret_cast<std::uintptr_t>(a.v)) % 16 == 0;
-  std::uint32_t* const stages = area + warp * 2 * S::kStage;
-  auto fill = [&](int t0, int buf) {
-    std::uint32_t* st = stages + buf * S::kStage;
+  // This warp's tile sources, advanced a tile at a time (64-bit arithmetic once, here).
+  const std::int64_t slot0 = kvh * l.capacity + w_begin;
+  const std::uint32_t* k_src = keys + slot0 * kw;
+  const std::uint32_t* v_src = values + slot0 * VW;
+  const std::uint32_t* kn_src = keys + l.key_norm_offset() + slot0 * nw;
+  const std::uint32_t* vn_src = values + l.value_norm_offset() + slot0;
+  const unsigned stages = shared_address(area) + 4u * unsigned(warp * 2 * S::kStage);
+  auto fill = [&](int t0, int buf, int i) {  // i: the tile's index after w_begin
+    const unsigned st = stages + 4u * unsigned(buf * S::kStage);
     const int n = min(kTile, hi - t0);
-    const std::int64_t slot = kvh * l.capacity + t0;
-    const std::uint32_t* k = keys + slot * kw;
-    const std::uint32_t* v = values + slot * VW;
-    const std::uint32_t* kn = keys + key_norms + slot * nw;
-    const std::uint32_t* vn = values + value_norms + slot;
-    stage_words(st, k, n * kw, vector, lane);
-    st += S::kKeyStage;
-    stage_words(st, v, n * VW, vector, lane);
-    st += S::kValueStage;
-    stage_words(st, kn, n * nw, vector, lane);
-    st += S::kKeyNormStage;
-    stage_words(st, vn, n, vector, lane);
+    stage_words(st, k_src + i * kTile * kw, n * kw, vector, lane);
+    stage_words(st + 4 * S::kKeyStage, v_src + i * kTile * VW, n * VW, vector, lane);
+    stage_words(st + 4 * (S::kKeyStage + S::kValueStage), kn_src + i * kTile * nw, n * nw, vector, lane);
+    stage_words(st + 4 * (S::kKeyStage + S::kValueStage + S::kKeyNormStage), vn_src + i * kTile, n, vector, lane);
     cp_async_commit();
   };
-  if (w_begin < w_end) fill(w_begin, 0);  // in flight while the tables are built
+  if (w_begin < w_end) fill(w_begin, 0, 0);  // in flight while the tables are built
 
   fill_pairs(key_lut, KB, a.key_centroids, tid);
   if (KO) fill_pairs(outlier_lut, KO, a.outlier_centroids, tid);
   fill_pairs(value_lut, VB, a.value_centroids, tid);
+  // This lane's copy of each table.
+  const unsigned key_lut_lane = shared_address(key_lut) + 4u * unsigned(lane % lut_copies(KB));
+  const unsigned outlier_lut_lane = shared_address(outlier_lut) + 4u * unsigned(lane % lut_copies(KO ? KO : 1));
+  const unsigned value_lut_lane = shared_address(value_lut) + 4u * unsigned(lane % lut_copies(VB));
   // Groups of 32 key coordinates that end a part (bit u), and the outlier part's groups.
   unsigned part_ends = 1u << (D / 32 - 1);
   const int outlier_groups = KO ? l.key_outliers / 32 : 0;
@@ -288,48 +291,52 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
         qa[u][e] = r < heads ? bf16_pair(q[32 * u + 8 * col + 2 * e], q[32 * u + 8 * col + 2 * e + 1]) : 0u;
   }
   const float score_scale = a.scale * kLog2e;  // base-2 scores
+  // Block lengths are powers of two: blocks by shifts.
   const int kg = l.key_block, vg = l.value_block;
+  const int key_shift = kg ? __ffs(kg) - 1 : 0, value_shift = vg ? __ffs(vg) - 1 : 0;
   const float* mean_dots = a.key_mean_dots + ((j * a.H + h0 + (r < heads ? r : 0)) * a.key_mean_blocks);
+  const std::uint32_t* value_means =
+      vg ? values + l.value_mean_offset() + kvh * l.mean_blocks(vg) * (D / 2) + r * (D / 16) : nullptr;
+  const int value_bit = r * (D / 8) * VB;  // this lane's first value bit in a timestep's codes
   __syncthreads();  // the tables
 
   float m = -INFINITY, lsum = 0.0f;  // head r's running maximum (base 2) and sum of weights
   float acc[D / 16][4] = {};         // O^T: dims r D / 8 + 2 i (+ 1 in [2], [3]) of heads 2 col, 2 col + 1
   float mean_w[2] = {0.0f, 0.0f};    // value-mean weights of heads 2 col, 2 col + 1 in the current block
-  int buf = 0;
-  for (int t0 = w_begin; t0 < w_end; t0 += kTile, buf ^= 1) {
+  int buf = 0, n_tile = 0;
+  for (int t0 = w_begin; t0 < w_end; t0 += kTile, buf ^= 1, ++n_tile) {
     if (t0 + kTile < w_end) {
-      fill(t0 + kTile, buf ^ 1);
+      fill(t0 + kTile, buf ^ 1, n_tile + 1);
     } else {
       cp_async_commit();  // an empty group: the wait below is always for this tile
     }
     cp_async_wait<1>();
     __syncwarp();
-    const std::int64_t slot = kvh * l.capacity + t0;
-    const std::uint32_t* st = stages + buf * S::kStage;
-    const std::uint32_t* kst = st + lead_of(keys + slot * kw, vector);
-    st += S::kKeyStage;
-    const std::uint32_t* vst = st + lead_of(values + slot * VW, vector);
-    st += S::kValueStage;
-    const std::uint32_t* knst = st + lead_of(keys + key_norms + slot * nw, vector);
-    st += S::kKeyNormStage;
-    const std::uint32_t* vnst = st + lead_of(values + value_norms + slot, vector);
+    const unsigned st = stages + 4u * unsigned(buf * S::kStage);
+    const unsigned kst = st + 4u * unsigned(lead_of(k_src + n_tile * kTile * kw, vector));
+    const unsigned vst = st + 4u * unsigned(S::kKeyStage + lead_of(v_src + n_tile * kTile * VW, vector));
+    const unsigned knst =
+        st + 4u * unsigned(S::kKeyStage + S::kValueStage + lead_of(kn_src + n_tile * kTile * nw, vector));
+    const unsigned vnst = st + 4u * unsigned(S::kKeyStage + S::kValueStage + S::kKeyNormStage +
+                                             lead_of(vn_src + n_tile * kTile, vector));
 
     // ---- keys: head r's scores of timesteps t0 + 8 nt + 2 col + x ----
     float score[2][2] = {};
     {
       float part[2][4] = {};
       int p = 0;
+      const unsigned key_row[2] = {kst + 4u * unsigned(r * kw), kst + 4u * unsigned((8 + r) * kw)};
       // Two k-steps of a group from one window: coordinates c0 + {0 1}, {2 3} (step 1), {4 5}, {6 7} (step 2).
-      auto group = [&](auto bits, const std::uint32_t* lut, int bit0, std::uint32_t q0, std::uint32_t q1,
-                       std::uint32_t q2, std::uint32_t q3) {
-        constexpr int B = decltype(bits)::value, kMask = (1 << (2 * B)) - 1, kCopies = lut_copies(B);
-        const std::uint32_t* mine = lut + lane % kCopies;
+      auto group = [&](auto bits, unsigned lut, int bit0, std::uint32_t q0, std::uint32_t q1, std::uint32_t q2,
+                       std::uint32_t q3) {
+        constexpr int B = decltype(bits)::value, kMask = (1 << (2 * B)) - 1;
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          const std::uint32_t x = bits_at(kst + (8 * nt + r) * kw, bit0);
-          const std::uint32_t b0 = mine[(x & kMask) * kCopies], b1 = mine[((x >> (2 * B)) & kMask) * kCopies];
-          const std::uint32_t b2 = mine[((x >> (4 * B)) & kMask) * kCopies];
-          const std::uint32_t b3 = mine[((x >> (6 * B)) & kMask) * kCopies];
+          const std::uint32_t x = bits_at(key_row[nt], bit0);
+          const std::uint32_t b0 = lds32(lut + entry_offset<B>(x & kMask));
+          const std::uint32_t b1 = lds32(lut + entry_offset<B>((x >> (2 * B)) & kMask));
+          const std::uint32_t b2 = lds32(lut + entry_offset<B>((x >> (4 * B)) & kMask));
+          const std::uint32_t b3 = lds32(lut + entry_offset<B>((x >> (6 * B)) & kMask));
           mma_16816<__nv_bfloat16>(part[nt], q0, 0u, q1, 0u, b0, b1);
           mma_16816<__nv_bfloat16>(part[nt], q2, 0u, q3, 0u, b2, b3);
         }
@@ -338,11 +345,11 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
       for (int u = 0; u < D / 32; ++u) {
         const int c0 = 32 * u + 8 * col;  // this lane's first coordinate of the group
         if (KO && u < outlier_groups) {
-          group(std::integral_constant<int, KO ? KO : 1>{}, outlier_lut, c0 * KO, qa[u][0], qa[u][1], qa[u][2],
+          group(std::integral_constant<int, KO ? KO : 1>{}, outlier_lut_lane, c0 * KO, qa[u][0], qa[u][1], qa[u][2],
                 qa[u][3]);
         } else {
-          group(std::integral_constant<int, KB>{}, key_lut, c0 * KB + l.key_outliers * (KO - KB), qa[u][0], qa[u][1],
-                qa[u][2], qa[u][3]);
+          group(std::integral_constant<int, KB>{}, key_lut_lane, c0 * KB + l.key_outliers * (KO - KB), qa[u][0],
+                qa[u][1], qa[u][2], qa[u][3]);
         }
         if ((part_ends >> u) & 1u) {  // the part ends: its dot products times the timesteps' norms of it
 #pragma unroll
@@ -350,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
 #pragma unroll
             for (int x = 0; x < 2; ++x) {
               const int t = 8 * nt + 2 * col + x;
-              const float n = f16_low(knst[t * nw + p / 2] >> (16 * (p % 2)));
+              const float n = f16_low(lds32(knst + 4u * unsigned(t * nw + (p >> 1))) >> (16 * (p & 1)));
               score[nt][x] = fmaf(n, part[nt][x], score[nt][x]);
               part[nt][x] = 0.0f;
             }
@@ -358,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
         }
       }
     }
-    const float mean_dot = kg && r < heads ? mean_dots[t0 / kg] : 0.0f;
+    const float mean_dot = kg && r < heads ? mean_dots[t0 >> key_shift] : 0.0f;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -379,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
       for (int x = 0; x < 2; ++x) {
         const float p = score[nt][x] == -INFINITY ? 0.0f : exp2_approx(score[nt][x] - m_new);
         tile_sum += p;
-        pv[x] = p == 0.0f ? 0.0f : p * f16_low(vnst[8 * nt + 2 * col + x]);
+        pv[x] = p == 0.0f ? 0.0f : p * f16_low(lds32(vnst + 4u * unsigned(8 * nt + 2 * col + x)));
       }
       pb[nt] = bf16_pair(pv[0], pv[1]);
     }
@@ -401,24 +408,27 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
     }
     // ---- values: dims r D / 8 + 8 c .. + 7 of timesteps 2 col, 2 col + 1, 2 col + 8, 2 col + 9 ----
     {
-      constexpr int kMask = (1 << VB) - 1, kCopies = lut_copies(VB);
-      const std::uint32_t* mine = value_lut + lane % kCopies;
+      static_assert(9 * VB <= 32, "a window's 8 codes shifted by one code still fit 32 bits");
+      constexpr int kMask = (1 << VB) - 1;
+      const unsigned v0 = vst + 4u * unsigned(2 * col * VW);
 #pragma unroll
       for (int c = 0; c < D / 64; ++c) {
-        const int bit0 = (r * (D / 8) + 8 * c) * VB;
-        const std::uint32_t x0 = bits_at(vst + (2 * col) * VW, bit0), x1 = bits_at(vst + (2 * col + 1) * VW, bit0);
-        const std::uint32_t x2 = bits_at(vst + (2 * col + 8) * VW, bit0), x3 = bits_at(vst + (2 * col + 9) * VW, bit0);
+        const int bit0 = value_bit + 8 * c * VB;
+        const std::uint32_t x0 = bits_at(v0, bit0), x2 = bits_at(v0 + 4 * 8 * VW, bit0);
+        // The odd timesteps' codes one code higher: a pair's index is one AND and one OR away.
+        const std::uint32_t y1 = bits_at(v0 + 4 * VW, bit0) << VB, y3 = bits_at(v0 + 4 * 9 * VW, bit0) << VB;
         auto pair = [&](std::uint32_t lo, std::uint32_t hi, int d) {
-          return mine[(((lo >> (d * VB)) & kMask) | (((hi >> (d * VB)) & kMask) << VB)) * kCopies];
+          return lds32(value_lut_lane +
+                       entry_offset<VB>(((lo >> (d * VB)) & kMask) | ((hi >> (d * VB)) & (kMask << VB))));
         };
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          mma_16816<__nv_bfloat16>(acc[4 * c + i], pair(x0, x1, 2 * i), pair(x0, x1, 2 * i + 1), pair(x2, x3, 2 * i),
-                                   pair(x2, x3, 2 * i + 1), pb[0], pb[1]);
+          mma_16816<__nv_bfloat16>(acc[4 * c + i], pair(x0, y1, 2 * i), pair(x0, y1, 2 * i + 1), pair(x2, y3, 2 * i),
+                                   pair(x2, y3, 2 * i + 1), pb[0], pb[1]);
       }
     }
-    if (vg && ((t0 + kTile) % vg == 0 || t0 + kTile >= w_end)) {  // the block (or the warp's part of it) ends
-      const std::uint32_t* mean = values + l.value_mean(kvh, t0) + r * (D / 16);
+    if (vg && (((t0 + kTile) & (vg - 1)) == 0 || t0 + kTile >= w_end)) {  // the block (or the warp's part of it) ends
+      const std::uint32_t* mean = value_means + (t0 >> value_shift) * (D / 2);
 #pragma unroll
       for (int i = 0; i < D / 16; ++i) {
         const std::uint32_t word = mean[i];
@@ -522,16 +532,8 @@ void launch_dim(const AttendParams& a, dim3 grid, cudaStream_t stream) {
     key_mean_dots_kernel<D><<<mean_grid, kThreads, 0, stream>>>(a);
     FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant key block means kernel");
   }
-  // The coded splits are grid x's first n_splits - 1 when the layout has exact tokens; the last is theirs.
-  const bool exact = a.l.exact_rows() > 0;
-  const dim3 coded(grid.x - (exact ? 1 : 0), grid.y, grid.z);
-  if (!launch_built<D>(a, coded, stream, std::make_index_sequence<tiles::kTqDecodeTcWidths.size()>{}))
+  if (!launch_built<D>(a, grid, stream, std::make_index_sequence<tiles::kTqDecodeTcWidths.size()>{}))
     throw Error("backend", "cuda: internal error: no tensor-core decode built for this layout's code widths");
-  FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant tensor-core decode kernel");
-  if (exact) {
-    exact_split_kernel<D><<<dim3(1, grid.y, grid.z), kThreads, 0, stream>>>(a);
-    FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant exact tokens kernel");
-  }
 }
 
 }  // namespace
