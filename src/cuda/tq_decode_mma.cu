@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
         const std::uint32_t src = i < 4 ? lo_half : hi_half;
         const int q = 4 * (i % 4);
         mma_16816<__nv_bfloat16>(acc[i], bit_pair(src, q, mag), bit_pair(src, q + 2, mag), bit_pair(src, q + 1, mag),
-                 bit_pair(src, q + 3, mag), b0, b1);
+                                 bit_pair(src, q + 3, mag), b0, b1);
       }
     }
     __syncwarp();

@@ -37,7 +37,7 @@ namespace flashtq::cuda {
 namespace {
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
-constexpr int kTile = 16;   // timesteps per tile
+constexpr int kTile = 16;         // timesteps per tile
 constexpr int kHeads = kTcHeads;  // query heads per block (mma rows 0-7)
 
 __host__ __device__ constexpr int lut_copies(int bits) { return bits <= 3 ? 32 : 8; }
@@ -62,7 +62,8 @@ struct Shape {
   static constexpr int kLuts = lut_words(KB) + lut_words(KO) + lut_words(VB);
   static constexpr int kCombine = kWarps * kHeads * (D + 2);
   static constexpr int kArea = larger(2 * kWarps * kStage, kCombine);
-  static_assert(kArea >= kHeads * D + kHeads * kThreads + kThreads + 3 * kHeads, "the exact split's queries and weights");
+  static_assert(kArea >= kHeads * D + kHeads * kThreads + kThreads + 3 * kHeads,
+                "the exact split's queries and weights");
   static constexpr int kBytes = 4 * (kLuts + kArea);
 };
 
@@ -112,13 +113,13 @@ __device__ void fill_pairs(std::uint32_t* lut, int bits, const float* centroids,
 
 // The exact sink and recent timesteps a row sees, in f32 (their bf16 rows), as one partial.
 template <int D>
-__device__ __noinline__ void exact_split(const AttendParams& a, float* area, std::int64_t j, std::int64_t kvh, std::int64_t h0,
-                            int heads, float* ws, std::int64_t ws_head) {
+__device__ __noinline__ void exact_split(const AttendParams& a, float* area, std::int64_t j, std::int64_t kvh,
+                                         std::int64_t h0, int heads, float* ws, std::int64_t ws_head) {
   constexpr int R = (D + kThreads - 1) / kThreads;
   const TqLayout& l = a.l;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  float* q = area;                        // [kHeads][D]
-  float* w = q + kHeads * D;              // [kHeads][kThreads]: a chunk's scores, then weights
+  float* q = area;                                            // [kHeads][D]
+  float* w = q + kHeads * D;                                  // [kHeads][kThreads]: a chunk's scores, then weights
   int* rows = reinterpret_cast<int*>(w + kHeads * kThreads);  // the chunk's exact rows
   float* run_m = reinterpret_cast<float*>(rows + kThreads);   // per head: running max, sum, last correction
   float* run_l = run_m + kHeads;
@@ -126,8 +127,8 @@ __device__ __noinline__ void exact_split(const AttendParams& a, float* area, std
   const std::int64_t seq = seq_len_of(a, j), end = sequence_end_of(a, j), first = first_visible_of(a, j);
   const std::int64_t sink_end = min(std::int64_t(l.sink_tokens), seq);
   const std::int64_t n_sink = max(std::int64_t(0), sink_end - first);
-  const std::int64_t recent = l.recent_tokens > 0 ? max(max(end - l.recent_tokens, std::int64_t(l.sink_tokens)), first)
-                                                  : seq;
+  const std::int64_t recent =
+      l.recent_tokens > 0 ? max(max(end - l.recent_tokens, std::int64_t(l.sink_tokens)), first) : seq;
   const std::int64_t n_exact = n_sink + max(std::int64_t(0), seq - recent);
   for (int e = tid; e < heads * D; e += kThreads) q[e] = a.scratch[a.scratch_layout.q_rot(j, h0 + e / D) + e % D];
   if (tid < kHeads) run_m[tid] = -INFINITY, run_l[tid] = 0.0f;
@@ -298,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
   const std::uint32_t* value_means =
       vg ? values + l.value_mean_offset() + kvh * l.mean_blocks(vg) * (D / 2) + r * (D / 16) : nullptr;
   const int value_bit = r * (D / 8) * VB;  // this lane's first value bit in a timestep's codes
-  __syncthreads();  // the tables
+  __syncthreads();                         // the tables
 
   float m = -INFINITY, lsum = 0.0f;  // head r's running maximum (base 2) and sum of weights
   float acc[D / 16][4] = {};         // O^T: dims r D / 8 + 2 i (+ 1 in [2], [3]) of heads 2 col, 2 col + 1
@@ -317,8 +318,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
     const unsigned vst = st + 4u * unsigned(S::kKeyStage + lead_of(v_src + n_tile * kTile * VW, vector));
     const unsigned knst =
         st + 4u * unsigned(S::kKeyStage + S::kValueStage + lead_of(kn_src + n_tile * kTile * nw, vector));
-    const unsigned vnst = st + 4u * unsigned(S::kKeyStage + S::kValueStage + S::kKeyNormStage +
-                                             lead_of(vn_src + n_tile * kTile, vector));
+    const unsigned vnst =
+        st + 4u * unsigned(S::kKeyStage + S::kValueStage + S::kKeyNormStage + lead_of(vn_src + n_tile * kTile, vector));
 
     // ---- keys: head r's scores of timesteps t0 + 8 nt + 2 col + x ----
     float score[2][2] = {};
@@ -345,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
       for (int u = 0; u < D / 32; ++u) {
         const int c0 = 32 * u + 8 * col;  // this lane's first coordinate of the group
         if (KO && u < outlier_groups) {
-          group(std::integral_constant<int, KO ? KO : 1>{}, outlier_lut_lane, c0 * KO, qa[u][0], qa[u][1], qa[u][2],
+          group(std::integral_constant < int, KO ? KO : 1 > {}, outlier_lut_lane, c0 * KO, qa[u][0], qa[u][1], qa[u][2],
                 qa[u][3]);
         } else {
           group(std::integral_constant<int, KB>{}, key_lut_lane, c0 * KB + l.key_outliers * (KO - KB), qa[u][0],
@@ -374,8 +375,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
         score[nt][x] = r < heads && t >= lo && t < w_end ? (score[nt][x] + mean_dot) * score_scale : -INFINITY;
       }
     // ---- online softmax of head r ----
-    const float m_new =
-        fmaxf(m, group_max(fmaxf(fmaxf(score[0][0], score[0][1]), fmaxf(score[1][0], score[1][1]))));
+    const float m_new = fmaxf(m, group_max(fmaxf(fmaxf(score[0][0], score[0][1]), fmaxf(score[1][0], score[1][1]))));
     const float corr = m_new == -INFINITY ? 1.0f : exp2_approx(m - m_new);
     float tile_sum = 0.0f;
     std::uint32_t pb[2];  // P^T's B fragment: weights times the value norms, timesteps 8 nt + 2 col + x
@@ -442,10 +442,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
   }
 
   // ---- the warps' results, combined into one partial ----
-  __syncthreads();  // the stages are free
+  __syncthreads();                                   // the stages are free
   float* const cm = reinterpret_cast<float*>(area);  // [kWarps][kHeads] maxima (base 2)
-  float* const cl = cm + kWarps * kHeads;             // sums
-  float* const cacc = cl + kWarps * kHeads;           // [kWarps][kHeads][D]
+  float* const cl = cm + kWarps * kHeads;            // sums
+  float* const cacc = cl + kWarps * kHeads;          // [kWarps][kHeads][D]
   if (col == 0) {
     cm[warp * kHeads + r] = m;
     cl[warp * kHeads + r] = lsum;
