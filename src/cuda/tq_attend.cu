@@ -310,31 +310,26 @@ int multiprocessors() {
   return count;
 }
 
-// Timesteps per block. The tensor-core decode kernel pays a fixed cost per block (copying the query
-// fragments, the cross-warp combine, one partial for the merge), so it takes longer splits while the
-// grid still gives every SM at least 4 blocks; the scalar kernel keeps kSplitTokens.
 int head_tile(std::int64_t group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1; }
 
+// Query heads per block: decode_tc takes up to kTcHeads of a group (the last block of a larger group fewer),
+// the other kernels a tile that divides the group.
 int heads_per_block(const TqAttendCall& c, TqAttendKernel kernel) {
   return kernel == TqAttendKernel::decode_tc ? int(std::min<std::int64_t>(kTcHeads, c.group())) : head_tile(c.group());
 }
 
+// Timesteps per block. The tensor-core decode kernels pay a fixed cost per block (the query fragments or
+// tables, the cross-warp combine, one partial for the merge), so they take longer splits while the grid still
+// gives every SM at least 4 blocks; the scalar kernel keeps kSplitTokens.
 std::int64_t split_tokens_of(const TqAttendCall& c, TqAttendKernel kernel) {
-  if (kernel == TqAttendKernel::decode_tc) {
-    static const int sms = multiprocessors();
-    const std::int64_t tiles = (c.group() + kTcHeads - 1) / kTcHeads;
-    const std::int64_t units = c.batch * c.n_queries * c.layout().n_kv_heads * tiles;  // blocks per split index
-    std::int64_t per = kTcSplitTokens;
-    while (per < kMmaMaxSplitTokens && units * ((c.longest_row + 2 * per - 1) / (2 * per)) >= 4 * std::int64_t(sms))
-      per *= 2;
-    return per;
-  }
-  if (kernel != TqAttendKernel::decode_mma) return kSplitTokens;
+  if (kernel != TqAttendKernel::decode_mma && kernel != TqAttendKernel::decode_tc) return kSplitTokens;
   static const int sms = multiprocessors();
-  const std::int64_t longest = c.longest_row;
-  const std::int64_t units = c.batch * c.n_queries * c.n_heads / 4;  // blocks per split index
-  std::int64_t per = kMmaSplitTokens;
-  while (per < kMmaMaxSplitTokens && units * ((longest + 2 * per - 1) / (2 * per)) >= 4 * std::int64_t(sms)) per *= 2;
+  const std::int64_t heads = heads_per_block(c, kernel);
+  const std::int64_t units =  // blocks per split index
+      c.batch * c.n_queries * c.layout().n_kv_heads * ((c.group() + heads - 1) / heads);
+  std::int64_t per = kernel == TqAttendKernel::decode_tc ? kTcSplitTokens : kMmaSplitTokens;
+  while (per < kMmaMaxSplitTokens && units * ((c.longest_row + 2 * per - 1) / (2 * per)) >= 4 * std::int64_t(sms))
+    per *= 2;
   return per;
 }
 
