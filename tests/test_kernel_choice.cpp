@@ -247,15 +247,28 @@ TEST(KernelChoiceOnGpu, EachDenseShapeRanItsKernel) {
       {DType::f32, 128, true, "dense_forward_ffma"},
       {DType::f32, 256, false, "dense_forward_warp_per_row"},
   };
-  for (const Expect& e : cases) {
-    const conformance::DenseCase c = dense_case(e.t, e.D, e.pedantic);
-    const conformance::CheckResult r = conformance::check_forward(*b, c);
-    EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
-    EXPECT_EQ(r.kernel, e.forward) << c.describe();
+  // Softcap and sinks (docs/spec.md §1.8, §1.9) ride on the same kernels: a mild cap, and sinks (one
+  // head's -inf among them, from the conformance draw) that hold part of every row's weight.
+  for (const bool capped : {false, true}) {
+    auto with_features = [capped](conformance::DenseCase c) {
+      if (capped) c.softcap = 5.0f, c.sinks = true;
+      return c;
+    };
+    for (const Expect& e : cases) {
+      const conformance::DenseCase c = with_features(dense_case(e.t, e.D, e.pedantic));
+      const conformance::CheckResult r = conformance::check_forward(*b, c);
+      EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
+      EXPECT_EQ(r.kernel, e.forward) << c.describe();
+    }
+    const conformance::DenseCase bf16 = with_features(dense_case(DType::bf16, 128));
+    const conformance::CheckResult back = conformance::check_backward(*b, bf16);
+    EXPECT_TRUE(back.passed) << bf16.describe() << ": " << back.detail;
+    EXPECT_EQ(back.kernel, hopper ? "dense_backward_wgmma" : "dense_backward_warp_per_row");
+    const conformance::DenseCase f32 = with_features(dense_case(DType::f32, 256));
+    const conformance::CheckResult exact = conformance::check_backward(*b, f32);
+    EXPECT_TRUE(exact.passed) << f32.describe() << ": " << exact.detail;
+    EXPECT_EQ(exact.kernel, "dense_backward_warp_per_row");
   }
-  const conformance::CheckResult back = conformance::check_backward(*b, dense_case(DType::bf16, 128));
-  EXPECT_TRUE(back.passed) << back.detail;
-  EXPECT_EQ(back.kernel, hopper ? "dense_backward_wgmma" : "dense_backward_warp_per_row");
 }
 
 TEST(KernelChoiceOnGpu, TurboQuantDecodeRanTheTensorCoreKernel) {

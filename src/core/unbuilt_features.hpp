@@ -1,4 +1,4 @@
-// The dense features of docs/spec.md §1.6, §1.8 and §1.9 a backend's kernels do not read yet: the backend
+// The dense features of docs/spec.md §1.6 a backend's kernels do not read yet: the backend
 // refuses the problem (Backend::unsupported) rather than return numbers without them.
 #pragma once
 
@@ -8,15 +8,6 @@
 #include "flashtq/problem.hpp"
 
 namespace flashtq::core {
-
-inline std::optional<std::string> softcap_or_sinks_unbuilt(const DenseProblem& p, const std::string& backend) {
-  if (p.softcap > 0.0f)
-    return "softcap is not implemented on the " + backend + " backend yet (reference, cpu and webgpu have it)";
-  if (p.sinks != nullptr)
-    return "attention sinks are not implemented on the " + backend +
-           " backend yet (reference, cpu and webgpu have them)";
-  return std::nullopt;
-}
 
 inline std::optional<std::string> varlen_unbuilt(const DenseProblem& p, const std::string& backend) {
   if (p.varlen)

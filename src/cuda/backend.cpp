@@ -31,8 +31,7 @@ class CudaBackend final : public Backend {
     return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
   }
   std::optional<std::string> unsupported(const DenseProblem& p) const override {
-    if (auto why = core::varlen_unbuilt(p, name())) return why;
-    return core::softcap_or_sinks_unbuilt(p, name());
+    return core::varlen_unbuilt(p, name());
   }
   std::optional<std::string> unsupported(const TqLayout& l) const override {
     std::string why = tq_unsupported(l);

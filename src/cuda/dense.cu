@@ -55,17 +55,26 @@ __device__ __forceinline__ float dot_row(const float (&x)[kMaxPerLane], const T*
   return warp_sum(acc);
 }
 
-// scale * <q, k> + mask, or -inf when masked (<= -1e30).
-__device__ __forceinline__ float masked(const DenseProblem& p, float dot, std::int64_t b, std::int64_t h,
-                                        std::int64_t i, std::int64_t j) {
-  float s = p.scale * dot;
+// The score of a visible key, softcap(scale * <q, k>) + mask (-inf when masked, <= -1e30), and the
+// cap's slope there (docs/spec.md §1.8; 1 without a cap), which dS carries back to <q, k>.
+struct Score {
+  float s, slope;
+};
+__device__ __forceinline__ Score score_of(const DenseProblem& p, float dot, std::int64_t b, std::int64_t h,
+                                          std::int64_t i, std::int64_t j) {
+  float s = p.scale * dot, slope = 1.0f;
+  if (p.softcap > 0.0f) {
+    const float cap = tanhf(s / p.softcap);
+    s = p.softcap * cap;
+    slope = 1.0f - cap * cap;
+  }
   if (p.mask != nullptr) {
     const float mask =
         p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
-    if (mask == -INFINITY) return -INFINITY;  // whatever the key holds (NaN + -inf is NaN)
+    if (mask == -INFINITY) return {-INFINITY, slope};  // whatever the key holds (NaN + -inf is NaN)
     s += mask;
   }
-  return s <= -1e30f ? -INFINITY : s;
+  return {s <= -1e30f ? -INFINITY : s, slope};
 }
 
 using repair::dropout_factor;
@@ -86,7 +95,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   for (std::int64_t j = range.begin; j < range.end; ++j) {
     if (!core::key_visible(p, i, j)) continue;
     const float s =
-        masked(p, dot_row(q, static_cast<const T*>(kv.data) + row_offset(kv, b, j, hk), D, lane), b, h, i, j);
+        score_of(p, dot_row(q, static_cast<const T*>(kv.data) + row_offset(kv, b, j, hk), D, lane), b, h, i, j).s;
     if (s == -INFINITY) continue;
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new), e = expf(s - m_new);
@@ -112,7 +121,16 @@ __global__ void __launch_bounds__(32 * kWarps)
     if (lse != nullptr && lane == 0) lse[(b * p.H + h) * p.Sq + i] = float(exact.lse());
     return;
   }
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  // Head h's sink logit joins the sum and the maximum (docs/spec.md §1.9); it has no value.
+  const float sink = p.sinks != nullptr ? p.sinks[h] : -INFINITY;
+  float weight = 1.0f;
+  if (sink != -INFINITY) {
+    const float top = fmaxf(m, sink);
+    weight = expf(m - top);
+    l = l * weight + expf(sink - top);
+    m = top;
+  }
+  const float inv = l > 0.0f ? weight / l : 0.0f;
   store_row(static_cast<T*>(ov.data) + row_offset(ov, b, i, h), acc, inv, D, lane);
   if (lse != nullptr && lane == 0) lse[(b * p.H + h) * p.Sq + i] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
@@ -136,12 +154,12 @@ __global__ void __launch_bounds__(32 * kWarps) dq_kernel(BackwardCall c) {
   for (std::int64_t j = range.begin; row_lse != -INFINITY && j < range.end; ++j) {
     if (!core::key_visible(p, i, j)) continue;
     const T* krow = static_cast<const T*>(c.k.data) + row_offset(c.k, b, j, hk);
-    const float s = masked(p, dot_row(q, krow, D, lane), b, h, i, j);
-    if (s == -INFINITY) continue;
-    const float prob = fminf(expf(s - row_lse), 1.0f);  // a probability (docs/spec.md §3)
+    const Score s = score_of(p, dot_row(q, krow, D, lane), b, h, i, j);
+    if (s.s == -INFINITY) continue;
+    const float prob = fminf(expf(s.s - row_lse), 1.0f);  // a probability (docs/spec.md §3)
     const float z = dropout_factor<float>(p, b, h, i, j);
     const float dp = dot_row(dout, static_cast<const T*>(c.v.data) + row_offset(c.v, b, j, hk), D, lane) * z;
-    const float ds = prob * (dp - delta) * p.scale;
+    const float ds = prob * (dp - delta) * p.scale * s.slope;
 #pragma unroll
     for (int x = 0; x < kMaxPerLane; ++x) {
       const int d = lane + 32 * x;
@@ -177,18 +195,18 @@ __global__ void __launch_bounds__(32 * kWarps) dkdv_kernel(BackwardCall c) {
       const float row_lse = c.lse[(b * p.H + h) * p.Sq + i];
       if (row_lse == -INFINITY) continue;
       const T* qrow = static_cast<const T*>(c.q.data) + row_offset(c.q, b, i, h);
-      const float s = masked(p, dot_row(k, qrow, D, lane), b, h, i, j);
-      if (s == -INFINITY) continue;
+      const Score s = score_of(p, dot_row(k, qrow, D, lane), b, h, i, j);
+      if (s.s == -INFINITY) continue;
       float dout[kMaxPerLane];
       load_row(dout, static_cast<const T*>(c.dout.data) + row_offset(c.dout, b, i, h), D, lane);
       const float delta = dot_row(dout, static_cast<const T*>(c.out.data) + row_offset(c.out, b, i, h), D, lane);
-      const float prob = fminf(expf(s - row_lse), 1.0f);  // a probability (docs/spec.md §3)
+      const float prob = fminf(expf(s.s - row_lse), 1.0f);  // a probability (docs/spec.md §3)
       const float z = dropout_factor<float>(p, b, h, i, j);
       float dp = 0.0f;
 #pragma unroll
       for (int x = 0; x < kMaxPerLane; ++x) dp = fmaf(dout[x], v[x], dp);
       dp = warp_sum(dp) * z;
-      const float ds = prob * (dp - delta) * p.scale;
+      const float ds = prob * (dp - delta) * p.scale * s.slope;
 #pragma unroll
       for (int x = 0; x < kMaxPerLane; ++x) {
         const int d = lane + 32 * x;
@@ -228,6 +246,7 @@ void launch_dense_forward(const ForwardCall& c, DenseForwardKernel kernel) {
 }
 
 void launch_dense_backward(const BackwardCall& c, DenseBackwardKernel kernel) {
+  launch_dense_sinks_grad(c);  // before the wgmma kernels stash their row statistics in dQ's rows
   if (kernel == DenseBackwardKernel::wgmma) {
     launch_dense_backward_wgmma(c);
     repair_dense_dq(c);  // dQ = dS K meets the NaN of a key the row does not see through dS = 0

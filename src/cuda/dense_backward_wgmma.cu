@@ -86,12 +86,20 @@ __device__ __forceinline__ ScoreGrads score_grads(const DenseProblem& p, float s
                                                   std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,
                                                   bool checked, float scale_log2, float keep_scale) {
   if (checked && (i >= p.Sq || !core::key_visible(p, i, j))) return {0.0f, 0.0f};
-  float x = s * scale_log2;
-  if (p.mask != nullptr) {
-    const float mask =
-        p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
-    const float v = s * p.scale + mask;
-    if (mask == -INFINITY || v <= -1e30f) return {0.0f, 0.0f};  // a -inf entry whatever the key holds
+  float x = s * scale_log2, slope = 1.0f;
+  if (p.softcap > 0.0f || p.mask != nullptr) {
+    float v = s * p.scale;   // the score in natural units
+    if (p.softcap > 0.0f) {  // docs/spec.md §1.8: dS reaches <q, k> through the cap's slope 1 - tanh^2
+      const float cap = tanhf(v / p.softcap);
+      slope = 1.0f - cap * cap;
+      v = p.softcap * cap;
+    }
+    if (p.mask != nullptr) {
+      const float mask =
+          p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];
+      v += mask;
+      if (mask == -INFINITY || v <= -1e30f) return {0.0f, 0.0f};  // a -inf entry whatever the key holds
+    }
     x = v * kLog2e;
   }
   const float pr = fminf(exp2_approx(x - lse2), 1.0f);  // a probability (docs/spec.md §3)
@@ -101,7 +109,7 @@ __device__ __forceinline__ ScoreGrads score_grads(const DenseProblem& p, float s
             ? keep_scale
             : 0.0f;
   }
-  return {pr * z, pr * (dp * z - delta)};
+  return {pr * z, pr * (dp * z - delta) * slope};
 }
 
 #endif  // FLASHTQ_WGMMA
@@ -213,7 +221,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
     const unsigned tile_stats = stats + unsigned((t % kStages) * kQueryTile) * 8;
     const bool checked = !(i0 + kQueryTile <= p.Sq && j0 + kKvRows <= p.Sk &&
                            core::tile_fully_visible(p, i0, i0 + kQueryTile, j0, j0 + kKvRows));
-    const bool plain = !checked && p.mask == nullptr && p.dropout_p == 0.0f;  // the common case, one exp2 per score
+    // The common case, one exp2 per score.
+    const bool plain = !checked && p.mask == nullptr && p.dropout_p == 0.0f && p.softcap == 0.0f;
     // (lse2, delta) of this thread's two columns of n-tile nt: rows 8 nt + 2 tig and + 1.
     auto column_stats = [&](int nt) {
       float4 st4;
@@ -393,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const std::int64_t jt = first + std::int64_t(t) * kKeyTile;
       const bool checked = !(i0 + kQRows <= p.Sq && jt >= range.begin && jt + kKeyTile <= p.Sk &&
                              core::tile_fully_visible(p, i0, i0 + kQRows, jt, jt + kKeyTile));
-      const bool plain = !checked && p.mask == nullptr && p.dropout_p == 0.0f;
+      const bool plain = !checked && p.mask == nullptr && p.dropout_p == 0.0f && p.softcap == 0.0f;
       if (plain) {  // two loops, so that the common one stays short and branch-free
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {

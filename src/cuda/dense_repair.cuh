@@ -29,6 +29,10 @@ __device__ double dot(const TensorView& x, std::int64_t bx, std::int64_t sx, std
   return acc;
 }
 
+__device__ __forceinline__ double softcapped(const DenseProblem& p, double x) {
+  return p.softcap > 0.0f ? double(p.softcap) * ::tanh(x / double(p.softcap)) : x;
+}
+
 // Score of (b, h, i, j) in double, -inf when invisible or masked (a -inf mask entry masks whatever
 // the key holds).
 template <typename T>
@@ -41,8 +45,17 @@ __device__ double score(const DenseProblem& p, const TensorView& q, const Tensor
         double(p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]]);
     if (mask == -INFINITY) return -INFINITY;
   }
-  const double s = double(p.scale) * dot<T>(q, b, i, h, k, b, j, h / p.group(), p.D) + mask;
+  const double s = softcapped(p, double(p.scale) * dot<T>(q, b, i, h, k, b, j, h / p.group(), p.D)) + mask;
   return s <= -1e30 ? -INFINITY : s;
+}
+
+// The softcap's slope 1 - tanh^2 at (b, h, i, j)'s scaled product (docs/spec.md §1.8), 1 without a cap.
+template <typename T>
+__device__ double cap_slope(const DenseProblem& p, const TensorView& q, const TensorView& k, std::int64_t b,
+                            std::int64_t h, std::int64_t i, std::int64_t j) {
+  if (!(p.softcap > 0.0f)) return 1.0;
+  const double t = ::tanh(double(p.scale) * dot<T>(q, b, i, h, k, b, j, h / p.group(), p.D) / double(p.softcap));
+  return 1.0 - t * t;
 }
 
 // keep / (1 - p) of weight (b, h, i, j), in f32 for the kernels and in double for the repairs.
@@ -55,7 +68,8 @@ __device__ __forceinline__ Real dropout_factor(const DenseProblem& p, std::int64
   return keep ? Real(1) / (Real(1) - Real(p.dropout_p)) : Real(0);
 }
 
-// Row (b, h, i)'s maximum m and sum l = sum exp(s - m); m = -inf when it sees nothing.
+// Row (b, h, i)'s maximum m and sum l = sum exp(s - m), head h's sink logit among them (docs/spec.md
+// §1.9); m = -inf when it sees nothing and has no sink.
 struct RowStats {
   double m = -INFINITY, l = 0;
   __device__ double lse() const { return m == -INFINITY ? -INFINITY : m + ::log(l); }
@@ -63,9 +77,12 @@ struct RowStats {
 template <typename T>
 __device__ __noinline__ RowStats row_stats(const DenseProblem& p, const TensorView& q, const TensorView& k,
                                            std::int64_t b, std::int64_t h, std::int64_t i) {
+  const double sink = p.sinks != nullptr ? double(p.sinks[h]) : -INFINITY;
   RowStats r;
+  r.m = sink;
   for (std::int64_t j = 0; j < p.Sk; ++j) r.m = fmax(r.m, score<T>(p, q, k, b, h, i, j));
   if (r.m == -INFINITY) return r;
+  r.l = ::exp(sink - r.m);
   for (std::int64_t j = 0; j < p.Sk; ++j) r.l += ::exp(score<T>(p, q, k, b, h, i, j) - r.m);
   return r;
 }
@@ -100,7 +117,8 @@ __device__ __noinline__ float dq(const BackwardCall& c, std::int64_t b, std::int
     double prob = ::exp(s - lse);
     if (prob > 1.0) prob = 1.0;  // (a NaN stays NaN)
     const double z = dropout_factor(p, b, h, i, j);
-    const double ds = prob * (dot<T>(c.dout, b, i, h, c.v, b, j, h / p.group(), p.D) * z - delta) * double(p.scale);
+    const double ds = prob * (dot<T>(c.dout, b, i, h, c.v, b, j, h / p.group(), p.D) * z - delta) * double(p.scale) *
+                      cap_slope<T>(p, c.q, c.k, b, h, i, j);
     if (ds != 0.0) acc += ds * element<T>(c.k, b, j, h / p.group(), d);
   }
   return float(acc);

@@ -59,6 +59,28 @@ __device__ __forceinline__ float row_sum(float x) {
   return x;
 }
 
+// The scaled product x = scale * <q, k> after the softcap (docs/spec.md §1.8; core::softcapped in
+// double); tanhf, not an approximation, so that f32 problems keep their 1e-5.
+__device__ __forceinline__ float softcapped(const DenseProblem& p, float x) {
+  return p.softcap > 0.0f ? p.softcap * tanhf(x / p.softcap) : x;
+}
+
+// A row's statistics once every key tile is in: maximum m (log2 units) and sum l, with head h's sink
+// logit (docs/spec.md §1.9) joined to both; `weight` is what the row's O / l must still be multiplied
+// by (1 without a sink). A row that sees no key (l = 0) gets m = the sink, l = 1 and weight 0: out 0,
+// lse the sink's logit. Rows that are neither finished nor empty are left as they are for the repair.
+struct RowTotal {
+  float m, l, weight;
+};
+__device__ __forceinline__ RowTotal with_sink(const DenseProblem& p, std::int64_t h, float m, float l) {
+  if (p.sinks == nullptr) return {m, l, 1.0f};
+  const float sink = p.sinks[h] * kLog2e;
+  if (sink == -INFINITY || !isfinite(l) || isnan(m)) return {m, l, 1.0f};
+  if (l == 0.0f || m == -INFINITY) return {sink, 1.0f, 0.0f};
+  const float top = fmaxf(m, sink), keep = exp2f(m - top);
+  return {top, l * keep + exp2f(sink - top), keep};
+}
+
 // Turns one tile of raw scores S (keys j0 + [0, 8 NT)) into the weights P of O += P V, in place: scale,
 // visibility and mask (per element only where the tile is not `interior`), the running maxima m and
 // sums l of each row (in log2 units), O's rescale when a maximum grows, exp2, dropout.
@@ -70,7 +92,7 @@ __device__ __forceinline__ void softmax_tile(const Tile& t, std::int64_t j0, boo
 #pragma unroll
   for (int a = 0; a < A; ++a) {
     tile_max[a][0] = tile_max[a][1] = -INFINITY;
-    if (interior && p.mask == nullptr) {  // the common case: one multiply per score
+    if (interior && p.mask == nullptr && p.softcap == 0.0f) {  // the common case: one multiply per score
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -85,7 +107,7 @@ __device__ __forceinline__ void softmax_tile(const Tile& t, std::int64_t j0, boo
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const std::int64_t i = t.row_of(a, e / 2), j = j0 + t.key_of(nt, e & 1);
-          float v = s[a][nt][e] * p.scale;
+          float v = softcapped(p, s[a][nt][e] * p.scale);
           // Rows past Sq (a block's last rows) are dropped before the mask is read: "interior" speaks
           // for the block's real rows only.
           if (i >= p.Sq || (!interior && !core::key_visible(p, i, j))) v = -INFINITY;
@@ -170,14 +192,19 @@ __device__ __forceinline__ void store_rows(const Tile& t, const TensorView& ov, 
   for (int a = 0; a < A; ++a) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float sum = row_sum<Tile::kRowLanes>(l[a][r]);
       const std::int64_t i = t.row_of(a, r);
+      const float keys_sum = row_sum<Tile::kRowLanes>(l[a][r]);
       if (i >= p.Sq) continue;
-      const float mr = m[a][r];
-      const bool finished = isfinite(sum) && sum > 0.0f && isfinite(mr) && mr > -1e30f * kLog2e;
-      const bool empty = (mr == -INFINITY && sum == 0.0f) || (isfinite(sum) && isfinite(mr) && mr <= -1e30f * kLog2e);
+      const float keys_max = m[a][r];
+      // Every score at most -1e30 counts as masked (docs/spec.md §3): the row saw nothing.
+      const bool seen_nothing = (keys_max == -INFINITY && keys_sum == 0.0f) ||
+                                (isfinite(keys_sum) && isfinite(keys_max) && keys_max <= -1e30f * kLog2e);
+      const RowTotal total = with_sink(p, t.h, keys_max, seen_nothing ? 0.0f : keys_sum);
+      const float mr = total.m, sum = total.l;
+      const bool finished = isfinite(sum) && sum > 0.0f && isfinite(mr);
+      const bool empty = seen_nothing && !finished;
       // Neither (a score past f32's range): NaN, which repair_dense_forward finds and recomputes.
-      const float inv = finished ? 1.0f / sum : empty ? 0.0f : NAN;
+      const float inv = finished ? total.weight / sum : empty ? 0.0f : NAN;
       bad |= !finished && !empty;
       T* out = static_cast<T*>(ov.data) + row_offset(ov, t.b, i, t.h);
 #pragma unroll

@@ -22,6 +22,8 @@ void launch_dense_forward_tf32(const ForwardCall& call);
 void launch_dense_forward_ffma(const ForwardCall& call);
 void launch_dense_backward(const BackwardCall& call, DenseBackwardKernel kernel);
 void launch_dense_backward_wgmma(const BackwardCall& call);
+// dsinks when the call asks for it (dense_sinks_grad.cu); launch_dense_backward runs it first.
+void launch_dense_sinks_grad(const BackwardCall& call);
 
 // Rows the kernels above could not finish in f32, recomputed in double (dense_repair.cu); launched
 // after every forward and backward. The kernels say that there are some by raising the flag at
