@@ -206,7 +206,15 @@ void TqKvCache::encode(std::int64_t layer, const TensorView& k, const TensorView
 }
 
 void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out,
-                       std::int64_t window, bool exact) try {
+                       std::int64_t window, bool exact) {
+  TqAttendOptions options;
+  options.window = window;
+  options.exact = exact;
+  attend(layer, q, start_pos, out, options);
+}
+
+void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out,
+                       const TqAttendOptions& options) try {
   check_layer(layer);
   std::lock_guard<std::mutex> lock(storage_->mutex);
   const std::int64_t n = q.shape[1], heads = q.shape[2];
@@ -229,8 +237,10 @@ void TqKvCache::attend(std::int64_t layer, const TensorView& q, std::int64_t sta
   a.n_queries = n;
   a.start_pos = start_pos;
   a.max_seq = start_pos + n;
-  a.window = window;
-  a.exact = exact;
+  a.window = options.window;
+  a.exact = options.exact;
+  a.softcap = options.softcap;
+  a.sinks = options.sinks;
   a.k_cache = static_cast<const std::uint32_t*>(storage_->keys[std::size_t(layer)].get());
   a.v_cache = static_cast<const std::uint32_t*>(storage_->values[std::size_t(layer)].get());
   a.out = out;

@@ -18,6 +18,7 @@
 #include "core/tq_rows.hpp"
 #include "reference_wrapper.hpp"
 #include "seeded.hpp"
+#include "tq_test_support.hpp"
 
 namespace flashtq {
 namespace {
@@ -30,8 +31,8 @@ struct Fixture {
   TqTables t;
   std::vector<std::uint32_t> keys, values;
   HostTensor k, v;
-  Fixture(std::int64_t D, std::int64_t Hkv, std::int64_t tokens, int kb = 2, int vb = 2)
-      : l{D, Hkv, tokens, kb, vb},
+  Fixture(std::int64_t D, std::int64_t Hkv, std::int64_t tokens, int kb = 2, int vb = 2, bool qjl = true)
+      : l{D, Hkv, tokens, kb, vb, qjl},
         t(make_tq_tables(l, fresh_seed(), 0)),
         keys(std::size_t(l.key_words()), 0xFFFFFFFFu),
         values(std::size_t(l.value_words()), 0xFFFFFFFFu),
@@ -46,7 +47,8 @@ struct Fixture {
     tq_encode_values(backend("reference"), {t, v.view, 0, values.data(), nullptr});
   }
   // Attention of queries q [1, n, H, D] at start_pos (max_seq as given) into a fresh f32 output.
-  std::vector<double> attend(const HostTensor& q, std::int64_t start_pos, std::optional<std::int64_t> max_seq = {}) {
+  std::vector<double> attend(const HostTensor& q, std::int64_t start_pos, std::optional<std::int64_t> max_seq = {},
+                             float softcap = 0.0f, const float* sinks = nullptr) {
     const std::int64_t n = q.view.shape[1], H = q.view.shape[2];
     std::vector<float> scratch(std::size_t(tq_scratch_floats(n, H, l.head_dim)));
     tq_rotate_queries(backend("reference"), {t, q.view, n, scratch.data(), nullptr});
@@ -59,6 +61,8 @@ struct Fixture {
     a.n_queries = n;
     a.start_pos = start_pos;
     a.max_seq = max_seq;
+    a.softcap = softcap;
+    a.sinks = sinks;
     a.k_cache = keys.data();
     a.v_cache = values.data();
     a.out = out.view;
@@ -234,6 +238,50 @@ TEST(TqOps, KeysWithoutQjlScoreWithTheirCodesAlone) {
   }
 }
 
+TEST(TqOps, SoftcapAndSinksFollowTheirFormulas) {
+  // docs/spec.md §1.8-§1.9 over the packed words: keys and values decoded by the documented formula
+  // (tq_test_support.hpp), each score softcap * tanh(scale <q, k_t> / softcap), the head's sink logit in the
+  // maximum and the denominator with no value; head 1 has no sink (-inf), and a row that sees no timestep
+  // (max_seq 0) writes zeros with or without one.
+  const std::int64_t D = 64, T = 20, H = 4, Hkv = 2;
+  Fixture f(D, Hkv, T, 3, 3, false);
+  f.encode();
+  const HostTensor q = random_queries(2, H, D);
+  const std::vector<double> qv = q.values();
+  const std::vector<float> sinks{0.7f, -std::numeric_limits<float>::infinity(), -1.5f, 2.5f};
+  const double scale = 1.0 / std::sqrt(double(D));
+  for (const float cap : {0.0f, 0.8f, 5.0f}) {
+    SCOPED_TRACE("softcap " + std::to_string(cap) + ", seed " + std::to_string(fresh_seed()));
+    const std::vector<double> got = f.attend(q, T - 2, std::nullopt, cap, sinks.data());
+    for (std::int64_t j = 0; j < 2; ++j)
+      for (std::int64_t h = 0; h < H; ++h) {
+        const std::int64_t kvh = h / (H / Hkv), seen = T - 2 + j + 1;
+        std::vector<double> s(static_cast<std::size_t>(seen)), want(static_cast<std::size_t>(D), 0.0);
+        double m = double(sinks[std::size_t(h)]);
+        for (std::int64_t t = 0; t < seen; ++t) {
+          const std::vector<double> k = testing_tq::decode(f.l, f.t, f.keys, true, kvh, t);
+          double dot = 0;
+          for (std::int64_t d = 0; d < D; ++d) dot += qv[std::size_t((j * H + h) * D + d)] * k[std::size_t(d)];
+          const double x = scale * dot;
+          s[std::size_t(t)] = cap > 0 ? cap * std::tanh(x / cap) : x;
+          m = std::max(m, s[std::size_t(t)]);
+        }
+        double l = std::exp(double(sinks[std::size_t(h)]) - m);
+        for (std::int64_t t = 0; t < seen; ++t) {
+          const double p = std::exp(s[std::size_t(t)] - m);
+          l += p;
+          const std::vector<double> v = testing_tq::decode(f.l, f.t, f.values, false, kvh, t);
+          for (std::int64_t d = 0; d < D; ++d) want[std::size_t(d)] += p * v[std::size_t(d)];
+        }
+        for (double& x : want) x /= l;
+        const std::vector<double> row(got.begin() + (j * H + h) * D, got.begin() + (j * H + h + 1) * D);
+        EXPECT_LE(testing_tq::relative_error(row, want), 1e-5) << "row " << j << " head " << h;
+      }
+  }
+  const std::vector<double> nothing = f.attend(q, T - 2, std::int64_t(0), 5.0f, sinks.data());
+  for (double x : nothing) ASSERT_EQ(x, 0.0);
+}
+
 TEST(TqOps, KeysBeforeTheWindowHaveNoInfluence) {
   // Two caches that differ only in timesteps 0..9 (different keys and values there): attention with
   // a window that starts after them gives the same outputs bit for bit; without a window they differ.
@@ -371,6 +419,18 @@ TEST(TqBadInput, AttendArgumentsAreChecked) {
   a.n_queries = 2;
   a.q_cap = 1;
   expect_arg(a, "q_cap");
+  for (const float cap : {-1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    a = base();
+    a.softcap = cap;
+    expect_arg(a, "softcap");
+  }
+  for (const float sink : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> sinks(std::size_t(base().n_heads), 0.5f);
+    sinks.back() = sink;
+    a = base();
+    a.sinks = sinks.data();
+    expect_arg(a, "sinks");
+  }
 }
 
 // Sizes near INT64_MAX are refused by rule, never by an overflowing sum (UBSan aborts on one, so these

@@ -109,7 +109,9 @@ struct TqAttendCall {
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   void* stream = nullptr;
-  bool exact = false;  // TqAttendArgs::exact
+  bool exact = false;            // TqAttendArgs::exact
+  float softcap = 0.0f;          // TqAttendArgs::softcap (docs/spec.md §1.8)
+  const float* sinks = nullptr;  // TqAttendArgs::sinks: [n_heads] in the backend's memory (docs/spec.md §1.9)
 
   const TqLayout& layout() const { return tables.layout; }
   std::int64_t rows() const { return batch * n_queries; }  // scratch rows in use

@@ -264,6 +264,10 @@ struct TqAttendArgs {
   // Attention in f32 against the oracle's 1e-5 (docs/spec.md §3) instead of the default bf16-class fast
   // path (1e-2); host backends are always exact. On cuda it keeps chunked prefill off the tensor-core path.
   bool exact = false;
+  // As AttentionParams (docs/spec.md §1.8, §1.9): every score softcap * tanh(scale * <q, k> / softcap)
+  // (0 = none), and optional f32 [n_heads] sink logits in the backend's memory (-inf = none for a head).
+  float softcap = 0.0f;
+  const float* sinks = nullptr;
 };
 
 void tq_encode_keys(Backend& backend, const TqEncodeArgs& args);
@@ -300,6 +304,14 @@ const std::vector<TqPreset>& tq_presets();
 // Error names the presets for an unknown name.
 TqLayout tq_preset_layout(const std::string& name, std::int64_t head_dim, std::int64_t n_kv_heads,
                           std::int64_t capacity);
+
+// What TqKvCache::attend passes on to tq_attend besides the cache and the queries (TqAttendArgs's fields).
+struct TqAttendOptions {
+  std::int64_t window = 0;       // > 0: row p sees only timesteps (p - window, p]
+  bool exact = false;            // f32 arithmetic instead of the backend's bf16-class fast paths
+  float softcap = 0.0f;          // docs/spec.md §1.8 (0 = none)
+  const float* sinks = nullptr;  // docs/spec.md §1.9: f32 [n_heads] in the backend's memory, or none
+};
 
 struct TqCacheConfig {
   std::int64_t layers = 1;
@@ -339,6 +351,9 @@ class TqKvCache {
   // `exact` as TqAttendArgs::exact: f32 arithmetic instead of the backend's bf16-class fast paths.
   void attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out,
               std::int64_t window = 0, bool exact = false);
+  // The same with every option of TqAttendOptions (softcap and sinks too).
+  void attend(std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out,
+              const TqAttendOptions& options);
   void set_stream(void* stream) { stream_ = stream; }
 
   const TqCacheConfig& config() const { return config_; }

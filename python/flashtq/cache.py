@@ -19,6 +19,7 @@ from torch import Tensor
 from flashtq import _flashtq as _ext
 from flashtq._errors import error
 from flashtq._tensors import view
+from flashtq.ops import _check_softcap, _pointer, _prepare_sinks
 
 
 _NAME = re.compile(r"^(k|m)([1-4])(?:o(\d+)x([1-4]))?v([2-4])(n)?(?:s(\d+))?(?:w(\d+))?(?:kg(\d+))?(?:vg(\d+))?$")
@@ -232,17 +233,20 @@ class TurboQuantCache:
 
     def attend(self, layer: int, q: Tensor, start_pos: Optional[int] = None, *, window: int = 0,
                scale: Optional[float] = None, layout: str = "bshd", out: Optional[Tensor] = None,
-               exact: bool = False) -> Tensor:
+               exact: bool = False, softcap: float = 0.0, sinks: Optional[Tensor] = None) -> Tensor:
         """Attention of q [B, n, H, D] at positions start_pos.. (default: the last n appended) over the packed
         words; row j sees timesteps [max(0, p - window + 1), p] with p = start_pos + j (window 0 = all).
         Returns f32 in q's layout (or writes `out`, f32, shaped like q). `exact`: f32 arithmetic (within 1e-5 of
-        the oracle) instead of the backend's bf16-class fast paths (within 1e-2; docs/spec.md §3)."""
+        the oracle) instead of the backend's bf16-class fast paths (within 1e-2; docs/spec.md §3). `softcap` and
+        `sinks` (f32 [H] on the cache's device, one logit per query head) as in flashtq.attention (SPEC §1.8-§1.9)."""
         if not isinstance(window, int) or window < 0:  # the library checks the sign, not that it is an integer
             raise error("window", f"must be an integer >= 0, got {window!r}")
         if not isinstance(exact, bool):
             raise error("exact", f"must be a bool, got {exact!r}")
+        _check_softcap(softcap)
         q = self._rows(q, "q", layout)
         n = q.shape[1]
+        sinks = _prepare_sinks(sinks, q.shape[2], q.device)
         if scale is not None:
             # The estimator is linear in q, so a scale other than the library's 1/sqrt(D) scales q.
             q = q * (float(scale) * math.sqrt(self.head_dim))
@@ -256,7 +260,8 @@ class TurboQuantCache:
             self._on_stream()
             for b, seq in enumerate(self._seqs):
                 pos = seq.length(layer) - n if start_pos is None else start_pos
-                seq.attend(layer, view(q[b:b + 1], "q"), pos, view(o[b:b + 1], "out"), window, exact)
+                seq.attend(layer, view(q[b:b + 1], "q"), pos, view(o[b:b + 1], "out"), window, exact, float(softcap),
+                           _pointer(sinks))
         return out
 
     def length(self, layer: int, seq: int = 0) -> int:

@@ -141,12 +141,17 @@ void bind_tq_cache(nb::module_& m) {
       .def(
           "attend",
           [](TqKvCache& c, std::int64_t layer, const TensorView& q, std::int64_t start_pos, const TensorView& out,
-             std::int64_t window, bool exact) {
+             std::int64_t window, bool exact, float softcap, std::uintptr_t sinks) {
+            TqAttendOptions options;
+            options.window = window;
+            options.exact = exact;
+            options.softcap = softcap;
+            options.sinks = reinterpret_cast<const float*>(sinks);
             nb::gil_scoped_release release;
-            c.attend(layer, q, start_pos, out, window, exact);
+            c.attend(layer, q, start_pos, out, options);
           },
           nb::arg("layer"), nb::arg("q"), nb::arg("start_pos"), nb::arg("out"), nb::arg("window") = 0,
-          nb::arg("exact") = false)
+          nb::arg("exact") = false, nb::arg("softcap") = 0.0f, nb::arg("sinks") = 0)
       .def(
           "set_stream", [](TqKvCache& c, std::uintptr_t stream) { c.set_stream(reinterpret_cast<void*>(stream)); },
           nb::arg("stream"))

@@ -58,6 +58,8 @@ struct TqCase {
   std::int64_t batch = 1;            // sequences attended in one call (attend only)
   std::vector<std::int32_t> starts;  // per-sequence start positions, or empty: start_pos for all
   bool exact = false;                // TqAttendArgs::exact
+  float softcap = 0;                 // TqAttendArgs::softcap (docs/spec.md §1.8)
+  bool sinks = false;                // TqAttendArgs::sinks: a logit per head from data_seed, some -inf (§1.9)
 
   std::string describe() const;
 };

@@ -1,11 +1,13 @@
 // Conformance checks of TurboQuant encode, query rotation and attention against the oracle.
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
 #include <functional>
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <random>
 #include <sstream>
 
 #include "conformance/conformance.hpp"
@@ -33,6 +35,8 @@ std::string TqCase::describe() const {
   if (layout.key_block) s << " key_block" << layout.key_block;
   if (layout.value_block) s << " value_block" << layout.value_block;
   if (exact) s << " exact";
+  if (softcap > 0) s << " softcap" << softcap;
+  if (sinks) s << " sinks";
   if (zero_rows) s << " zeros";
   if (batch > 1) s << " batch" << batch << (starts.empty() ? "" : " own-starts");
   s << " seed=" << seed << " data_seed=" << data_seed;
@@ -390,6 +394,15 @@ CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
   a.batch = c.batch;
   a.start_positions = c.starts.empty() ? nullptr : c.starts.data();
   a.exact = c.exact;
+  a.softcap = c.softcap;
+  std::vector<float> sinks;
+  if (c.sinks) {  // about the scores' size, a quarter of the heads without one
+    std::mt19937_64 rng(c.data_seed ^ 0x51a4c0de51a4c0deull);
+    std::normal_distribution<float> logit(0.5f, 1.5f);
+    sinks.resize(std::size_t(c.H));
+    for (float& x : sinks) x = rng() % 4 == 0 ? -std::numeric_limits<float>::infinity() : logit(rng);
+    a.sinks = sinks.data();
+  }
   a.k_cache = cache.keys.data();
   a.v_cache = cache.values.data();
   HostTensor out({c.batch, c.n_queries, c.H, c.layout.head_dim}, DType::f32, false);
@@ -399,8 +412,9 @@ CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
 
   out.poison();
   DeviceBuffer ds(backend, scratch), dk(backend, cache.keys), dv(backend, cache.values), dout(backend, out.bytes),
-      dstarts(backend, c.starts);
+      dstarts(backend, c.starts), dsinks(backend, sinks);
   a.scratch = static_cast<const float*>(ds.get());
+  if (c.sinks) a.sinks = static_cast<const float*>(dsinks.get());
   if (!c.starts.empty()) a.start_positions = static_cast<const std::int32_t*>(dstarts.get());
   a.k_cache = static_cast<const std::uint32_t*>(dk.get());
   a.v_cache = static_cast<const std::uint32_t*>(dv.get());
@@ -421,6 +435,13 @@ CheckResult check_tq_attend(Backend& backend, const TqCase& c) {
 }
 
 namespace {
+// A sixth of the cases cap their scores (docs/spec.md §1.8; Gemma 2 caps at 50), a sixth have sinks (§1.9).
+template <typename Range>
+void draw_softcap_and_sinks(TqCase& c, Range&& range) {
+  if (range(0, 5) == 0) c.softcap = std::array{0.5f, 5.0f, 30.0f}[std::size_t(range(0, 2))];
+  c.sinks = range(0, 5) == 0;
+}
+
 // Half the cases attend a batch of 2..4 sequences, half of those with their own start positions.
 template <typename Range>
 void draw_batch(TqCase& c, Range&& range) {
@@ -483,6 +504,7 @@ TqCase draw_tq_case(std::mt19937_64& rng, const Backend& backend) {
     c.dtype = std::array{DType::f32, DType::f16, DType::bf16}[std::size_t(range(0, 2))];
     c.zero_rows = range(0, 3) == 0;
     draw_batch(c, range);
+    draw_softcap_and_sinks(c, range);
     c.seed = rng();
     c.data_seed = rng();
     if (!backend.unsupported(c.layout)) return c;
@@ -519,6 +541,7 @@ TqCase draw_tq_decode_case(std::mt19937_64& rng, const Backend& backend) {
   c.dtype = std::array{DType::f32, DType::f16, DType::bf16}[std::size_t(range(0, 2))];
   c.zero_rows = range(0, 3) == 0;
   draw_batch(c, range);
+  draw_softcap_and_sinks(c, range);
   c.seed = rng();
   c.data_seed = rng();
   return c;

@@ -19,10 +19,12 @@ namespace flashtq::core {
 
 inline constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
 
-// The scaled product x = scale * <q, k> after the softcap (docs/spec.md §1.8), and the cap's derivative there.
-inline double softcapped(const DenseProblem& p, double x) {
-  return p.softcap > 0.0f ? double(p.softcap) * std::tanh(x / double(p.softcap)) : x;
+// The scaled product x = scale * <q, k> after a softcap (docs/spec.md §1.8; 0 = none), and the cap's
+// derivative there.
+inline double softcapped(float softcap, double x) {
+  return softcap > 0.0f ? double(softcap) * std::tanh(x / double(softcap)) : x;
 }
+inline double softcapped(const DenseProblem& p, double x) { return softcapped(p.softcap, x); }
 inline double softcap_slope(const DenseProblem& p, double x) {
   if (!(p.softcap > 0.0f)) return 1.0;
   const double t = std::tanh(x / double(p.softcap));

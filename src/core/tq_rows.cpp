@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/codebook.hpp"
+#include "core/dense_row.hpp"
 #include "core/elements.hpp"
 #include "core/half.hpp"
 #include "core/packing.hpp"
@@ -376,15 +377,18 @@ void tq_attend_row_head(const TqAttendCall& a, std::int64_t row, std::int64_t h)
         for (std::int64_t d = 0; d < D; ++d) dot += double(q_rot[d]) * mean_element(mean, d);
       }
     }
-    scores[std::size_t(t)] = scale * dot;
+    scores[std::size_t(t)] = softcapped(a.softcap, scale * dot);
     m = std::max(m, scores[std::size_t(t)]);
   }
   float* out = static_cast<float*>(a.out.data) + offset(a.out, b, j, h);
-  if (first == seq_len) {  // nothing visible
+  if (first == seq_len) {  // nothing visible (a sink alone has no value: zeros too)
     for (std::int64_t d = 0; d < D; ++d) out[d] = 0.0f;
     return;
   }
-  double sum = 0;
+  // Head h's sink logit joins the maximum and the sum (docs/spec.md §1.9); it has no value.
+  const double sink = a.sinks != nullptr ? double(a.sinks[h]) : -std::numeric_limits<double>::infinity();
+  m = std::max(m, sink);
+  double sum = std::exp(sink - m);
   for (std::int64_t t = first; t < seq_len; ++t) {
     const std::int64_t slot = slot0 + t;
     const double p = std::exp(scores[std::size_t(t)] - m);

@@ -79,6 +79,30 @@ void check_view(const std::string& name, const TensorView& t, const Backend& bac
 
 namespace {
 
+// docs/spec.md §1.8: 0 turns it off; a negative, infinite or NaN cap has no meaning.
+float checked_softcap(float softcap) {
+  if (!(softcap >= 0.0f && std::isfinite(softcap))) throw Error("softcap", "must be finite and >= 0 (0 = no softcap)");
+  return softcap;
+}
+
+// docs/spec.md §1.9: `heads` (named `heads_name`) f32 sink logits, each finite or -inf (no sink).
+const float* checked_sinks(const Backend& backend, const float* sinks, std::int64_t heads, const char* heads_name) {
+  if (sinks == nullptr) return nullptr;
+  check_pointer("sinks", sinks, alignof(float));
+  if (auto why = backend.foreign_pointer(sinks)) throw Error("sinks", *why);
+  // Host memory is read here; a device backend's sinks are the caller's to keep in range.
+  if (backend.memory() == Memory::host) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const float s = sinks[h];
+      if (std::isnan(s) || s == std::numeric_limits<float>::infinity()) {
+        throw Error("sinks", "sinks[" + std::to_string(h) + "] is " + std::to_string(s) + ": each of the " +
+                                 heads_name + " sink logits must be finite or -inf (no sink)");
+      }
+    }
+  }
+  return sinks;
+}
+
 void check_shape(const std::string& name, const TensorView& t, const std::array<std::int64_t, 4>& want,
                  const std::string& why) {
   if (t.shape != want) {
@@ -157,26 +181,8 @@ DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const 
     p.mask = params.mask;
     p.mask_strides = params.mask_strides;
   }
-  // docs/spec.md §1.8: 0 turns it off; a negative, infinite or NaN cap has no meaning.
-  if (!(params.softcap >= 0.0f && std::isfinite(params.softcap))) {
-    throw Error("softcap", "must be finite and >= 0 (0 = no softcap)");
-  }
-  p.softcap = params.softcap;
-  if (params.sinks != nullptr) {
-    check_pointer("sinks", params.sinks, alignof(float));
-    if (auto why = backend.foreign_pointer(params.sinks)) throw Error("sinks", *why);
-    // Host memory is read here; a device backend's sinks are the caller's to keep in range.
-    if (backend.memory() == Memory::host) {
-      for (std::int64_t h = 0; h < p.H; ++h) {
-        const float s = params.sinks[h];
-        if (std::isnan(s) || s == std::numeric_limits<float>::infinity()) {
-          throw Error("sinks", "sinks[" + std::to_string(h) + "] is " + std::to_string(s) +
-                                   ": each of the H sink logits must be finite or -inf (no sink)");
-        }
-      }
-    }
-    p.sinks = params.sinks;
-  }
+  p.softcap = checked_softcap(params.softcap);
+  p.sinks = checked_sinks(backend, params.sinks, p.H, "H");
   if (auto why = backend.unsupported(p)) throw Error("backend", backend.name() + ": " + *why);
   return p;
 }
@@ -409,6 +415,8 @@ TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
   if (a.window < 0 || a.window > kInt32Max) throw Error("window", "must be in [0, 2^31 - 1] (0 = no window)");
   c.window = a.window;
   c.exact = a.exact;
+  c.softcap = checked_softcap(a.softcap);
+  c.sinks = checked_sinks(backend, a.sinks, a.n_heads, "n_heads");
   const float inv_sqrt_d = float(1.0 / std::sqrt(double(l.head_dim)));
   c.scale = a.scale.value_or(inv_sqrt_d);
   c.qjl_scale = a.qjl_scale.value_or(float(std::sqrt(std::acos(-1.0) / 2.0) / std::sqrt(double(l.head_dim))));

@@ -35,4 +35,16 @@ std::pair<float, float> merge_partials(std::int64_t splits, std::int64_t D, Part
   return {M, L};
 }
 
+// A sink logit (docs/spec.md §1.9; -inf = none) joined to a merged row {M, L} and its unnormalised acc:
+// one more partial, with no value. A row that saw nothing (L = 0) gets {sink, 1} and keeps acc = 0.
+inline std::pair<float, float> join_sink(float sink, std::pair<float, float> row, std::int64_t D, float* acc) {
+  const auto [M, L] = row;
+  if (sink == -std::numeric_limits<float>::infinity() || std::isnan(L)) return row;
+  if (L == 0.0f) return {sink, 1.0f};
+  const float top = std::max(M, sink), keep = std::exp(M - top);
+  if (keep != 1.0f)
+    for (std::int64_t d = 0; d < D; ++d) acc[d] *= keep;
+  return {top, L * keep + std::exp(sink - top)};
+}
+
 }  // namespace flashtq::cpu

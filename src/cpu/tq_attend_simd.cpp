@@ -369,6 +369,8 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
     for (int g = 0; g < GT; ++g) {  // online softmax per head; w becomes p * |v_t|
       float* s = w[g];
       for (std::int64_t t = 0; t < n; ++t) s[t] = scores[t][g];
+      if (a.softcap > 0.0f)  // docs/spec.md §1.8, on the whole score (block means' dots included)
+        for (std::int64_t t = 0; t < n; ++t) s[t] = a.softcap * std::tanh(s[t] / a.softcap);  // all visible
       const float m_new = std::max(m[g], max_of(s, std::size_t(n)));
       const float corr = std::exp(m[g] - m_new);
       l[g] = l[g] * corr + exp_shift_sum(s, std::size_t(n), m_new);
@@ -508,14 +510,15 @@ bool tq_attend_simd(const TqAttendCall& a, int threads) {
     const std::int64_t b = row / a.n_queries, j = row % a.n_queries;
     std::vector<float> x(static_cast<std::size_t>(D));
     for (std::int64_t g = 0; g < G; ++g) {
-      const float L = merge_partials(
-                          splits, D,
-                          [&](std::int64_t s) {
-                            const float* u = part.data() + (r * splits + s) * G * (D + 2);
-                            return Partial{u[g], u[G + g], u + 2 * G + g * D};
-                          },
-                          x.data())
-                          .second;
+      const std::pair<float, float> keys = merge_partials(
+          splits, D,
+          [&](std::int64_t s) {
+            const float* u = part.data() + (r * splits + s) * G * (D + 2);
+            return Partial{u[g], u[G + g], u + 2 * G + g * D};
+          },
+          x.data());
+      const float sink = a.sinks != nullptr ? a.sinks[kvh * G + g] : -std::numeric_limits<float>::infinity();
+      const float L = join_sink(sink, keys, D, x.data()).second;
       for (float& e : x) e = L > 0.0f ? e / L : 0.0f;  // a row that sees nothing writes zeros
       core::inverse_rht(x.data(), D, a.tables.polar_sign_bits);
       float* out = static_cast<float*>(a.out.data) + core::offset(a.out, b, j, kvh * G + g);

@@ -191,6 +191,8 @@ DenseProblem tq_prefill_problem(const TqAttendCall& c) {
   p.causal = true;
   p.causal_offset = c.start_pos - first;
   p.window = c.window;
+  p.softcap = c.softcap;  // the rotation keeps every <q, k>: the dense kernels cap and sink the same scores
+  p.sinks = c.sinks;
   return p;
 }
 

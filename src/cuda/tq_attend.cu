@@ -151,7 +151,10 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   // Softmax statistics per head (warp g handles heads g, g + 4, ...); p becomes exp(s - max).
   for (int g = warp; g < HT; g += kThreads / 32) {
     float m = -INFINITY;
-    for (int tt = lane; tt < n; tt += 32) m = fmaxf(m, p[g][tt]);
+    for (int tt = lane; tt < n; tt += 32) {
+      if (a.softcap > 0.0f) p[g][tt] = capped_score(p[g][tt], a.softcap);
+      m = fmaxf(m, p[g][tt]);
+    }
     m = warp_max(m);
     float s = 0.0f;
     for (int tt = lane; tt < n; tt += 32) {
@@ -241,7 +244,9 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge(AttendParams a) {
   const std::int64_t row = blockIdx.x, z = row / a.H, h = row % a.H;
   const std::int64_t b = z / a.n_queries, j = z % a.n_queries;
   const float* ws = a.ws + row * a.n_splits * kStride;
-  float best = -INFINITY;
+  // Head h's sink logit (docs/spec.md §1.9): one more partial, with no value.
+  const float sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
+  float best = sink;
   for (int s = tid; s < a.n_splits; s += kMergeThreads) best = fmaxf(best, ws[s * kStride]);
   best = warp_max(best);
   if (lane == 0) warp_best[warp] = best;
@@ -282,7 +287,7 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge(AttendParams a) {
   __syncthreads();
   if (tid >= D) return;
   const int d = tid;
-  float L = 0.0f, total = 0.0f;
+  float L = sink == -INFINITY ? 0.0f : __expf(sink - M), total = 0.0f;
   for (int i = 0; i < kMergeWarps; ++i) {
     L += warp_sum_l[i];
     total += x[i][d];
@@ -432,6 +437,8 @@ void launch_tq_attend(const TqAttendCall& c, TqAttendKernel kernel) {
   a.n_splits = n_splits_of(c, kernel);
   a.split_tokens = int(split_tokens_of(c, kernel));
   a.window = c.window;
+  a.softcap = c.softcap;
+  a.sinks = c.sinks;
   const int ht = heads_per_block(c, kernel);
   a.n_tiles = int((c.group() + ht - 1) / ht);
   for (int i = 0; i < 16; ++i) {

@@ -34,6 +34,8 @@ struct AttendParams {
   int n_splits, n_tiles;
   int split_tokens;     // timesteps per block (split)
   std::int64_t window;  // 0 = none; else row p sees (p - window, p]
+  float softcap;        // TqAttendCall::softcap (0 = none)
+  const float* sinks;   // [H] or null (TqAttendCall::sinks): the merge joins them
   float key_centroids[16], value_centroids[16];
   float outlier_centroids[16];  // keys with outlier channels: part 0's codebook
   std::uint32_t polar_signs[8];
@@ -41,6 +43,12 @@ struct AttendParams {
 
 __device__ __forceinline__ float f16_low(std::uint32_t w) {
   return __half2float(__ushort_as_half(std::uint16_t(w & 0xFFFFu)));
+}
+
+// docs/spec.md §1.8 on a score in the units of `cap`: the softcap for natural-log scores, softcap * log2(e)
+// for base-2 ones (0 = none); a hidden timestep's -inf stays.
+__device__ __forceinline__ float capped_score(float s, float cap) {
+  return cap > 0.0f && s != -INFINITY ? cap * tanhf(s / cap) : s;
 }
 
 // Timesteps that row z = b * n_queries + j sees, clamped into [0, capacity].

@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
         const float polar = fmaf(p, k_unscale, k_offset), jl = fmaf(q, j_unscale, -j_sum);
         const std::uint32_t nw = cur.kn[nt][x];
         const float s = score_scale * f16_low(nw) * fmaf(f16_low(nw >> 16) * qjl, jl, polar);
-        score[nt][x] = (t0 + 8 * nt + 2 * tig + x < w_end) ? s : -INFINITY;
+        score[nt][x] = (t0 + 8 * nt + 2 * tig + x < w_end) ? capped_score(s, a.softcap * kLog2e) : -INFINITY;
       }
     }
     // ---- online softmax of head `head` over the tile ----

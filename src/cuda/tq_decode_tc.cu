@@ -152,7 +152,7 @@ __device__ __noinline__ void exact_split(const AttendParams& a, float* area, std
           if (g < heads) dot[g] = fmaf(q[g * D + 2 * x + 1], hi, fmaf(q[g * D + 2 * x], lo, dot[g]));
       }
 #pragma unroll
-      for (int g = 0; g < kHeads; ++g) w[g * kThreads + tid] = a.scale * dot[g];
+      for (int g = 0; g < kHeads; ++g) w[g * kThreads + tid] = capped_score(a.scale * dot[g], a.softcap);
     } else {
       for (int g = 0; g < kHeads; ++g) w[g * kThreads + tid] = -INFINITY;
     }
@@ -373,6 +373,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
       for (int x = 0; x < 2; ++x) {
         const int t = t0 + 8 * nt + 2 * col + x;
         score[nt][x] = r < heads && t >= lo && t < w_end ? (score[nt][x] + mean_dot) * score_scale : -INFINITY;
+        if (a.softcap > 0.0f) score[nt][x] = capped_score(score[nt][x], a.softcap * kLog2e);
       }
     // ---- online softmax of head r ----
     const float m_new = fmaxf(m, group_max(fmaxf(fmaxf(score[0][0], score[0][1]), fmaxf(score[1][0], score[1][1]))));

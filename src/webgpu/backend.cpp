@@ -502,9 +502,10 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   const Placed scratch = place(c.scratch, c.scratch_layout.floats(), 4, "scratch");
   const Placed keys = place(c.k_cache, c.batch * l.key_words(), 4, "k_cache");
   const Placed values = place(c.v_cache, c.batch * l.value_words(), 4, "v_cache");
-  Placed starts{ctx.dummy_buffer(0), 0};
+  Placed starts{ctx.dummy_buffer(0), 0}, sinks{ctx.dummy_buffer(0), 0};
   if (c.start_positions) starts = place(c.start_positions, c.batch, 4, "start_positions");
-  Outputs outputs({scratch.buffer, keys.buffer, values.buffer, starts.buffer});
+  if (c.sinks) sinks = place(c.sinks, c.n_heads, 4, "sinks");
+  Outputs outputs({scratch.buffer, keys.buffer, values.buffer, starts.buffer, sinks.buffer});
   const std::int64_t ws_floats = std::int64_t(tq_attend_workspace(c) / 4);
   const Placed ws = outputs.add(place(c.workspace, ws_floats, 4, "workspace"), ws_floats, 4);
   const Placed out = outputs.add(place(c.out, "out"), extent_elements(c.out), 4);
@@ -534,6 +535,7 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
       .u(l.value_mean_offset(), "v_cache")
       .u(l.mean_blocks(l.key_block), "k_cache")
       .u(l.mean_blocks(l.value_block), "v_cache");
+  P.f(c.softcap).u(c.sinks ? 1 : 0).u(sinks.offset, "sinks").u(0);
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   add_parts(P, coded_parts(l, true));
   for (int i = 0; i < 16; ++i) P.f(c.tables.key_centroids[std::size_t(i)]);
@@ -542,7 +544,8 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   dispatch_chunked("tq_attend#partial", P, row0,
                    {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}},
                    {splits, c.n_heads, rows}, 2);
-  dispatch_chunked("tq_attend#merge", P, row0, {{nullptr}, {nullptr}, {nullptr}, {nullptr}, {ws.buffer}, {out.buffer}},
+  dispatch_chunked("tq_attend#merge", P, row0,
+                   {{nullptr}, {nullptr}, {nullptr}, {nullptr}, {ws.buffer}, {out.buffer}, {sinks.buffer}},
                    {c.n_heads, rows, 1}, 1);
   outputs.finish();
 }

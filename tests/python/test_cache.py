@@ -94,6 +94,30 @@ def test_exact_attention_is_asked_for_by_a_bool(seed):
     assert e.value.argument == "exact"
 
 
+def test_softcap_and_sinks_reach_the_packed_attention(seed):
+    cache = flashtq.TurboQuantCache(1, 2, 64, 128, config="default")
+    k, v, q = torch.randn(1, 100, 2, 64), torch.randn(1, 100, 2, 64), torch.randn(1, 1, 4, 64)
+    cache.append(0, k, v)
+    plain = cache.attend(0, q)
+    # A sink holds weight e^s / (Z + e^s) and no value: out = plain * Z / (Z + e^s) with Z the row's own
+    # sum of weights, so two sink logits fix Z from the first and predict the second (SPEC §1.9).
+    s1, s2 = torch.tensor([0.5, -1.0, 2.0, 0.0]), torch.tensor([1.5, 0.3, -2.0, 3.0])
+    c1 = (cache.attend(0, q, sinks=s1) * plain).sum(-1) / (plain * plain).sum(-1)  # [1, 1, 4]
+    z = c1 * s1.exp() / (1 - c1)
+    predicted = plain * (z / (z + s2.exp())).unsqueeze(-1)
+    assert rel_err(cache.attend(0, q, sinks=s2), predicted) < 1e-4
+    assert torch.equal(cache.attend(0, q, sinks=torch.full((4,), float("-inf"))), plain)  # -inf: no sink
+    # A cap far above every score changes nothing; a tiny one flattens every score to 0 (SPEC §1.8), as a
+    # zero query does.
+    assert rel_err(cache.attend(0, q, softcap=1e6), plain) < 1e-5
+    assert rel_err(cache.attend(0, q, softcap=1e-4), cache.attend(0, torch.zeros_like(q))) < 1e-3
+    for bad, argument in [(dict(softcap=-1.0), "softcap"), (dict(softcap="x"), "softcap"),
+                          (dict(sinks=torch.zeros(3)), "sinks"), (dict(sinks=torch.tensor([0, 0, float("nan"), 0])), "sinks")]:
+        with pytest.raises(flashtq.FlashTQError) as e:
+            cache.attend(0, q, **bad)
+        assert e.value.argument == argument
+
+
 @pytest.mark.parametrize("device", [d for d in __import__("conftest").DEVICES if d != "cpu"] or ["cuda"])
 def test_device_cache_matches_the_host_cache(device, seed):
     if not __import__("conftest")._cuda_backend_ready():

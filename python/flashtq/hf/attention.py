@@ -44,13 +44,11 @@ def flashtq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     packed = getattr(key, "_flashtq_packed", None)
     if packed is not None:
         # Keys and values were appended to the packed cache by TurboQuantCache.update: attend there.
-        if softcap or sinks is not None:
-            raise error("softcap" if softcap else "s_aux", "the TurboQuant cache's attention has no softcap or "
-                                                           "attention sinks yet (SPEC §2 with §1.8-§1.9 is planned)")
         if attention_mask is not None:
             raise error("attention_mask", "the TurboQuant cache attends causally over every appended token; padded "
                                           "batches are not supported (run sequences of one length, or one at a time)")
-        out = packed.cache.attend(packed.layer, query.transpose(1, 2), window=window, scale=scaling)
+        out = packed.cache.attend(packed.layer, query.transpose(1, 2), window=window, scale=scaling, softcap=softcap,
+                                  sinks=sinks)
         return out.to(query.dtype), None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)

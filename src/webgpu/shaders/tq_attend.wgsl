@@ -24,6 +24,7 @@ struct Params {
   key_exact_off: u32, value_exact_off: u32, key_code_words: u32, key_norm_words: u32,
   n_parts: u32, outliers: u32, key_block: u32, value_block: u32,  // outliers: part 0 has its own centroids
   key_mean_off: u32, value_mean_off: u32, key_mean_blocks: u32, value_mean_blocks: u32,
+  softcap: f32, has_sinks: u32, sinks_off: u32, pad0: u32,  // docs/spec.md §1.8, §1.9 (softcap 0 = none)
   polar: array<vec4<u32>, 2>,
   parts: array<vec4<u32>, 6>,
   key_centroids: array<vec4<f32>, 4>,
@@ -38,6 +39,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> STARTS: array<i32>;
 @group(0) @binding(5) var<storage, read_write> WS: array<f32>;
 @group(0) @binding(6) var<storage, read_write> OUT: array<f32>;
+@group(0) @binding(7) var<storage, read> SINKS: array<f32>;
 
 const TILE: u32 = 128u;
 
@@ -184,6 +186,7 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
       }
       s = P.scale * dot;
     }
+    if (P.softcap > 0.0 && t < t_end) { s = P.softcap * softcap_tanh(s, P.softcap); }  // docs/spec.md §1.8
     weight[tid] = s;
     workgroupBarrier();
     if (tid == 0u) {
@@ -258,9 +261,13 @@ fn merge(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wi
   let row = P.row0 + wid.y;
   let D = P.D;
   let base = P.ws_off + (row * P.H + h) * P.splits * (D + 2u);
-  var M = bitcast<f32>(NEG_INF_BITS);
+  // Head h's sink logit (docs/spec.md §1.9; -inf = none): one more split, with no value.
+  var sink = bitcast<f32>(NEG_INF_BITS);
+  if (P.has_sinks != 0u) { sink = SINKS[P.sinks_off + h]; }
+  var M = sink;
   for (var s = 0u; s < P.splits; s++) { M = max(M, WS[base + s * (D + 2u)]); }
   var L = 0.0;
+  if (sink > bitcast<f32>(NEG_INF_BITS)) { L = exp(sink - M); }
   var x = 0.0;
   for (var s = 0u; s < P.splits; s++) {
     let at = base + s * (D + 2u);
