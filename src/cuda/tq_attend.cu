@@ -150,11 +150,10 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   __syncthreads();
   // Softmax statistics per head (warp g handles heads g, g + 4, ...); p becomes exp(s - max).
   for (int g = warp; g < HT; g += kThreads / 32) {
+    if (a.softcap > 0.0f)
+      for (int tt = lane; tt < n; tt += 32) p[g][tt] = capped_score(p[g][tt], a.softcap);
     float m = -INFINITY;
-    for (int tt = lane; tt < n; tt += 32) {
-      if (a.softcap > 0.0f) p[g][tt] = capped_score(p[g][tt], a.softcap);
-      m = fmaxf(m, p[g][tt]);
-    }
+    for (int tt = lane; tt < n; tt += 32) m = fmaxf(m, p[g][tt]);
     m = warp_max(m);
     float s = 0.0f;
     for (int tt = lane; tt < n; tt += 32) {

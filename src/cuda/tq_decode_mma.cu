@@ -62,6 +62,8 @@ struct TileStage {
   std::uint32_t key_norm[16], value_norm[16];
 };
 
+// kCapped: scores go through the softcap (a.softcap > 0), a template argument to keep the common loop free of it.
+template <bool kCapped>
 __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams a) {
   __shared__ KeyFragments frag;
   __shared__ float w_tile[kWarps][16][4];
@@ -221,7 +223,9 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
         const float polar = fmaf(p, k_unscale, k_offset), jl = fmaf(q, j_unscale, -j_sum);
         const std::uint32_t nw = cur.kn[nt][x];
         const float s = score_scale * f16_low(nw) * fmaf(f16_low(nw >> 16) * qjl, jl, polar);
-        score[nt][x] = (t0 + 8 * nt + 2 * tig + x < w_end) ? capped_score(s, a.softcap * kLog2e) : -INFINITY;
+        score[nt][x] = t0 + 8 * nt + 2 * tig + x >= w_end ? -INFINITY
+                       : kCapped                          ? capped_score(s, a.softcap * kLog2e)
+                                                          : s;
       }
     }
     // ---- online softmax of head `head` over the tile ----
@@ -333,7 +337,11 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
 static_assert(kD == tiles::kTqDecodeMmaDim, "kernel_choice.hpp's table names this kernel's head_dim");
 
 void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream) {
-  launch_dependent(mma_decode_kernel, grid, dim3(32 * kWarps), stream, "TurboQuant decode kernel", a);
+  if (a.softcap > 0.0f) {
+    launch_dependent(mma_decode_kernel<true>, grid, dim3(32 * kWarps), stream, "TurboQuant decode kernel", a);
+  } else {
+    launch_dependent(mma_decode_kernel<false>, grid, dim3(32 * kWarps), stream, "TurboQuant decode kernel", a);
+  }
 }
 
 }  // namespace flashtq::cuda

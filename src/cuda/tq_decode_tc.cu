@@ -213,7 +213,9 @@ __device__ __noinline__ void exact_split(const AttendParams& a, float* area, std
 // Blocks per SM the registers are held to (128 registers a thread up to D = 128).
 __host__ __device__ constexpr int min_blocks(int D) { return D <= 128 ? 4 : 2; }
 
-template <int D, int KB, int KO, int VB>
+// kCapped: scores go through the softcap (a.softcap > 0); a template argument, so that the common call's loop
+// has no test of it.
+template <int D, int KB, int KO, int VB, bool kCapped>
 __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(AttendParams a) {
   using S = Shape<D, KB, KO, VB>;
   constexpr int VW = S::kValueWords;
@@ -373,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
       for (int x = 0; x < 2; ++x) {
         const int t = t0 + 8 * nt + 2 * col + x;
         score[nt][x] = r < heads && t >= lo && t < w_end ? (score[nt][x] + mean_dot) * score_scale : -INFINITY;
-        if (a.softcap > 0.0f) score[nt][x] = capped_score(score[nt][x], a.softcap * kLog2e);
+        if constexpr (kCapped) score[nt][x] = capped_score(score[nt][x], a.softcap * kLog2e);
       }
     // ---- online softmax of head r ----
     const float m_new = fmaxf(m, group_max(fmaxf(fmaxf(score[0][0], score[0][1]), fmaxf(score[1][0], score[1][1]))));
@@ -509,11 +511,20 @@ __global__ void __launch_bounds__(kThreads) key_mean_dots_kernel(AttendParams a)
   }
 }
 
+template <int D, int KB, int KO, int VB, bool kCapped>
+void launch_capped(const AttendParams& a, dim3 grid, cudaStream_t stream) {
+  using S = Shape<D, KB, KO, VB>;
+  allow_shared_bytes<decode_tc_kernel<D, KB, KO, VB, kCapped>>(S::kBytes);
+  decode_tc_kernel<D, KB, KO, VB, kCapped><<<grid, kThreads, S::kBytes, stream>>>(a);
+}
+
 template <int D, int KB, int KO, int VB>
 void launch_widths(const AttendParams& a, dim3 grid, cudaStream_t stream) {
-  using S = Shape<D, KB, KO, VB>;
-  allow_shared_bytes<decode_tc_kernel<D, KB, KO, VB>>(S::kBytes);
-  decode_tc_kernel<D, KB, KO, VB><<<grid, kThreads, S::kBytes, stream>>>(a);
+  if (a.softcap > 0.0f) {
+    launch_capped<D, KB, KO, VB, true>(a, grid, stream);
+  } else {
+    launch_capped<D, KB, KO, VB, false>(a, grid, stream);
+  }
 }
 
 template <int D, std::size_t... I>
