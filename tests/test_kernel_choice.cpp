@@ -61,6 +61,7 @@ TEST(KernelChoice, DenseForwardGivesEachShapeItsFastPath) {
   EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 256), kAmpere), DenseForwardKernel::warp_per_row);
   EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::f32, 256), kHopper), DenseForwardKernel::warp_per_row);
   EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 48), kHopper), DenseForwardKernel::warp_per_row);
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 512), kHopper), DenseForwardKernel::warp_per_row);
 }
 
 TEST(KernelChoice, DenseForwardTakesTheTiledKernelsOnlyWhereTheirLoadsAndGridsHold) {
@@ -246,6 +247,7 @@ TEST(KernelChoiceOnGpu, EachDenseShapeRanItsKernel) {
       {DType::f32, 64, false, "dense_forward_tf32"},
       {DType::f32, 128, true, "dense_forward_ffma"},
       {DType::f32, 256, false, "dense_forward_warp_per_row"},
+      {DType::f16, 512, false, "dense_forward_warp_per_row"},  // no tiled kernel past 256 (16 dims a lane)
   };
   // Softcap and sinks (docs/spec.md §1.8, §1.9) ride on the same kernels: a mild cap, and sinks (one
   // head's -inf among them, from the conformance draw) that hold part of every row's weight.
@@ -264,6 +266,10 @@ TEST(KernelChoiceOnGpu, EachDenseShapeRanItsKernel) {
     const conformance::CheckResult back = conformance::check_backward(*b, bf16);
     EXPECT_TRUE(back.passed) << bf16.describe() << ": " << back.detail;
     EXPECT_EQ(back.kernel, hopper ? "dense_backward_wgmma" : "dense_backward_warp_per_row");
+    const conformance::DenseCase wide = with_features(dense_case(DType::bf16, 512));
+    const conformance::CheckResult wide_back = conformance::check_backward(*b, wide);
+    EXPECT_TRUE(wide_back.passed) << wide.describe() << ": " << wide_back.detail;
+    EXPECT_EQ(wide_back.kernel, "dense_backward_warp_per_row");
     const conformance::DenseCase f32 = with_features(dense_case(DType::f32, 256));
     const conformance::CheckResult exact = conformance::check_backward(*b, f32);
     EXPECT_TRUE(exact.passed) << f32.describe() << ": " << exact.detail;

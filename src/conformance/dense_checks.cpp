@@ -495,7 +495,7 @@ DenseCase backward_case(DenseCase c) {
 }
 
 DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend) {
-  return draw_case(rng, backend, {{1, 17, 32, 64, 96, 128, 256}, 2, 1, 24, 48, 24, 24});
+  return draw_case(rng, backend, {{1, 17, 32, 64, 96, 128, 256, 512}, 2, 1, 24, 48, 24, 24});
 }
 
 DenseCase draw_long_dense_case(std::mt19937_64& rng, const Backend& backend) {

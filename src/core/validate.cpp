@@ -25,7 +25,8 @@ namespace {
 
 constexpr std::int64_t kInt32Max = std::numeric_limits<std::int32_t>::max();
 constexpr std::int64_t kInt32Min = std::numeric_limits<std::int32_t>::min();
-constexpr std::int64_t kMaxHeadDim = 256;
+constexpr std::int64_t kMaxHeadDim = 512;        // dense attention (docs/spec.md §1)
+constexpr std::int64_t kMaxTqHeadDim = 256;      // TurboQuant: the kernels' tables and shared arrays
 constexpr std::int64_t kMaxExactTokens = 65536;  // sink or recent timesteps kept exact
 
 const char* memory_name(Memory m) {
@@ -136,7 +137,7 @@ DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const 
   check_dtype("k", k, q.dtype);
   check_dtype("v", v, q.dtype);
   check_dtype("out", out, q.dtype);
-  if (p.D > kMaxHeadDim) throw Error("q", "head_dim " + std::to_string(p.D) + " must be in [1, 256]");
+  if (p.D > kMaxHeadDim) throw Error("q", "head_dim " + std::to_string(p.D) + " must be in [1, 512]");
   if (p.H % p.Hkv != 0) {
     throw Error("k", "query heads (" + std::to_string(p.H) + ") must be a multiple of kv heads (" +
                          std::to_string(p.Hkv) + ")");
@@ -238,7 +239,7 @@ BackwardCall validate_backward(const Backend& backend, const BackwardArgs& a, co
 
 void validate_tq_layout(const TqLayout& l) {
   const std::int64_t d = l.head_dim;
-  if (d < 32 || d > kMaxHeadDim || (d & (d - 1)) != 0 || d % 32 != 0) {
+  if (d < 32 || d > kMaxTqHeadDim || (d & (d - 1)) != 0 || d % 32 != 0) {
     throw Error("head_dim", std::to_string(d) + " must be a power of two, a multiple of 32, and <= 256");
   }
   if (l.qjl && (l.key_bits < 1 || l.key_bits > 3)) throw Error("key_bits", "must be 1, 2 or 3 (plus the QJL bit)");

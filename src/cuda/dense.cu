@@ -17,7 +17,9 @@ namespace flashtq::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kMaxPerLane = 8;  // head_dim <= 256: lane owns dims lane + 32 e
+// Lane l owns dims l + 32 e, e < kPer: 8 up to head_dim 256, 16 up to 512 (kernels are instantiated for both,
+// so that the common head_dims keep the smaller register file).
+constexpr int kLanesDims = 8, kWideLaneDims = 16;
 
 struct RowIndex {
   std::int64_t b, h, s;
@@ -26,29 +28,29 @@ __device__ __forceinline__ RowIndex split_row(std::int64_t row, std::int64_t S, 
   return {row / S / H, (row / S) % H, row % S};
 }
 
-template <typename T>
-__device__ __forceinline__ void load_row(float (&x)[kMaxPerLane], const T* base, int D, int lane) {
+template <typename T, int kPer>
+__device__ __forceinline__ void load_row(float (&x)[kPer], const T* base, int D, int lane) {
 #pragma unroll
-  for (int e = 0; e < kMaxPerLane; ++e) {
+  for (int e = 0; e < kPer; ++e) {
     const int d = lane + 32 * e;
     x[e] = d < D ? to_float(base[d]) : 0.0f;
   }
 }
 
-template <typename T>
-__device__ __forceinline__ void store_row(T* base, const float (&x)[kMaxPerLane], float factor, int D, int lane) {
+template <typename T, int kPer>
+__device__ __forceinline__ void store_row(T* base, const float (&x)[kPer], float factor, int D, int lane) {
 #pragma unroll
-  for (int e = 0; e < kMaxPerLane; ++e) {
+  for (int e = 0; e < kPer; ++e) {
     const int d = lane + 32 * e;
     if (d < D) base[d] = from_float<T>(x[e] * factor);
   }
 }
 
-template <typename T>
-__device__ __forceinline__ float dot_row(const float (&x)[kMaxPerLane], const T* base, int D, int lane) {
+template <typename T, int kPer>
+__device__ __forceinline__ float dot_row(const float (&x)[kPer], const T* base, int D, int lane) {
   float acc = 0.0f;
 #pragma unroll
-  for (int e = 0; e < kMaxPerLane; ++e) {
+  for (int e = 0; e < kPer; ++e) {
     const int d = lane + 32 * e;
     if (d < D) acc = fmaf(x[e], to_float(base[d]), acc);
   }
@@ -79,7 +81,7 @@ __device__ __forceinline__ Score score_of(const DenseProblem& p, float dot, std:
 
 using repair::dropout_factor;
 
-template <typename T>
+template <typename T, int kPer>
 __global__ void __launch_bounds__(32 * kWarps)
     forward_kernel(DenseProblem p, TensorView qv, TensorView kv, TensorView vv, TensorView ov, float* lse) {
   const int lane = threadIdx.x % 32;
@@ -88,7 +90,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   const auto [b, h, i] = split_row(row, p.Sq, p.H);
   const std::int64_t hk = h / p.group();
   const int D = int(p.D);
-  float q[kMaxPerLane], acc[kMaxPerLane] = {};
+  float q[kPer], acc[kPer] = {};
   load_row(q, static_cast<const T*>(qv.data) + row_offset(qv, b, i, h), D, lane);
   float m = -INFINITY, l = 0.0f;
   const core::KeyRange range = core::key_range(p, i, i + 1);
@@ -103,7 +105,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     const float w = e * dropout_factor<float>(p, b, h, i, j);
     const T* vrow = static_cast<const T*>(vv.data) + row_offset(vv, b, j, hk);
 #pragma unroll
-    for (int x = 0; x < kMaxPerLane; ++x) {
+    for (int x = 0; x < kPer; ++x) {
       const int d = lane + 32 * x;
       acc[x] = acc[x] * corr + (d < D ? w * to_float(vrow[d]) : 0.0f);
     }
@@ -113,7 +115,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (!(m == -INFINITY && l == 0.0f) && !(isfinite(m) && isfinite(l) && l > 0.0f)) {
     const repair::RowStats exact = repair::row_stats<T>(p, qv, kv, b, h, i);
 #pragma unroll
-    for (int x = 0; x < kMaxPerLane; ++x) {
+    for (int x = 0; x < kPer; ++x) {
       const int d = lane + 32 * x;
       if (d < D) acc[x] = repair::output<T>(p, qv, kv, vv, exact, b, h, i, d);
     }
@@ -136,7 +138,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 }
 
 // dq for one query row: sum_j dS_ij k_j with dS = P (dP - D_i) scale.
-template <typename T>
+template <typename T, int kPer>
 __global__ void __launch_bounds__(32 * kWarps) dq_kernel(BackwardCall c) {
   const DenseProblem& p = c.p;
   const int lane = threadIdx.x % 32;
@@ -145,7 +147,7 @@ __global__ void __launch_bounds__(32 * kWarps) dq_kernel(BackwardCall c) {
   const auto [b, h, i] = split_row(row, p.Sq, p.H);
   const std::int64_t hk = h / p.group();
   const int D = int(p.D);
-  float q[kMaxPerLane], dout[kMaxPerLane], dq[kMaxPerLane] = {};
+  float q[kPer], dout[kPer], dq[kPer] = {};
   load_row(q, static_cast<const T*>(c.q.data) + row_offset(c.q, b, i, h), D, lane);
   load_row(dout, static_cast<const T*>(c.dout.data) + row_offset(c.dout, b, i, h), D, lane);
   const float delta = dot_row(dout, static_cast<const T*>(c.out.data) + row_offset(c.out, b, i, h), D, lane);
@@ -161,7 +163,7 @@ __global__ void __launch_bounds__(32 * kWarps) dq_kernel(BackwardCall c) {
     const float dp = dot_row(dout, static_cast<const T*>(c.v.data) + row_offset(c.v, b, j, hk), D, lane) * z;
     const float ds = prob * (dp - delta) * p.scale * s.slope;
 #pragma unroll
-    for (int x = 0; x < kMaxPerLane; ++x) {
+    for (int x = 0; x < kPer; ++x) {
       const int d = lane + 32 * x;
       if (d < D) dq[x] = fmaf(ds, to_float(krow[d]), dq[x]);
     }
@@ -170,7 +172,7 @@ __global__ void __launch_bounds__(32 * kWarps) dq_kernel(BackwardCall c) {
 }
 
 // dk, dv for one key row, summing over every query head of its group and every row that sees it.
-template <typename T>
+template <typename T, int kPer>
 __global__ void __launch_bounds__(32 * kWarps) dkdv_kernel(BackwardCall c) {
   const DenseProblem& p = c.p;
   const int lane = threadIdx.x % 32;
@@ -178,7 +180,7 @@ __global__ void __launch_bounds__(32 * kWarps) dkdv_kernel(BackwardCall c) {
   if (row >= p.B * p.Hkv * p.Sk) return;
   const auto [b, hk, j] = split_row(row, p.Sk, p.Hkv);
   const int D = int(p.D);
-  float k[kMaxPerLane], v[kMaxPerLane], dk[kMaxPerLane] = {}, dv[kMaxPerLane] = {};
+  float k[kPer], v[kPer], dk[kPer] = {}, dv[kPer] = {};
   load_row(k, static_cast<const T*>(c.k.data) + row_offset(c.k, b, j, hk), D, lane);
   load_row(v, static_cast<const T*>(c.v.data) + row_offset(c.v, b, j, hk), D, lane);
   // Rows that can see key j: causal needs i >= j - offset, the window |i + offset - j| < window.
@@ -197,18 +199,18 @@ __global__ void __launch_bounds__(32 * kWarps) dkdv_kernel(BackwardCall c) {
       const T* qrow = static_cast<const T*>(c.q.data) + row_offset(c.q, b, i, h);
       const Score s = score_of(p, dot_row(k, qrow, D, lane), b, h, i, j);
       if (s.s == -INFINITY) continue;
-      float dout[kMaxPerLane];
+      float dout[kPer];
       load_row(dout, static_cast<const T*>(c.dout.data) + row_offset(c.dout, b, i, h), D, lane);
       const float delta = dot_row(dout, static_cast<const T*>(c.out.data) + row_offset(c.out, b, i, h), D, lane);
       const float prob = fminf(expf(s.s - row_lse), 1.0f);  // a probability (docs/spec.md §3)
       const float z = dropout_factor<float>(p, b, h, i, j);
       float dp = 0.0f;
 #pragma unroll
-      for (int x = 0; x < kMaxPerLane; ++x) dp = fmaf(dout[x], v[x], dp);
+      for (int x = 0; x < kPer; ++x) dp = fmaf(dout[x], v[x], dp);
       dp = warp_sum(dp) * z;
       const float ds = prob * (dp - delta) * p.scale * s.slope;
 #pragma unroll
-      for (int x = 0; x < kMaxPerLane; ++x) {
+      for (int x = 0; x < kPer; ++x) {
         const int d = lane + 32 * x;
         if (d < D) {
           dv[x] = fmaf(prob * z, dout[x], dv[x]);
@@ -240,7 +242,12 @@ void launch_dense_forward(const ForwardCall& c, DenseForwardKernel kernel) {
   auto stream = static_cast<cudaStream_t>(c.stream);
   by_dtype(c.p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    forward_kernel<T><<<blocks_for(c.p.B * c.p.H * c.p.Sq), 32 * kWarps, 0, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
+    const unsigned blocks = blocks_for(c.p.B * c.p.H * c.p.Sq);
+    if (c.p.D <= 32 * kLanesDims) {
+      forward_kernel<T, kLanesDims><<<blocks, 32 * kWarps, 0, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
+    } else {
+      forward_kernel<T, kWideLaneDims><<<blocks, 32 * kWarps, 0, stream>>>(c.p, c.q, c.k, c.v, c.out, c.lse);
+    }
   });
   FLASHTQ_CUDA_CHECK_LAUNCH("dense forward kernel");
 }
@@ -255,8 +262,14 @@ void launch_dense_backward(const BackwardCall& c, DenseBackwardKernel kernel) {
   auto stream = static_cast<cudaStream_t>(c.stream);
   by_dtype(c.p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    dq_kernel<T><<<blocks_for(c.p.B * c.p.H * c.p.Sq), 32 * kWarps, 0, stream>>>(c);
-    dkdv_kernel<T><<<blocks_for(c.p.B * c.p.Hkv * c.p.Sk), 32 * kWarps, 0, stream>>>(c);
+    const unsigned q_blocks = blocks_for(c.p.B * c.p.H * c.p.Sq), kv_blocks = blocks_for(c.p.B * c.p.Hkv * c.p.Sk);
+    if (c.p.D <= 32 * kLanesDims) {
+      dq_kernel<T, kLanesDims><<<q_blocks, 32 * kWarps, 0, stream>>>(c);
+      dkdv_kernel<T, kLanesDims><<<kv_blocks, 32 * kWarps, 0, stream>>>(c);
+    } else {
+      dq_kernel<T, kWideLaneDims><<<q_blocks, 32 * kWarps, 0, stream>>>(c);
+      dkdv_kernel<T, kWideLaneDims><<<kv_blocks, 32 * kWarps, 0, stream>>>(c);
+    }
   });
   FLASHTQ_CUDA_CHECK_LAUNCH("dense backward kernels");
 }

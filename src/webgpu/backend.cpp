@@ -126,6 +126,11 @@ void dispatch_chunked(const std::string& kernel, Params P, std::size_t first_at,
   }
 }
 
+// The dense kernel `shader`, its wide variant past head_dim 256 (each thread holds up to 512 of a row).
+std::string wide_rows(const std::string& shader, const DenseProblem& p) {
+  return p.D > 256 ? shader + "@wide" : shader;
+}
+
 // Keys (or query rows) per workgroup-memory tile: 512 vec4 per operand.
 std::int64_t tile_rows(std::int64_t D) { return std::min<std::int64_t>(64, 2048 / D); }
 
@@ -224,7 +229,7 @@ class WebGpuBackend final : public Backend {
     P.u(lse.offset, "lse").f(p.softcap).u(p.sinks ? 1 : 0).u(sinks.offset, "sinks");
     const std::size_t y0 = P.size();
     P.u(0).u(0).u(0);
-    dispatch_chunked("dense_forward", P, y0,
+    dispatch_chunked(wide_rows("dense_forward", p), P, y0,
                      {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}, {sinks.buffer}},
                      {groups(p.Sq, 64), p.B * p.H, 1}, 1);
     outputs.finish();
@@ -264,9 +269,10 @@ class WebGpuBackend final : public Backend {
       all.insert(all.end(), outs);
       return all;
     };
-    dispatch_chunked("dense_backward#dq", P, y0, with({{dq.buffer}}), {groups(p.Sq, 64), p.B * p.H, 1}, 1);
-    dispatch_chunked("dense_backward#dkdv", P, y0, with({{dk.buffer}, {dv.buffer}}), {groups(p.Sk, 64), p.B * p.Hkv, 1},
-                     1);
+    dispatch_chunked(wide_rows("dense_backward", p) + "#dq", P, y0, with({{dq.buffer}}),
+                     {groups(p.Sq, 64), p.B * p.H, 1}, 1);
+    dispatch_chunked(wide_rows("dense_backward", p) + "#dkdv", P, y0, with({{dk.buffer}, {dv.buffer}}),
+                     {groups(p.Sk, 64), p.B * p.Hkv, 1}, 1);
     if (c.dsinks) {  // from the delta the dq kernel wrote
       const Placed dsinks = outputs.add(place(c.dsinks, p.H, 4, "dsinks"), p.H, 4);
       Params S;

@@ -411,13 +411,28 @@ void Context::download(void* dst, const void* src, std::size_t bytes) {
   if (mr.status != WGPUMapAsyncStatus_Success) throw Error("webgpu", "reading a buffer back failed: " + mr.message);
 }
 
+// Variant `variant` of a shader's source (a kernel named "shader@variant"): "wide" holds rows of head_dim up to 512
+// in each thread's arrays instead of 256 (a constant the dense kernels size them by).
+static std::string shader_variant(std::string source, const std::string& variant) {
+  const std::string narrow = "const MAX_D4: u32 = 64u;";
+  const std::size_t at = source.find(narrow);
+  if (variant != "wide" || at == std::string::npos) {
+    throw Error("webgpu", "internal: no shader variant '" + variant + "' of this shader");
+  }
+  return source.replace(at, narrow.size(), "const MAX_D4: u32 = 128u;");
+}
+
 void* Context::pipeline(const std::string& kernel) {
   auto it = pipelines_.find(kernel);
   if (it != pipelines_.end()) return it->second;
   const std::size_t hash = kernel.find('#');
-  const std::string name = kernel.substr(0, hash), entry = hash == std::string::npos ? "main" : kernel.substr(hash + 1);
-  const std::string source = shader_source(name);
+  const std::string shader = kernel.substr(0, hash),
+                    entry = hash == std::string::npos ? "main" : kernel.substr(hash + 1);
+  const std::size_t at = shader.find('@');
+  const std::string name = shader.substr(0, at);
+  std::string source = shader_source(name);
   if (source.empty()) throw Error("webgpu", "no embedded shader named " + name);
+  if (at != std::string::npos) source = shader_variant(source, shader.substr(at + 1));
   const Api& w = *api_;
   ErrorScopes scopes(w, dev_->device);
   WGPUShaderSourceWGSL wgsl{};

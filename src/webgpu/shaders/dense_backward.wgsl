@@ -36,6 +36,8 @@ struct Params {
 @group(0) @binding(10) var<storage, read_write> G2: array<atomic<u32>>; // dv (dkdv only)
 
 const ROWS: u32 = 64u;
+// head_dim / 4 at most: what a thread holds of a row; the "wide" variant (head_dim up to 512) has 128.
+const MAX_D4: u32 = 64u;
 
 fn ld(sel: u32, i: u32) -> f32 {
   let w = word_of(i, P.dtype);
@@ -103,9 +105,9 @@ fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
   let row = wid.x * ROWS + lid.x;
   let valid = row < P.Sq;
   let bh = b * P.H + h;
-  var q: array<vec4<f32>, 64>;
-  var dout: array<vec4<f32>, 64>;
-  var acc: array<vec4<f32>, 64>;
+  var q: array<vec4<f32>, MAX_D4>;
+  var dout: array<vec4<f32>, MAX_D4>;
+  var acc: array<vec4<f32>, MAX_D4>;
   var delta = 0.0;
   var lse = 0.0;
   var live = false;  // the row sees at least one key
@@ -182,10 +184,10 @@ fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   let group = P.H / P.Hkv;
   let j = wid.x * ROWS + lid.x;
   let valid = j < P.Sk;
-  var k: array<vec4<f32>, 64>;
-  var v: array<vec4<f32>, 64>;
-  var dk: array<vec4<f32>, 64>;
-  var dv: array<vec4<f32>, 64>;
+  var k: array<vec4<f32>, MAX_D4>;
+  var v: array<vec4<f32>, MAX_D4>;
+  var dk: array<vec4<f32>, MAX_D4>;
+  var dv: array<vec4<f32>, MAX_D4>;
   for (var c = 0u; c < d4; c++) {
     k[c] = vec4<f32>(0.0);
     v[c] = vec4<f32>(0.0);

@@ -27,6 +27,8 @@ struct Params {
 @group(0) @binding(7) var<storage, read> SINKS: array<f32>;
 
 const ROWS: u32 = 64u;
+// head_dim / 4 at most: what a thread holds of a row; the "wide" variant (head_dim up to 512) has 128.
+const MAX_D4: u32 = 64u;
 // Scores are computed in units of 2^64 (q is scaled by 2^-64, exactly), so that scores past f32's range
 // (up to 2^64 times it) still give the oracle's softmax (docs/spec.md §3): a power of two changes no
 // rounding, and only products below 2^-62 lose bits (to subnormals or flushing), far below f32's
@@ -71,8 +73,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   let row0 = wid.x * ROWS;
   let row = row0 + lid.x;
   let valid = row < P.Sq;
-  var q: array<vec4<f32>, 64>;
-  var acc: array<vec4<f32>, 64>;
+  var q: array<vec4<f32>, MAX_D4>;
+  var acc: array<vec4<f32>, MAX_D4>;
   let q_base = P.q_off + b * P.q_sb + row * P.q_ss + h * P.q_sh;
   for (var c = 0u; c < d4; c++) {
     acc[c] = vec4<f32>(0.0);
