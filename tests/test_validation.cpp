@@ -88,8 +88,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadDense{"heads_not_multiple", "k", [](Dense&, ForwardArgs& a, AttentionParams&) {
                    a.k.shape[2] = 3; a.v.shape[2] = 3; }},
         BadDense{"head_dim_too_large", "q", [](Dense&, ForwardArgs& a, AttentionParams&) {
-                   static HostTensor big({1, 1, 1, 300}, DType::f32, false);
-                   static HostTensor bigk({1, 1, 1, 300}, DType::f32, false);
+                   static HostTensor big({1, 1, 1, 600}, DType::f32, false);
+                   static HostTensor bigk({1, 1, 1, 600}, DType::f32, false);
                    a.q = big.view; a.k = bigk.view; a.v = bigk.view; a.out = bigk.view; }},
         BadDense{"dtype_mismatch", "k", [](Dense&, ForwardArgs& a, AttentionParams&) { a.k.dtype = DType::f16; }},
         BadDense{"dtype_not_a_dtype", "q", [](Dense&, ForwardArgs& a, AttentionParams&) {

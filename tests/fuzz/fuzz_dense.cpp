@@ -67,8 +67,8 @@ void mutate(FuzzedDataProvider& fdp, Problem& pr) {
     case 1: v.memory = Memory(fdp.ConsumeIntegralInRange<std::uint8_t>(0, 3)); break;
     case 2: v.shape[fdp.ConsumeIntegralInRange(0, 3)] = fuzz::interesting_int64(fdp); break;
     case 3: v.strides[fdp.ConsumeIntegralInRange(0, 3)] = fuzz::interesting_int64(fdp); break;
-    case 4:  // a dimension that stays small: shapes that disagree, H not a multiple of Hkv, D > 256
-      v.shape[fdp.ConsumeIntegralInRange(0, 3)] = fdp.ConsumeIntegralInRange<std::int64_t>(0, 300);
+    case 4:  // a dimension that stays small: shapes that disagree, H not a multiple of Hkv, D > 512
+      v.shape[fdp.ConsumeIntegralInRange(0, 3)] = fdp.ConsumeIntegralInRange<std::int64_t>(0, 600);
       break;
   }
 }
@@ -87,7 +87,7 @@ std::string call_invalid(const Problem& pr, bool backward) {
   for (int i : {K, V, OUT})
     if (t[i].view.dtype != t[Q].view.dtype) return std::string(kNames[i]) + ": dtype of q";
   const std::int64_t B = q[0], Sq = q[1], H = q[2], D = q[3], Sk = k[1], Hkv = k[2];
-  if (D > 256) return "head_dim > 256";
+  if (D > 512) return "head_dim > 512";
   if (H % Hkv != 0) return "H % Hkv";
   if (Sq > fuzz::kInt32Max || Sk > fuzz::kInt32Max) return "sequence beyond int32";
   if ((__int128)B * H > fuzz::kInt32Max) return "batch * heads beyond int32";
@@ -237,8 +237,9 @@ void compare(const std::vector<float>& x, const std::vector<float>& ref, DType d
 Problem draw(FuzzedDataProvider& fdp) {
   Problem pr;
   // Sane shapes first: every tensor small, the call cheap.
-  static constexpr std::int64_t dims[] = {1, 2, 3, 4, 7, 8, 16, 31, 32, 33, 64, 65, 96, 127, 128, 129, 255, 256};
-  const std::int64_t D = fdp.ConsumeBool() ? fdp.PickValueInArray(dims) : fdp.ConsumeIntegralInRange(1, 256);
+  static constexpr std::int64_t dims[] = {1,  2,  3,  4,   7,   8,   16,  31,  32,  33,
+                                          64, 65, 96, 127, 128, 129, 255, 256, 257, 512};
+  const std::int64_t D = fdp.ConsumeBool() ? fdp.PickValueInArray(dims) : fdp.ConsumeIntegralInRange(1, 512);
   const std::int64_t B = fdp.ConsumeIntegralInRange(1, 3), Hkv = fdp.ConsumeIntegralInRange(1, 3);
   const std::int64_t H = Hkv * fdp.ConsumeIntegralInRange(1, 3);
   const std::int64_t max_s = std::max<std::int64_t>(1, std::min<std::int64_t>(48, kMaxElements / (B * H * D)));
