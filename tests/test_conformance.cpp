@@ -29,18 +29,32 @@ std::vector<SuiteCase> suite_cases() {
   return cases;
 }
 
+std::vector<std::string> backend_names() {
+  std::vector<std::string> names;
+  for (const Backend* b : all_backends()) names.push_back(b->name());
+  return names;
+}
+
+Backend& named_backend(const std::string& name) {
+  Backend* found = nullptr;
+  for (Backend* b : all_backends())
+    if (b->name() == name) found = b;
+  return *found;
+}
+
+void expect_pass(const conformance::CheckResult& r) {
+  EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " "
+                        << r.detail;
+}
+
+// A backend that is compiled in but has no device here skips its cases, saying so.
+#define SKIP_WITHOUT_DEVICE(b) \
+  if (!(b).available())        \
+  GTEST_SKIP() << "backend '" << (b).name() << "' is compiled in but not available here (no device)"
+
 class Conformance : public ::testing::TestWithParam<SuiteCase> {
  protected:
-  Backend& under_test() {
-    Backend* found = nullptr;
-    for (Backend* b : all_backends())
-      if (b->name() == GetParam().backend) found = b;
-    return *found;
-  }
-  static void expect_pass(const conformance::CheckResult& r) {
-    EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " "
-                          << r.detail;
-  }
+  Backend& under_test() { return named_backend(GetParam().backend); }
   std::mt19937_64 rng = test_rng();
 };
 
@@ -97,18 +111,13 @@ INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(suite_cases(
 class LongSequences : public ::testing::TestWithParam<SuiteCase> {};
 
 TEST_P(LongSequences, DenseForwardAndBackward) {
-  Backend* b = nullptr;
-  for (Backend* x : all_backends())
-    if (x->name() == GetParam().backend) b = x;
-  if (!b->available())
-    GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
+  Backend* b = &named_backend(GetParam().backend);
+  SKIP_WITHOUT_DEVICE(*b);
   std::mt19937_64 rng = test_rng();
   const auto c = conformance::draw_long_dense_case(rng, *b);
   for (const auto& r :
-       {conformance::check_forward(*b, c), conformance::check_backward(*b, conformance::backward_case(c))}) {
-    EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " "
-                          << r.detail;
-  }
+       {conformance::check_forward(*b, c), conformance::check_backward(*b, conformance::backward_case(c))})
+    expect_pass(r);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, LongSequences, ::testing::ValuesIn([] {
@@ -120,15 +129,12 @@ INSTANTIATE_TEST_SUITE_P(Backends, LongSequences, ::testing::ValuesIn([] {
                          [](const auto& info) { return info.param.backend + "_" + std::to_string(info.param.index); });
 
 // head_dim 512 (docs/spec.md §1: every backend takes D in {32, 64, 96, 128, 256, 512}), forward and backward in every
-// dtype, with GQA, causal rows and the features drawn alike (softcap, sinks, mask, dropout, window).
+// dtype, with GQA and, drawn per dtype, causal rows, softcap, sinks and dropout.
 class HeadDim512 : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HeadDim512, DenseForwardAndBackward) {
-  Backend* b = nullptr;
-  for (Backend* x : all_backends())
-    if (x->name() == GetParam()) b = x;
-  if (!b->available())
-    GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
+  Backend* b = &named_backend(GetParam());
+  SKIP_WITHOUT_DEVICE(*b);
   std::mt19937_64 rng = test_rng();
   for (const DType t : {DType::f32, DType::f16, DType::bf16}) {
     conformance::DenseCase c;
@@ -141,18 +147,11 @@ TEST_P(HeadDim512, DenseForwardAndBackward) {
     c.seed = std::uint32_t(rng());
     c.data_seed = rng();
     ASSERT_FALSE(b->unsupported(c.shape())) << *b->unsupported(c.shape());
-    for (const auto& r : {conformance::check_forward(*b, c), conformance::check_backward(*b, c)}) {
-      EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " "
-                            << r.detail;
-    }
+    for (const auto& r : {conformance::check_forward(*b, c), conformance::check_backward(*b, c)}) expect_pass(r);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, HeadDim512, ::testing::ValuesIn([] {
-                           std::vector<std::string> names;
-                           for (const Backend* b : all_backends()) names.push_back(b->name());
-                           return names;
-                         }()),
+INSTANTIATE_TEST_SUITE_P(Backends, HeadDim512, ::testing::ValuesIn(backend_names()),
                          [](const auto& info) { return info.param; });
 
 // Thousands of keys per row: error that grows with the key count shows only here (the suites above
@@ -161,11 +160,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, HeadDim512, ::testing::ValuesIn([] {
 class LongKeyRanges : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LongKeyRanges, F32Forward) {
-  Backend* b = nullptr;
-  for (Backend* x : all_backends())
-    if (x->name() == GetParam()) b = x;
-  if (!b->available())
-    GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
+  Backend* b = &named_backend(GetParam());
+  SKIP_WITHOUT_DEVICE(*b);
   std::mt19937_64 rng = test_rng();
   conformance::DenseCase c;
   c.B = 1;
@@ -179,17 +175,11 @@ TEST_P(LongKeyRanges, F32Forward) {
   for (bool pedantic : {false, true}) {  // cuda: error-compensated TF32, then FFMA
     c.pedantic = pedantic;
     c.data_seed = rng();
-    const auto r = conformance::check_forward(*b, c);
-    EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " > " << r.tolerance << " "
-                          << r.detail;
+    expect_pass(conformance::check_forward(*b, c));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, LongKeyRanges, ::testing::ValuesIn([] {
-                           std::vector<std::string> names;
-                           for (const Backend* b : all_backends()) names.push_back(b->name());
-                           return names;
-                         }()),
+INSTANTIATE_TEST_SUITE_P(Backends, LongKeyRanges, ::testing::ValuesIn(backend_names()),
                          [](const auto& info) { return info.param; });
 
 // Shapes whose launch grids pass a GPU's per-dimension limits (65535 blocks in y and z): more query
@@ -197,15 +187,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, LongKeyRanges, ::testing::ValuesIn([] {
 class LargeGrids : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LargeGrids, TurboQuantRowsAndDenseHeads) {
-  Backend* b = nullptr;
-  for (Backend* x : all_backends())
-    if (x->name() == GetParam()) b = x;
-  if (!b->available())
-    GTEST_SKIP() << "backend '" << b->name() << "' is compiled in but not available here (no device)";
+  Backend* b = &named_backend(GetParam());
+  SKIP_WITHOUT_DEVICE(*b);
   std::mt19937_64 rng = test_rng();
-  auto expect_pass = [](const conformance::CheckResult& r) {
-    EXPECT_TRUE(r.passed) << r.op << " [" << r.description << "] error " << r.error << " " << r.detail;
-  };
   conformance::TqCase tq;
   tq.layout.head_dim = 32;
   tq.tokens = tq.layout.capacity = 70004;
@@ -223,11 +207,7 @@ TEST_P(LargeGrids, TurboQuantRowsAndDenseHeads) {
   expect_pass(conformance::check_forward(*b, dense));
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, LargeGrids, ::testing::ValuesIn([] {
-                           std::vector<std::string> names;
-                           for (const Backend* b : all_backends()) names.push_back(b->name());
-                           return names;
-                         }()),
+INSTANTIATE_TEST_SUITE_P(Backends, LargeGrids, ::testing::ValuesIn(backend_names()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
