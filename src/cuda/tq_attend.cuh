@@ -103,5 +103,7 @@ void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream);
 constexpr int kTcHeads = 8;
 constexpr int kTcSplitTokens = 256;  // least timesteps per split
 void launch_tc_decode(const AttendParams& a, dim3 grid, cudaStream_t stream);
+// <q_rot, mu_b> of every (row of this launch, head, key block) into a.key_mean_dots (tq_key_mean_dots.cu).
+void launch_key_mean_dots(const AttendParams& a, unsigned rows, cudaStream_t stream);
 
 }  // namespace flashtq::cuda

@@ -16,7 +16,7 @@
 // inside one part of a key with outlier channels (kernel_choice serves outlier counts that are multiples of
 // 32), and a part's dot product is scaled by its norm as the part ends. Values: the lanes of mma row r own
 // dims r D / 8 .. r D / 8 + D / 8 - 1 of every timestep, 8 dims (one 32-bit window) at a time.
-// Block means: <q, mu> per (row, head, key block) comes from key_mean_dots_kernel, launched before; a value
+// Block means: <q, mu> per (row, head, key block) comes from tq_key_mean_dots.cu, launched before; a value
 // block's mean is added once per warp and block, weighted by the warp's probabilities of that block.
 // Exact sink and recent timesteps are a split of their own (the last; a call its blocks make, so its registers do
 // not count against the tiles'), in f32 from their bf16 rows. The
@@ -72,25 +72,56 @@ __device__ __forceinline__ int lead_of(const std::uint32_t* src, bool vector) {
   return vector ? int((reinterpret_cast<std::uintptr_t>(src) >> 2) & 3u) : 0;
 }
 
-// Starts copying words [src, src + n) to the stage at shared address `stage`, word lead_of(src) on: 16 bytes at
-// a time with `vector` (the caches start on 16 bytes, so the words before src that the first copy takes are the
-// caches' own), the last words one at a time, so nothing past src + n is read.
-__device__ __forceinline__ void stage_words(unsigned stage, const std::uint32_t* src, int n, bool vector, int lane) {
+// Starts copying words [src, src + n) to the stage at shared address `stage`, word `lead` on (lead_of(src,
+// vector), which a warp's tiles share: a tile's words start 64 kw bytes after the last's): 16 bytes at a time
+// with `vector` (the caches start on 16 bytes, so the words before src that the first copy takes are the caches'
+// own), the last words one at a time, so nothing past src + n is read.
+__device__ __forceinline__ void stage_words(unsigned stage, const std::uint32_t* src, int n, bool vector, int lead,
+                                            int lane) {
   if (!vector) {
     for (int i = lane; i < n; i += 32) cp_async4(stage + 4 * i, src + i);
     return;
   }
-  const int lead = lead_of(src, true);
   const std::uint32_t* base = src - lead;
   const int total = lead + n, chunks = total >> 2;
   for (int c = lane; c < chunks; c += 32) cp_async16(stage + 16 * c, base + 4 * c);
   for (int i = 4 * chunks + lane; i < total; i += 32) cp_async4(stage + 4 * i, base + i);
 }
 
+// stage_words for a full tile of 16-byte-aligned caches: the `total` words from `base` (16-byte aligned, lead
+// included; at most kStageWords), in a fixed number of predicated 16-byte copies at constant offsets from one
+// address per lane, then the last total % 4 words one at a time. The general loop's 64-bit address arithmetic
+// per copy cost the kernel a quarter of its instructions.
+template <int kStageWords>
+__device__ __forceinline__ void stage_tile(unsigned stage, const std::uint32_t* base, int total, int lane) {
+  constexpr int kCopies = (kStageWords / 4 + 31) / 32;
+  const int chunks = total >> 2;
+  const std::uint32_t* src = base + 4 * lane;
+  const unsigned dst = stage + 16u * unsigned(lane);
+#pragma unroll
+  for (int k = 0; k < kCopies; ++k)
+    if (lane + 32 * k < chunks) cp_async16(dst + 512u * unsigned(k), src + 128 * k);
+  const int i = 4 * chunks + lane;
+  if (i < total) cp_async4(stage + 4u * unsigned(i), base + i);
+}
+
 // 32 bits of a bit stream at shared address `words`, from bit `bit` on.
 __device__ __forceinline__ std::uint32_t bits_at(unsigned words, int bit) {
   const unsigned w = words + 4 * unsigned(bit >> 5);
   return __funnelshift_r(lds32(w), lds32(w + 4), bit & 31);
+}
+
+// Bits x where mask is set, y elsewhere (one LOP3).
+__device__ __forceinline__ std::uint32_t merge_by_mask(std::uint32_t x, std::uint32_t y, std::uint32_t mask) {
+  return (x & mask) | (y & ~mask);
+}
+
+// The bits of the even codes 0, 2, 4, 6 and 8 of a window of `bits`-bit codes (8 in the values' merge: the odd
+// dims' word takes code 8's place from the odd timestep's window, shifted up by one code).
+__host__ __device__ constexpr std::uint32_t even_code_bits(int bits) {
+  std::uint32_t m = 0;
+  for (int d = 0; d <= 8; d += 2) m |= ((1u << bits) - 1) << (d * bits);
+  return m;
 }
 
 // The byte offset of entry `index` in a pair table of `bits`-bit codes (copies of an entry side by side).
@@ -216,7 +247,7 @@ __host__ __device__ constexpr int min_blocks(int D) { return D <= 128 ? 4 : 2; }
 // kCapped: scores go through the softcap (a.softcap > 0); a template argument, so that the common call's loop
 // has no test of it.
 template <int D, int KB, int KO, int VB, bool kCapped>
-__global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(AttendParams a) {
+__global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(const __grid_constant__ AttendParams a) {
   using S = Shape<D, KB, KO, VB>;
   constexpr int VW = S::kValueWords;
   extern __shared__ __align__(16) std::uint32_t smem[];
@@ -256,13 +287,28 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
   const std::uint32_t* kn_src = keys + l.key_norm_offset() + slot0 * nw;
   const std::uint32_t* vn_src = values + l.value_norm_offset() + slot0;
   const unsigned stages = shared_address(area) + 4u * unsigned(warp * 2 * S::kStage);
+  // Where each array's words land in a stage: the same for every tile of the warp.
+  const int k_lead = lead_of(k_src, vector), v_lead = lead_of(v_src, vector);
+  const int kn_lead = lead_of(kn_src, vector), vn_lead = lead_of(vn_src, vector);
+  constexpr int kValueAt = S::kKeyStage, kKeyNormAt = kValueAt + S::kValueStage;
+  constexpr int kValueNormAt = kKeyNormAt + S::kKeyNormStage;
+  // A full tile's words (lead included) per array, for the fast path below.
+  const int k_total = k_lead + kTile * kw, v_total = v_lead + kTile * VW;
+  const int kn_total = kn_lead + kTile * nw, vn_total = vn_lead + kTile;
   auto fill = [&](int t0, int buf, int i) {  // i: the tile's index after w_begin
     const unsigned st = stages + 4u * unsigned(buf * S::kStage);
     const int n = min(kTile, hi - t0);
-    stage_words(st, k_src + i * kTile * kw, n * kw, vector, lane);
-    stage_words(st + 4 * S::kKeyStage, v_src + i * kTile * VW, n * VW, vector, lane);
-    stage_words(st + 4 * (S::kKeyStage + S::kValueStage), kn_src + i * kTile * nw, n * nw, vector, lane);
-    stage_words(st + 4 * (S::kKeyStage + S::kValueStage + S::kKeyNormStage), vn_src + i * kTile, n, vector, lane);
+    if (vector && n == kTile) {  // every tile but a warp's last, partial one
+      stage_tile<S::kKeyStage>(st, k_src - k_lead + i * kTile * kw, k_total, lane);
+      stage_tile<S::kValueStage>(st + 4 * kValueAt, v_src - v_lead + i * kTile * VW, v_total, lane);
+      stage_tile<S::kKeyNormStage>(st + 4 * kKeyNormAt, kn_src - kn_lead + i * kTile * nw, kn_total, lane);
+      stage_tile<S::kValueNormStage>(st + 4 * kValueNormAt, vn_src - vn_lead + i * kTile, vn_total, lane);
+    } else {
+      stage_words(st, k_src + i * kTile * kw, n * kw, vector, k_lead, lane);
+      stage_words(st + 4 * kValueAt, v_src + i * kTile * VW, n * VW, vector, v_lead, lane);
+      stage_words(st + 4 * kKeyNormAt, kn_src + i * kTile * nw, n * nw, vector, kn_lead, lane);
+      stage_words(st + 4 * kValueNormAt, vn_src + i * kTile, n, vector, vn_lead, lane);
+    }
     cp_async_commit();
   };
   if (w_begin < w_end) fill(w_begin, 0, 0);  // in flight while the tables are built
@@ -316,12 +362,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
     cp_async_wait<1>();
     __syncwarp();
     const unsigned st = stages + 4u * unsigned(buf * S::kStage);
-    const unsigned kst = st + 4u * unsigned(lead_of(k_src + n_tile * kTile * kw, vector));
-    const unsigned vst = st + 4u * unsigned(S::kKeyStage + lead_of(v_src + n_tile * kTile * VW, vector));
-    const unsigned knst =
-        st + 4u * unsigned(S::kKeyStage + S::kValueStage + lead_of(kn_src + n_tile * kTile * nw, vector));
-    const unsigned vnst =
-        st + 4u * unsigned(S::kKeyStage + S::kValueStage + S::kKeyNormStage + lead_of(vn_src + n_tile * kTile, vector));
+    const unsigned kst = st + 4u * unsigned(k_lead), vst = st + 4u * unsigned(kValueAt + v_lead);
+    const unsigned knst = st + 4u * unsigned(kKeyNormAt + kn_lead), vnst = st + 4u * unsigned(kValueNormAt + vn_lead);
 
     // ---- keys: head r's scores of timesteps t0 + 8 nt + 2 col + x ----
     float score[2][2] = {};
@@ -380,6 +422,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
     // ---- online softmax of head r ----
     const float m_new = fmaxf(m, group_max(fmaxf(fmaxf(score[0][0], score[0][1]), fmaxf(score[1][0], score[1][1]))));
     const float corr = m_new == -INFINITY ? 1.0f : exp2_approx(m - m_new);
+    // Without branches: a hidden timestep's weight is exp2(-inf) = 0 (against 0 when nothing is visible yet), and
+    // its value norm, which may be any bits of the stage, is selected away.
+    const float m_base = m_new == -INFINITY ? 0.0f : m_new;
     float tile_sum = 0.0f;
     std::uint32_t pb[2];  // P^T's B fragment: weights times the value norms, timesteps 8 nt + 2 col + x
 #pragma unroll
@@ -387,9 +432,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
       float pv[2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
-        const float p = score[nt][x] == -INFINITY ? 0.0f : exp2_approx(score[nt][x] - m_new);
+        const float p = exp2_approx(score[nt][x] - m_base);
         tile_sum += p;
-        pv[x] = p == 0.0f ? 0.0f : p * f16_low(lds32(vnst + 4u * unsigned(8 * nt + 2 * col + x)));
+        const float norm = f16_low(lds32(vnst + 4u * unsigned(8 * nt + 2 * col + x)));
+        pv[x] = p == 0.0f ? 0.0f : p * norm;
       }
       pb[nt] = bf16_pair(pv[0], pv[1]);
     }
@@ -412,22 +458,24 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
     // ---- values: dims r D / 8 + 8 c .. + 7 of timesteps 2 col, 2 col + 1, 2 col + 8, 2 col + 9 ----
     {
       static_assert(9 * VB <= 32, "a window's 8 codes shifted by one code still fit 32 bits");
-      constexpr int kMask = (1 << VB) - 1;
+      constexpr std::uint32_t kPairMask = (1u << (2 * VB)) - 1, kEvenDims = even_code_bits(VB);
       const unsigned v0 = vst + 4u * unsigned(2 * col * VW);
 #pragma unroll
       for (int c = 0; c < D / 64; ++c) {
         const int bit0 = value_bit + 8 * c * VB;
         const std::uint32_t x0 = bits_at(v0, bit0), x2 = bits_at(v0 + 4 * 8 * VW, bit0);
-        // The odd timesteps' codes one code higher: a pair's index is one AND and one OR away.
+        // The odd timesteps' codes one code higher, then merged with the even ones into one word per parity of
+        // the dim: dim d's pair index (even code low, odd code high) is that word's 2 VB bits at d VB.
         const std::uint32_t y1 = bits_at(v0 + 4 * VW, bit0) << VB, y3 = bits_at(v0 + 4 * 9 * VW, bit0) << VB;
-        auto pair = [&](std::uint32_t lo, std::uint32_t hi, int d) {
-          return lds32(value_lut_lane +
-                       entry_offset<VB>(((lo >> (d * VB)) & kMask) | ((hi >> (d * VB)) & (kMask << VB))));
+        const std::uint32_t z01[2] = {merge_by_mask(x0, y1, kEvenDims), merge_by_mask(x0, y1, ~kEvenDims)};
+        const std::uint32_t z23[2] = {merge_by_mask(x2, y3, kEvenDims), merge_by_mask(x2, y3, ~kEvenDims)};
+        auto pair = [&](const std::uint32_t(&z)[2], int d) {
+          return lds32(value_lut_lane + entry_offset<VB>((z[d & 1] >> (d * VB)) & kPairMask));
         };
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          mma_16816<__nv_bfloat16>(acc[4 * c + i], pair(x0, y1, 2 * i), pair(x0, y1, 2 * i + 1), pair(x2, y3, 2 * i),
-                                   pair(x2, y3, 2 * i + 1), pb[0], pb[1]);
+          mma_16816<__nv_bfloat16>(acc[4 * c + i], pair(z01, 2 * i), pair(z01, 2 * i + 1), pair(z23, 2 * i),
+                                   pair(z23, 2 * i + 1), pb[0], pb[1]);
       }
     }
     if (vg && (((t0 + kTile) & (vg - 1)) == 0 || t0 + kTile >= w_end)) {  // the block (or the warp's part of it) ends
@@ -482,35 +530,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(Atte
   }
 }
 
-// <q_rot, mu_b> of every (row, head, key block): a warp per key block of a (row, kv head), all its heads.
-template <int D>
-__global__ void __launch_bounds__(kThreads) key_mean_dots_kernel(AttendParams a) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const std::int64_t block = std::int64_t(blockIdx.x) * kWarps + warp;
-  if (block >= a.key_mean_blocks) return;
-  const TqLayout& l = a.l;
-  const std::int64_t kvh = blockIdx.y, j = a.first_row + blockIdx.z, G = a.H / l.n_kv_heads;
-  const std::uint32_t* mean = keys_of(a, j) + l.key_mean(kvh, block * l.key_block);
-  constexpr int kWords = D / 64;  // words of the mean per lane: lane + 32 e
-  float lo[kWords], hi[kWords];
-#pragma unroll
-  for (int e = 0; e < kWords; ++e) {
-    const std::uint32_t word = mean[lane + 32 * e];
-    lo[e] = f16_low(word), hi[e] = f16_low(word >> 16);
-  }
-  for (std::int64_t g = 0; g < G; ++g) {
-    const float* q = a.scratch + a.scratch_layout.q_rot(j, kvh * G + g);
-    float dot = 0.0f;
-#pragma unroll
-    for (int e = 0; e < kWords; ++e) {
-      const int w = lane + 32 * e;
-      dot = fmaf(q[2 * w + 1], hi[e], fmaf(q[2 * w], lo[e], dot));
-    }
-    dot = warp_sum(dot);
-    if (lane == 0) a.key_mean_dots[(j * a.H + kvh * G + g) * a.key_mean_blocks + block] = dot;
-  }
-}
-
 template <int D, int KB, int KO, int VB, bool kCapped>
 void launch_capped(const AttendParams& a, dim3 grid, cudaStream_t stream) {
   using S = Shape<D, KB, KO, VB>;
@@ -539,11 +558,7 @@ bool launch_built(const AttendParams& a, dim3 grid, cudaStream_t stream, std::in
 
 template <int D>
 void launch_dim(const AttendParams& a, dim3 grid, cudaStream_t stream) {
-  if (a.l.key_block && a.key_mean_blocks > 0) {
-    const dim3 mean_grid(unsigned((a.key_mean_blocks + kWarps - 1) / kWarps), unsigned(a.l.n_kv_heads), grid.z);
-    key_mean_dots_kernel<D><<<mean_grid, kThreads, 0, stream>>>(a);
-    FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant key block means kernel");
-  }
+  if (a.l.key_block && a.key_mean_blocks > 0) launch_key_mean_dots(a, grid.z, stream);
   if (!launch_built<D>(a, grid, stream, std::make_index_sequence<tiles::kTqDecodeTcWidths.size()>{}))
     throw Error("backend", "cuda: internal error: no tensor-core decode built for this layout's code widths");
 }

@@ -1,0 +1,64 @@
+// <q_rot, mu_b> of every (row, query head, key block) for the tensor-core decode (tq_decode_tc.cu), which adds
+// a block's dot product to the scores of its timesteps.
+//
+// A thread per key block of one (row, kv head): it reads its block's D f16 mean itself and takes the group's
+// queries from shared memory, staged up to kHeads at a time, where every thread of a warp reads the same element
+// (a broadcast). The AttendParams fields it needs are copied into registers first: reading the parameter struct
+// through references kept it whole in local memory, which cost this kernel most of its time.
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/tq_attend.cuh"
+
+namespace flashtq::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kHeads = 8;  // query heads per pass over the means
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) key_mean_dots_kernel(AttendParams a) {
+  __shared__ float q[kHeads][D];
+  const std::int64_t kvh = blockIdx.y, j = a.first_row + blockIdx.z;
+  const std::int64_t G = a.H / a.l.n_kv_heads, blocks = a.key_mean_blocks;
+  const std::int64_t block = std::int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const bool live = block < blocks;
+  const std::uint32_t* mean = keys_of(a, j) + a.l.key_mean(kvh, (live ? block : 0) * a.l.key_block);
+  const float* scratch = a.scratch;
+  const TqScratchLayout sl = a.scratch_layout;
+  float* dots = a.key_mean_dots + (j * a.H + kvh * G) * blocks + block;
+  for (std::int64_t g0 = 0; g0 < G; g0 += kHeads) {
+    const int heads = int(min(std::int64_t(kHeads), G - g0));
+    __syncthreads();  // the previous pass has read q
+    for (int e = threadIdx.x; e < heads * D; e += kThreads)
+      q[e / D][e % D] = scratch[sl.q_rot(j, kvh * G + g0 + e / D) + e % D];
+    __syncthreads();
+    float dot[kHeads] = {};
+#pragma unroll 4
+    for (int w = 0; w < D / 2; ++w) {
+      const std::uint32_t word = mean[w];
+      const float lo = f16_low(word), hi = f16_low(word >> 16);
+#pragma unroll
+      for (int g = 0; g < kHeads; ++g) dot[g] = fmaf(q[g][2 * w + 1], hi, fmaf(q[g][2 * w], lo, dot[g]));
+    }
+    if (live) {
+#pragma unroll
+      for (int g = 0; g < kHeads; ++g)
+        if (g < heads) dots[(g0 + g) * blocks] = dot[g];
+    }
+  }
+}
+
+}  // namespace
+
+void launch_key_mean_dots(const AttendParams& a, unsigned rows, cudaStream_t stream) {
+  const dim3 grid(unsigned((a.key_mean_blocks + kThreads - 1) / kThreads), unsigned(a.l.n_kv_heads), rows);
+  switch (a.l.head_dim) {
+    case 64: key_mean_dots_kernel<64><<<grid, kThreads, 0, stream>>>(a); break;
+    case 128: key_mean_dots_kernel<128><<<grid, kThreads, 0, stream>>>(a); break;
+    case 256: key_mean_dots_kernel<256><<<grid, kThreads, 0, stream>>>(a); break;
+    default: throw Error("backend", "cuda: internal error: no key block means kernel for this head_dim");
+  }
+  FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant key block means kernel");
+}
+
+}  // namespace flashtq::cuda
