@@ -88,21 +88,16 @@ __device__ __forceinline__ void stage_words(unsigned stage, const std::uint32_t*
   for (int i = 4 * chunks + lane; i < total; i += 32) cp_async4(stage + 4 * i, base + i);
 }
 
-// stage_words for a full tile of 16-byte-aligned caches: the `total` words from `base` (16-byte aligned, lead
-// included; at most kStageWords), in a fixed number of predicated 16-byte copies at constant offsets from one
-// address per lane, then the last total % 4 words one at a time. The general loop's 64-bit address arithmetic
-// per copy cost the kernel a quarter of its instructions.
+// stage_words for a full tile of caches on 16 bytes whose words start on 16 bytes: `chunks` 16-byte copies, from
+// `src` (this lane's first: the tile's words plus 4 lane), in a fixed number of predicated copies at constant
+// offsets. The general loop's 64-bit address arithmetic per copy cost the kernel a quarter of its instructions.
 template <int kStageWords>
-__device__ __forceinline__ void stage_tile(unsigned stage, const std::uint32_t* base, int total, int lane) {
+__device__ __forceinline__ void stage_tile(unsigned stage, const std::uint32_t* src, int chunks, int lane) {
   constexpr int kCopies = (kStageWords / 4 + 31) / 32;
-  const int chunks = total >> 2;
-  const std::uint32_t* src = base + 4 * lane;
   const unsigned dst = stage + 16u * unsigned(lane);
 #pragma unroll
   for (int k = 0; k < kCopies; ++k)
     if (lane + 32 * k < chunks) cp_async16(dst + 512u * unsigned(k), src + 128 * k);
-  const int i = 4 * chunks + lane;
-  if (i < total) cp_async4(stage + 4u * unsigned(i), base + i);
 }
 
 // 32 bits of a bit stream at shared address `words`, from bit `bit` on.
@@ -280,38 +275,39 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
 
   const int kw = int(l.key_code_words()), nw = int(l.key_norm_words());
   const bool vector = (reinterpret_cast<std::uintptr_t>(a.k) | reinterpret_cast<std::uintptr_t>(a.v)) % 16 == 0;
-  // This warp's tile sources, advanced a tile at a time (64-bit arithmetic once, here).
+  // This warp's next tile's sources, each 4 words on per lane (the lane's first 16-byte copy), advanced a tile
+  // at a time.
   const std::int64_t slot0 = kvh * l.capacity + w_begin;
-  const std::uint32_t* k_src = keys + slot0 * kw;
-  const std::uint32_t* v_src = values + slot0 * VW;
-  const std::uint32_t* kn_src = keys + l.key_norm_offset() + slot0 * nw;
-  const std::uint32_t* vn_src = values + l.value_norm_offset() + slot0;
+  const std::uint32_t* k_next = keys + slot0 * kw + 4 * lane;
+  const std::uint32_t* v_next = values + slot0 * VW + 4 * lane;
+  const std::uint32_t* kn_next = keys + l.key_norm_offset() + slot0 * nw + 4 * lane;
+  const std::uint32_t* vn_next = values + l.value_norm_offset() + slot0 + 4 * lane;
   const unsigned stages = shared_address(area) + 4u * unsigned(warp * 2 * S::kStage);
-  // Where each array's words land in a stage: the same for every tile of the warp.
-  const int k_lead = lead_of(k_src, vector), v_lead = lead_of(v_src, vector);
-  const int kn_lead = lead_of(kn_src, vector), vn_lead = lead_of(vn_src, vector);
+  // Where each array's words land in a stage: the same for every tile of the warp (a tile's words start 64 kw
+  // bytes after the last's).
+  const int k_lead = lead_of(k_next, vector), v_lead = lead_of(v_next, vector);
+  const int kn_lead = lead_of(kn_next, vector), vn_lead = lead_of(vn_next, vector);
+  const bool aligned = vector && (k_lead | v_lead | kn_lead | vn_lead) == 0;
   constexpr int kValueAt = S::kKeyStage, kKeyNormAt = kValueAt + S::kValueStage;
   constexpr int kValueNormAt = kKeyNormAt + S::kKeyNormStage;
-  // A full tile's words (lead included) per array, for the fast path below.
-  const int k_total = k_lead + kTile * kw, v_total = v_lead + kTile * VW;
-  const int kn_total = kn_lead + kTile * nw, vn_total = vn_lead + kTile;
-  auto fill = [&](int t0, int buf, int i) {  // i: the tile's index after w_begin
+  auto fill = [&](int t0, int buf) {
     const unsigned st = stages + 4u * unsigned(buf * S::kStage);
     const int n = min(kTile, hi - t0);
-    if (vector && n == kTile) {  // every tile but a warp's last, partial one
-      stage_tile<S::kKeyStage>(st, k_src - k_lead + i * kTile * kw, k_total, lane);
-      stage_tile<S::kValueStage>(st + 4 * kValueAt, v_src - v_lead + i * kTile * VW, v_total, lane);
-      stage_tile<S::kKeyNormStage>(st + 4 * kKeyNormAt, kn_src - kn_lead + i * kTile * nw, kn_total, lane);
-      stage_tile<S::kValueNormStage>(st + 4 * kValueNormAt, vn_src - vn_lead + i * kTile, vn_total, lane);
+    if (aligned && n == kTile) {  // every tile but a warp's last, partial one, where the caches allow
+      stage_tile<S::kKeyStage>(st, k_next, kTile / 4 * kw, lane);
+      stage_tile<S::kValueStage>(st + 4 * kValueAt, v_next, kTile / 4 * VW, lane);
+      stage_tile<S::kKeyNormStage>(st + 4 * kKeyNormAt, kn_next, kTile / 4 * nw, lane);
+      stage_tile<S::kValueNormStage>(st + 4 * kValueNormAt, vn_next, kTile / 4, lane);
     } else {
-      stage_words(st, k_src + i * kTile * kw, n * kw, vector, k_lead, lane);
-      stage_words(st + 4 * kValueAt, v_src + i * kTile * VW, n * VW, vector, v_lead, lane);
-      stage_words(st + 4 * kKeyNormAt, kn_src + i * kTile * nw, n * nw, vector, kn_lead, lane);
-      stage_words(st + 4 * kValueNormAt, vn_src + i * kTile, n, vector, vn_lead, lane);
+      stage_words(st, k_next - 4 * lane, n * kw, vector, k_lead, lane);
+      stage_words(st + 4 * kValueAt, v_next - 4 * lane, n * VW, vector, v_lead, lane);
+      stage_words(st + 4 * kKeyNormAt, kn_next - 4 * lane, n * nw, vector, kn_lead, lane);
+      stage_words(st + 4 * kValueNormAt, vn_next - 4 * lane, n, vector, vn_lead, lane);
     }
     cp_async_commit();
+    k_next += kTile * kw, v_next += kTile * VW, kn_next += kTile * nw, vn_next += kTile;
   };
-  if (w_begin < w_end) fill(w_begin, 0, 0);  // in flight while the tables are built
+  if (w_begin < w_end) fill(w_begin, 0);  // in flight while the tables are built
 
   fill_pairs(key_lut, KB, a.key_centroids, tid);
   if (KO) fill_pairs(outlier_lut, KO, a.outlier_centroids, tid);
@@ -352,10 +348,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
   float m = -INFINITY, lsum = 0.0f;  // head r's running maximum (base 2) and sum of weights
   float acc[D / 16][4] = {};         // O^T: dims r D / 8 + 2 i (+ 1 in [2], [3]) of heads 2 col, 2 col + 1
   float mean_w[2] = {0.0f, 0.0f};    // value-mean weights of heads 2 col, 2 col + 1 in the current block
-  int buf = 0, n_tile = 0;
-  for (int t0 = w_begin; t0 < w_end; t0 += kTile, buf ^= 1, ++n_tile) {
+  int buf = 0;
+  for (int t0 = w_begin; t0 < w_end; t0 += kTile, buf ^= 1) {
     if (t0 + kTile < w_end) {
-      fill(t0 + kTile, buf ^ 1, n_tile + 1);
+      fill(t0 + kTile, buf ^ 1);
     } else {
       cp_async_commit();  // an empty group: the wait below is always for this tile
     }
