@@ -205,9 +205,10 @@ TEST_P(VarlenOn, EverySequenceEqualsTheFormulaAndTheOracleOnItsOwn) {
     EXPECT_LE(relative_error(want_dq, dq.values(), detail, floor), tolerance(r.dtype)) << "dq " << detail;
     EXPECT_LE(relative_error(want_dk, dk.values(), detail, floor), tolerance(r.dtype)) << "dk " << detail;
     EXPECT_LE(relative_error(want_dv, dv.values(), detail, floor), tolerance(r.dtype)) << "dv " << detail;
-    if (r.params.sinks)
+    if (r.params.sinks) {
       EXPECT_LE(relative_error(want_dsinks, std::vector<double>(dsinks.begin(), dsinks.end()), detail, 0.1), 2e-5)
           << "dsinks " << detail;
+    }
   }
 }
 
