@@ -12,24 +12,13 @@
 #include <vector>
 
 #include "core/hash3.hpp"
+#include "core/softcap.hpp"
 #include "core/visibility.hpp"
 #include "flashtq/problem.hpp"
 
 namespace flashtq::core {
 
 inline constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
-
-// The scaled product x = scale * <q, k> after a softcap (docs/spec.md §1.8; 0 = none), and the cap's
-// derivative there.
-inline double softcapped(float softcap, double x) {
-  return softcap > 0.0f ? double(softcap) * std::tanh(x / double(softcap)) : x;
-}
-inline double softcapped(const DenseProblem& p, double x) { return softcapped(p.softcap, x); }
-inline double softcap_slope(const DenseProblem& p, double x) {
-  if (!(p.softcap > 0.0f)) return 1.0;
-  const double t = std::tanh(x / double(p.softcap));
-  return 1.0 - t * t;
-}
 
 // Head h's sink logit (docs/spec.md §1.9), -inf when there is none.
 inline double sink_logit(const DenseProblem& p, std::int64_t h) { return p.sinks ? double(p.sinks[h]) : kNegInfD; }

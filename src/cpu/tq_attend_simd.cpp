@@ -369,8 +369,8 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
     for (int g = 0; g < GT; ++g) {  // online softmax per head; w becomes p * |v_t|
       float* s = w[g];
       for (std::int64_t t = 0; t < n; ++t) s[t] = scores[t][g];
-      if (a.softcap > 0.0f)  // docs/spec.md §1.8, on the whole score (block means' dots included)
-        for (std::int64_t t = 0; t < n; ++t) s[t] = a.softcap * std::tanh(s[t] / a.softcap);  // all visible
+      if (a.softcap > 0.0f)  // docs/spec.md §1.8, on the whole score (block means' dots included); all visible
+        ::flashtq::cpu::softcap(s, std::size_t(n), a.softcap);
       const float m_new = std::max(m[g], max_of(s, std::size_t(n)));
       const float corr = std::exp(m[g] - m_new);
       l[g] = l[g] * corr + exp_shift_sum(s, std::size_t(n), m_new);

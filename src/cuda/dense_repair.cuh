@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/hash3.hpp"
+#include "core/softcap.hpp"
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
 #include "flashtq/problem.hpp"
@@ -29,10 +30,6 @@ __device__ double dot(const TensorView& x, std::int64_t bx, std::int64_t sx, std
   return acc;
 }
 
-__device__ __forceinline__ double softcapped(const DenseProblem& p, double x) {
-  return p.softcap > 0.0f ? double(p.softcap) * ::tanh(x / double(p.softcap)) : x;
-}
-
 // Score of (b, h, i, j) in double, -inf when invisible or masked (a -inf mask entry masks whatever
 // the key holds).
 template <typename T>
@@ -45,7 +42,7 @@ __device__ double score(const DenseProblem& p, const TensorView& q, const Tensor
         double(p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]]);
     if (mask == -INFINITY) return -INFINITY;
   }
-  const double s = softcapped(p, double(p.scale) * dot<T>(q, b, i, h, k, b, j, h / p.group(), p.D)) + mask;
+  const double s = core::softcapped(p, double(p.scale) * dot<T>(q, b, i, h, k, b, j, h / p.group(), p.D)) + mask;
   return s <= -1e30 ? -INFINITY : s;
 }
 
@@ -54,8 +51,7 @@ template <typename T>
 __device__ double cap_slope(const DenseProblem& p, const TensorView& q, const TensorView& k, std::int64_t b,
                             std::int64_t h, std::int64_t i, std::int64_t j) {
   if (!(p.softcap > 0.0f)) return 1.0;
-  const double t = ::tanh(double(p.scale) * dot<T>(q, b, i, h, k, b, j, h / p.group(), p.D) / double(p.softcap));
-  return 1.0 - t * t;
+  return core::softcap_slope(p, double(p.scale) * dot<T>(q, b, i, h, k, b, j, h / p.group(), p.D));
 }
 
 // keep / (1 - p) of weight (b, h, i, j), in f32 for the kernels and in double for the repairs.

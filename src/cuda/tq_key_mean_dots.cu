@@ -3,9 +3,8 @@
 //
 // Four lanes per key block of one (row, kv head), each reading every fourth word of the block's D f16 mean and taking
 // the group's queries from shared memory, staged up to kHeads at a time (eight lanes of a warp read each element: a
-// broadcast); the four partial sums meet by shuffles. The AttendParams fields it needs are copied into registers first:
-// reading the parameter struct through references kept it whole in local memory, which cost this kernel most of its
-// time.
+// broadcast); the four partial sums meet by shuffles. Parameters read in place (__grid_constant__), as the
+// decode's are: the warp-per-block kernel before this one held the whole struct in local memory.
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/tq_attend.cuh"
@@ -19,7 +18,7 @@ constexpr int kLanes = 4;  // lanes per key block, each a quarter of its dims (a
 constexpr int kBlocksPerCta = kThreads / kLanes;
 
 template <int D>
-__global__ void __launch_bounds__(kThreads) key_mean_dots_kernel(AttendParams a) {
+__global__ void __launch_bounds__(kThreads) key_mean_dots_kernel(const __grid_constant__ AttendParams a) {
   __shared__ float q[kHeads][D];
   const std::int64_t kvh = blockIdx.y, j = a.first_row + blockIdx.z;
   const std::int64_t G = a.H / a.l.n_kv_heads, blocks = a.key_mean_blocks;
@@ -28,14 +27,12 @@ __global__ void __launch_bounds__(kThreads) key_mean_dots_kernel(AttendParams a)
   const bool live = block < blocks;
   constexpr int kWords = D / 2 / kLanes;  // f16 pairs of the mean per lane
   const std::uint32_t* mean = keys_of(a, j) + a.l.key_mean(kvh, (live ? block : 0) * a.l.key_block) + part;
-  const float* scratch = a.scratch;
-  const TqScratchLayout sl = a.scratch_layout;
   float* dots = a.key_mean_dots + (j * a.H + kvh * G) * blocks + block;
   for (std::int64_t g0 = 0; g0 < G; g0 += kHeads) {
     const int heads = int(min(std::int64_t(kHeads), G - g0));
     __syncthreads();  // the previous pass has read q
     for (int e = threadIdx.x; e < heads * D; e += kThreads)
-      q[e / D][e % D] = scratch[sl.q_rot(j, kvh * G + g0 + e / D) + e % D];
+      q[e / D][e % D] = a.scratch[a.scratch_layout.q_rot(j, kvh * G + g0 + e / D) + e % D];
     __syncthreads();
     float dot[kHeads] = {};
 #pragma unroll 4
