@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/hash3.hpp"
+#include "core/softcap.hpp"
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
@@ -64,12 +65,9 @@ struct Score {
 };
 __device__ __forceinline__ Score score_of(const DenseProblem& p, float dot, std::int64_t b, std::int64_t h,
                                           std::int64_t i, std::int64_t j) {
-  float s = p.scale * dot, slope = 1.0f;
-  if (p.softcap > 0.0f) {
-    const float cap = tanhf(s / p.softcap);
-    s = p.softcap * cap;
-    slope = 1.0f - cap * cap;
-  }
+  const core::CappedScore<float> capped = core::capped_with_slope(p.softcap, p.scale * dot);
+  float s = capped.s;
+  const float slope = capped.slope;
   if (p.mask != nullptr) {
     const float mask =
         p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];

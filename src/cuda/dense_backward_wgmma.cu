@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 
 #include "core/hash3.hpp"
+#include "core/softcap.hpp"
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
@@ -88,12 +89,10 @@ __device__ __forceinline__ ScoreGrads score_grads(const DenseProblem& p, float s
   if (checked && (i >= p.Sq || !core::key_visible(p, i, j))) return {0.0f, 0.0f};
   float x = s * scale_log2, slope = 1.0f;
   if (p.softcap > 0.0f || p.mask != nullptr) {
-    float v = s * p.scale;   // the score in natural units
-    if (p.softcap > 0.0f) {  // docs/spec.md §1.8: dS reaches <q, k> through the cap's slope 1 - tanh^2
-      const float cap = tanhf(v / p.softcap);
-      slope = 1.0f - cap * cap;
-      v = p.softcap * cap;
-    }
+    // The score in natural units; docs/spec.md §1.8: dS reaches <q, k> through the cap's slope.
+    const core::CappedScore<float> capped = core::capped_with_slope(p.softcap, s * p.scale);
+    float v = capped.s;
+    slope = capped.slope;
     if (p.mask != nullptr) {
       const float mask =
           p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]];

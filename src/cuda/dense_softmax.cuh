@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/hash3.hpp"
+#include "core/softcap.hpp"
 #include "core/visibility.hpp"
 #include "cuda/common.cuh"
 #include "cuda/unfinished_rows.cuh"
@@ -59,10 +60,9 @@ __device__ __forceinline__ float row_sum(float x) {
   return x;
 }
 
-// The scaled product x = scale * <q, k> after the softcap (docs/spec.md §1.8; core::softcapped in
-// double); tanhf, not an approximation, so that f32 problems keep their 1e-5.
+// The scaled product x = scale * <q, k> after the softcap (docs/spec.md §1.8), in f32.
 __device__ __forceinline__ float softcapped(const DenseProblem& p, float x) {
-  return p.softcap > 0.0f ? p.softcap * tanhf(x / p.softcap) : x;
+  return core::capped_with_slope(p.softcap, x).s;
 }
 
 // A row's statistics once every key tile is in: maximum m (log2 units) and sum l, with head h's sink
