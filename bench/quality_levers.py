@@ -10,10 +10,14 @@ Configuration names, '+'-separated: k<b>v<c> (bits of key and value codes), nc (
 mean of the block before it, so a row can be encoded as it arrives), s<S> (first S timesteps exact), w<W> (each query sees its last W
 timesteps exact, as a decode step would with a recent window of W), ko<N>[x<E>] (N outlier key channels, chosen
 per (layer, kv head) by RMS, at E more bits (default 1), their own rotation and norm; the other channels split into
-power-of-two parts in order of RMS, each with its own rotation and norm, as the library would store them), kc<T>
+power-of-two parts in order of RMS, each with its own rotation and norm, as the library would store them), ks<G>
+(key block scales: after the block mean, each channel divided by its RMS over the block of G timesteps, f16,
+multiplied back after decoding; KIVI's per-channel ranges inside TurboQuant), kc<T>
 (outliers chosen from the window's first T timesteps only, as a calibration on the prompt would; default the whole
 window), sm (channel smoothing: per-channel scales balancing queries and keys, equal within RoPE pairs);
-kivi<b> is the outside baseline of `flashtq.eval.baselines` (keys per channel over groups of 32 timesteps, values
+kk<b>g<G> (keys coded as KIVI codes them, per channel over groups of G timesteps at b bits with an f16 scale and
+zero point, the values as TurboQuant codes them: which half of KIVI's advantage is its keys); k16 / v16 exact keys /
+values; kivi<b> is the outside baseline of `flashtq.eval.baselines` (keys per channel over groups of 32 timesteps, values
 per token over groups of 32 channels), in the same run so that the levers stand beside it.
 
     python bench/quality_levers.py --model smollm2 --ctx 2048 --windows 3 --configs k4v3,k4v3+kg32
@@ -118,15 +122,18 @@ class Lever:
         self.kb = self.vb = 16
         self.nc = self.sm = False
         self.kp = 0
-        self.kg = self.vg = self.sinks = self.recent = self.ko = self.kc = 0
+        self.kg = self.vg = self.ks = self.sinks = self.recent = self.ko = self.kc = 0
         self.ko_extra = 1
         self.kivi = 0
+        self.kk_bits = self.kk_group = 0
         self.kx = self.vx = None  # layers whose keys (values) get one more bit: "g" = full-attention ones, or "0.17"
         for part in filter(None, name.split("+")):
-            if m := re.fullmatch(r"k(\d)v(\d)", part):
+            if m := re.fullmatch(r"k(\d+)v(\d+)", part):
                 self.kb, self.vb = int(m[1]), int(m[2])
             elif m := re.fullmatch(r"kivi(\d)", part):
                 self.kivi = int(m[1])
+            elif m := re.fullmatch(r"kk(\d)g(\d+)", part):
+                self.kk_bits, self.kk_group = int(m[1]), int(m[2])
             elif part == "nc":
                 self.nc = True
             elif part == "sm":
@@ -135,9 +142,9 @@ class Lever:
                 self.ko, self.ko_extra = int(m[1]), int(m[2])
             elif m := re.fullmatch(r"(kx|vx)([\d.]+|g)", part):
                 setattr(self, m[1], m[2])
-            elif m := re.fullmatch(r"(kg|kp|vg|s|w|ko|kc)(\d+)", part):
-                setattr(self, {"kg": "kg", "kp": "kp", "vg": "vg", "s": "sinks", "w": "recent", "ko": "ko",
-                               "kc": "kc"}[m[1]],
+            elif m := re.fullmatch(r"(kg|kp|ks|vg|s|w|ko|kc)(\d+)", part):
+                setattr(self, {"kg": "kg", "kp": "kp", "ks": "ks", "vg": "vg", "s": "sinks", "w": "recent",
+                               "ko": "ko", "kc": "kc"}[m[1]],
                         int(m[2]))
             else:
                 raise SystemExit(f"unknown lever {part!r} in {name!r}")
@@ -147,15 +154,23 @@ class Lever:
             return baselines.bytes_per_token_per_head(f"kivi{self.kivi}", d)
         parts = len(outlier_parts(d, self.ko)) if self.ko else 1
         group = self.kg or self.kp
-        keys = d * self.kb / 8 + 4 + self.ko * self.ko_extra / 8 + 2 * (parts - 1) + (2 * d / group if group else 0)
-        values = d * self.vb / 8 + 4 + (2 * d / self.vg if self.vg else 0)
+        keys = d * self.kb / 8 + 4 + self.ko * self.ko_extra / 8 + 2 * (parts - 1) + (2 * d / group if group else 0) \
+            + (2 * d / self.ks if self.ks else 0)
+        if self.kk_bits:
+            keys = d * self.kk_bits / 8 + 4 * d / self.kk_group
+        if self.kb == 16:
+            keys = 2 * d
+        values = d * self.vb / 8 + 4 + (2 * d / self.vg if self.vg else 0) if self.vb < 16 else 2 * d
         exact = min(self.sinks + self.recent, ctx) / ctx
         return (1 - exact) * (keys + values) + exact * 4 * d
 
     def encode(self, x: torch.Tensor, bits: int, group: int, signs: torch.Tensor, outliers: int,
-               causal: bool = False) -> torch.Tensor:
+               causal: bool = False, scale_group: int = 0) -> torch.Tensor:
         mean = (previous_block_mean if causal else block_mean)(x, group) if group else torch.zeros_like(x)
         r = x - mean
+        if scale_group:
+            scale = block_mean(r * r, scale_group).sqrt().clamp_min(1e-4).half().float()
+            return self.encode(r / scale, bits, 0, signs, outliers) * scale + mean
         if not outliers:
             return tq(r, bits, signs, self.nc) + mean
         d = x.shape[-1]
@@ -203,11 +218,14 @@ def make_attention(lever: Lever):
         vb = lever.vb + boosted(lever.vx)
         if lever.kivi:
             kq, vq = baselines.keys_per_channel(k, lever.kivi), baselines.values_per_token(v, lever.kivi)
+        elif lever.kk_bits:
+            kq = baselines.keys_per_channel(k, lever.kk_bits, lever.kk_group)
         elif lever.sm:
             s = smoothing(q, k)
             kq = lever.encode(k / s, kb, lever.kg, signs, lever.ko) * s
         else:
-            kq = lever.encode(k, kb, lever.kg or lever.kp, signs, lever.ko, bool(lever.kp)) if lever.kb < 16 else k
+            kq = (lever.encode(k, kb, lever.kg or lever.kp, signs, lever.ko, bool(lever.kp), lever.ks)
+                  if lever.kb < 16 else k)
         if not lever.kivi:
             vq = lever.encode(v, vb, lever.vg, signs, 0) if lever.vb < 16 else v
         B, H, S, D = q.shape
@@ -239,11 +257,16 @@ def main() -> int:
     p.add_argument("--configs", required=True)
     p.add_argument("--output", default=None)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--model-path", default=None, help="a GGUF file instead of the packaged one")
+    p.add_argument("--text-file", default=None,
+                   help="the corpus's whole text (as flashtq.corpora.load_text returns it), for a machine without "
+                        "its Debian package")
     args = p.parse_args()
     torch.set_grad_enabled(False)
-    model, tok = models.load(args.model, attn_implementation="eager")
+    model, tok = models.load(args.model, args.model_path, attn_implementation="eager")
     model = model.to(args.device)
-    text = corpora.held_out(corpora.load_text(args.corpus))
+    whole = open(args.text_file, encoding="utf-8").read() if args.text_file else corpora.load_text(args.corpus)
+    text = corpora.held_out(whole)
     ids = tok(text, add_special_tokens=False).input_ids
     wins = perplexity.windows(ids, args.ctx, args.windows, models.prefix_ids(args.model, tok))
     text_config = model.config.get_text_config()

@@ -49,13 +49,13 @@ def quantize(x: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     return torch.where(scale > 0, q * safe + lo, lo).to(x.dtype)
 
 
-def keys_per_channel(k: torch.Tensor, bits: int) -> torch.Tensor:
-    """k [B, H, S, D]: full groups of GROUP tokens quantized per channel; the trailing partial group exact."""
+def keys_per_channel(k: torch.Tensor, bits: int, group: int = GROUP) -> torch.Tensor:
+    """k [B, H, S, D]: full groups of `group` tokens quantized per channel; the trailing partial group exact."""
     B, H, S, D = k.shape
-    full = S // GROUP * GROUP
+    full = S // group * group
     out = k.clone()
     if full:
-        g = k[:, :, :full].reshape(B, H, full // GROUP, GROUP, D)
+        g = k[:, :, :full].reshape(B, H, full // group, group, D)
         out[:, :, :full] = quantize(g, bits, dim=3).reshape(B, H, full, D)
     return out
 
