@@ -161,10 +161,18 @@ struct ValueDecoder {
   using V = hn::Vec<D>;
   using DU = hn::RebindToUnsigned<D>;
   using VU = hn::Vec<DU>;
+  using D8 = hn::Repartition<std::uint8_t, D>;
+  using V8 = hn::Vec<D8>;
   static constexpr int bits = kBits, levels = 1 << kBits;
   std::int64_t N = 0;
   V lo, hi;
   VU shifts;
+  // decode_pair: two chunks (2N dims, at most 16 bytes of codes) from one 16-byte load copied to every
+  // 128-bit block; lane i of chunk k takes the two bytes holding its code (byte index >= 0x80 reads 0)
+  // and shifts it down.
+  bool pairs = false;
+  V8 pair_bytes[2];
+  VU pair_shifts[2];
   alignas(64) float centroids[16] = {};
 
   ValueDecoder(D d, const float* c) : N(std::int64_t(hn::Lanes(d))) {
@@ -175,6 +183,36 @@ struct ValueDecoder {
     // Lane i of a chunk holds dim c + i: its code sits at bit b * ((c + i) % 8) of the 32-bit window
     // at byte b * ((c + i) / 8) (8 dims take b bytes).
     shifts = hn::Mul(hn::And(hn::Iota(du, 0), hn::Set(du, 7u)), hn::Set(du, std::uint32_t(bits)));
+    pairs = N >= 8 && N <= 16;
+    if (!pairs) return;
+    const D8 d8;
+    for (int k = 0; k < 2; ++k) {
+      alignas(64) std::uint8_t index[64] = {};
+      alignas(64) std::uint32_t shift[16] = {};
+      for (std::int64_t i = 0; i < N; ++i) {
+        const std::int64_t bit = (k * N + i) * bits, byte = bit / 8;
+        index[4 * i] = std::uint8_t(byte);
+        index[4 * i + 1] = byte + 1 < 16 ? std::uint8_t(byte + 1) : std::uint8_t(0x80);
+        index[4 * i + 2] = index[4 * i + 3] = 0x80;
+        shift[i] = std::uint32_t(bit % 8);
+      }
+      pair_bytes[k] = hn::Load(d8, index);
+      pair_shifts[k] = hn::Load(du, shift);
+    }
+  }
+
+  HWY_INLINE V centroids_of(D d, VU idx) const {
+    const hn::RebindToSigned<D> di;
+    if (levels <= N) return hn::TableLookupLanes(lo, hn::IndicesFromVec(d, hn::BitCast(di, idx)));
+    if (levels <= 2 * N) {
+      const DU du;
+      const VU low = hn::And(idx, hn::Set(du, std::uint32_t(N - 1)));
+      const auto in_lo = hn::TableLookupLanes(lo, hn::IndicesFromVec(d, hn::BitCast(di, low)));
+      const auto in_hi = hn::TableLookupLanes(hi, hn::IndicesFromVec(d, hn::BitCast(di, low)));
+      const auto below = hn::Lt(hn::BitCast(di, idx), hn::Set(di, std::int32_t(N)));  // idx < 16: signed is exact
+      return hn::IfThenElse(hn::RebindMask(d, below), in_lo, in_hi);
+    }
+    return hn::GatherIndex(d, centroids, hn::BitCast(di, idx));
   }
 
   // Centroids of dims [c, c + N) of a row whose code bytes start at `codes` (c a multiple of N). The
@@ -190,17 +228,22 @@ struct ValueDecoder {
       window = hn::Set(du, load_u32(codes + bits * (c / 8)));
       if (N == 4 && c % 8 != 0) shift = hn::Add(shift, hn::Set(du, std::uint32_t(bits * 4)));
     }
-    const VU idx = hn::And(hn::Shr(window, shift), hn::Set(du, std::uint32_t(levels - 1)));
-    const hn::RebindToSigned<D> di;
-    if (levels <= N) return hn::TableLookupLanes(lo, hn::IndicesFromVec(d, hn::BitCast(di, idx)));
-    if (levels <= 2 * N) {
-      const VU low = hn::And(idx, hn::Set(du, std::uint32_t(N - 1)));
-      const auto in_lo = hn::TableLookupLanes(lo, hn::IndicesFromVec(d, hn::BitCast(di, low)));
-      const auto in_hi = hn::TableLookupLanes(hi, hn::IndicesFromVec(d, hn::BitCast(di, low)));
-      const auto below = hn::Lt(hn::BitCast(di, idx), hn::Set(di, std::int32_t(N)));  // idx < 16: signed is exact
-      return hn::IfThenElse(hn::RebindMask(d, below), in_lo, in_hi);
-    }
-    return hn::GatherIndex(d, centroids, hn::BitCast(di, idx));
+    return centroids_of(d, hn::And(hn::Shr(window, shift), hn::Set(du, std::uint32_t(levels - 1))));
+  }
+
+  // Dims [c, c + N) and [c + N, c + 2N) (c a multiple of 8) with one load of the 16 bytes at the first
+  // code's byte: up to 16 - 2 N b / 8 bytes past the two chunks, which callers allow only where the
+  // cache holds that many more bytes (any slot but a region's last: the next slot's codes and the
+  // region after them follow). Needs `pairs`.
+  HWY_INLINE void decode_pair(D d, const std::uint8_t* codes, std::int64_t c, V& out0, V& out1) const {
+    const DU du;
+    const D8 d8;
+    const V8 bytes = hn::LoadDup128(d8, codes + bits * (c / 8));
+    const VU mask = hn::Set(du, std::uint32_t(levels - 1));
+    const VU w0 = hn::BitCast(du, hn::TableLookupBytesOr0(bytes, pair_bytes[0]));
+    const VU w1 = hn::BitCast(du, hn::TableLookupBytesOr0(bytes, pair_bytes[1]));
+    out0 = centroids_of(d, hn::And(hn::Shr(w0, pair_shifts[0]), mask));
+    out1 = centroids_of(d, hn::And(hn::Shr(w1, pair_shifts[1]), mask));
   }
 };
 
@@ -213,34 +256,65 @@ HWY_INLINE hn::Vec<D> exact_chunk(D d, const std::uint32_t* row, std::int64_t c)
   return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, halves)));
 }
 
+// Dims [c, c + N) of a row of f16 values (two per word, element 2i in the low half): a block mean.
+template <class D>
+HWY_INLINE hn::Vec<D> f16_chunk(D d, const std::uint32_t* row, std::int64_t c) {
+  const hn::Rebind<hwy::float16_t, D> dh;
+  return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row) + c));
+}
+
 // Heads [g0, g0 + GT) (GT <= 4) of one (row, kv head) over timesteps [t0, t1): fills their m, l and
 // rotated-space accumulators (acc: GT x D). Each code word is read once for all the heads.
-// The heads' dot products of q_rot with a key's decoded unit vector, decoding its codes a vector at a
-// time (as values are) instead of through tables: the tables of 2- to 4-bit codes are 64 to 256 KB at
-// D = 128 and their reads wait on L2 (this measured about 1.5x faster for 4-bit keys, docs/benchmarks.md).
-// Two chunks a pass, so that the FMA chains interleave.
-// `first`: the coordinate of q_rot where these codes start (a part of a key with outlier channels); dim
-// is a multiple of the lanes (parts are at least 16 coordinates), not always of twice them.
+// The heads' dot products of q_rot with a key's decoded codes are added to sum0/sum1 (two chains, so that
+// the FMAs interleave), the codes decoded a vector at a time (as values are) instead of through tables:
+// the tables of 2- to 4-bit codes are 64 to 256 KB at D = 128 and their reads wait on L2 (this measured
+// about 1.5x faster for 4-bit keys, docs/benchmarks.md). The decoded centroids are multiplied by
+// `part_scale` (the part's norm times the softmax scale) first, so the parts of a key with outlier channels
+// share one horizontal sum per head. `first`: the coordinate of q_rot where these codes start; dim is a
+// multiple of the lanes (parts are at least 16 coordinates), not always of twice them. `pairs`: whether
+// decode_pair may read past these codes (ValueDecoder::decode_pair).
 template <int GT, class D, class Decoder>
-HWY_INLINE void key_dots_decoded(D d, const Decoder& dec, const float* const* q_rot, const std::uint8_t* codes,
-                                 std::int64_t dim, float* out, std::int64_t first = 0) {
+HWY_INLINE void add_key_dots(D d, const Decoder& dec, const float* const* q_rot, const std::uint8_t* codes,
+                             std::int64_t dim, std::int64_t first, float part_scale, bool pairs,
+                             hn::Vec<D> (&sum0)[GT], hn::Vec<D> (&sum1)[GT]) {
   using V = hn::Vec<D>;
   const std::int64_t N = std::int64_t(hn::Lanes(d));
-  V sum0[GT], sum1[GT];
-  for (int g = 0; g < GT; ++g) sum0[g] = sum1[g] = hn::Zero(d);
+  const V k = hn::Set(d, part_scale);
   std::int64_t c = 0;
   for (; c + 2 * N <= dim; c += 2 * N) {
-    const V cent0 = dec.decode(d, codes, c), cent1 = dec.decode(d, codes, c + N);
+    V cent0, cent1;
+    if (pairs) {
+      dec.decode_pair(d, codes, c, cent0, cent1);
+    } else {
+      cent0 = dec.decode(d, codes, c);
+      cent1 = dec.decode(d, codes, c + N);
+    }
+    cent0 = hn::Mul(cent0, k);
+    cent1 = hn::Mul(cent1, k);
     for (int g = 0; g < GT; ++g) {
       sum0[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c), cent0, sum0[g]);
       sum1[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c + N), cent1, sum1[g]);
     }
   }
   if (c < dim) {
-    const V cent0 = dec.decode(d, codes, c);
+    const V cent0 = hn::Mul(dec.decode(d, codes, c), k);
     for (int g = 0; g < GT; ++g) sum0[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c), cent0, sum0[g]);
   }
-  for (int g = 0; g < GT; ++g) out[g] = hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0[g], sum1[g])));
+}
+
+// Lane i of the result: the sum of the N lanes of rows[i] (N vectors of N floats, N a power of two): the
+// dot products of N keys in log2(N) levels of pairwise sums instead of a horizontal sum each. Each level
+// halves the lanes every vector gives to a row and keeps the rows in order.
+template <class D>
+HWY_INLINE hn::Vec<D> row_sums(D d, const float* rows) {
+  using V = hn::Vec<D>;
+  const std::int64_t N = std::int64_t(hn::Lanes(d));
+  V v[16];
+  for (std::int64_t i = 0; i < N; ++i) v[i] = hn::Load(d, rows + i * N);
+  for (std::int64_t count = N; count > 1; count /= 2)
+    for (std::int64_t k = 0; k < count / 2; ++k)
+      v[k] = hn::Add(hn::ConcatEven(d, v[2 * k + 1], v[2 * k]), hn::ConcatOdd(d, v[2 * k + 1], v[2 * k]));
+  return v[0];
 }
 
 // kKeyBits: the key code width decoded a vector at a time (keys without QJL), or 0 for the tables.
@@ -282,6 +356,10 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
     return r < 0 ? nullptr : cache + region + (kvh * lay.exact_rows() + r) * lay.exact_row_words();
   };
   alignas(64) float w[GT][kBlock];
+  // Decoded keys: each token's per-head vector of partial dot products (N <= 16 lanes), reduced by row_sums;
+  // zeroed once so that the rows past a block's last token hold finite numbers.
+  alignas(64) float partial[kKeyBits != 0 ? GT : 1][kKeyBits != 0 ? kBlock * 16 : 1] = {};
+  bool coded[kBlock];
   alignas(16) float scores[kBlock][4];
   const std::uint32_t* exact_v[kBlock];
   alignas(64) float vnorm[kBlock];
@@ -289,18 +367,17 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   // once per block; a value block's mean is added once per softmax step, weighted by its coded timesteps' p.
   std::int64_t key_block_seen = -1;
   alignas(16) float key_mean_dots[4] = {};
-  auto mean_element = [](const std::uint32_t* mean, std::int64_t i) {
-    return core::f16_to_f32(std::uint16_t(mean[i / 2] >> (16 * (i % 2))));
-  };
   auto key_mean_dot = [&](std::int64_t t) -> const float* {
     if (t / lay.key_block != key_block_seen) {
       key_block_seen = t / lay.key_block;
       const std::uint32_t* mean = keys + lay.key_mean(kvh, t);
-      for (int g = 0; g < GT; ++g) {
-        float dot = 0.0f;
-        for (std::int64_t i = 0; i < D; ++i) dot += q_rot[g][i] * mean_element(mean, i);
-        key_mean_dots[g] = scale * dot;
+      V sum[GT];
+      for (int g = 0; g < GT; ++g) sum[g] = hn::Zero(d);
+      for (std::int64_t c = 0; c < D; c += N) {
+        const V mu = f16_chunk(d, mean, c);
+        for (int g = 0; g < GT; ++g) sum[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + c), mu, sum[g]);
       }
+      for (int g = 0; g < GT; ++g) key_mean_dots[g] = scale * hn::GetLane(hn::SumOfLanes(d, sum[g]));
     }
     return key_mean_dots;
   };
@@ -310,6 +387,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
     const bool any_exact = tb < lay.sink_tokens || (lay.recent_tokens > 0 && tb + n > end - lay.recent_tokens);
     for (std::int64_t t = 0; t < n; ++t) {  // scores of the block's tokens, four heads at once
       const std::int64_t slot = kvh * lay.capacity + tb + t;
+      coded[t] = false;
       if (const std::uint32_t* k = any_exact ? exact(keys, lay.key_exact_offset(), tb + t) : nullptr) {
         for (int g = 0; g < 4; ++g) scores[t][g] = 0.0f;
         for (int g = 0; g < GT; ++g) {
@@ -322,28 +400,27 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       }
       const auto* codes = reinterpret_cast<const std::uint8_t*>(keys + slot * lay.key_code_words());
       const std::uint32_t nw = keys[lay.key_norm_offset() + slot];
-      if (kKeyBits != 0 && lay.key_outliers) {  // part by part: its norm half times its codes' dots
-        const std::uint32_t* halves = keys + lay.key_norm_offset() + slot * lay.key_norm_words();
-        for (int g = 0; g < 4; ++g) scores[t][g] = 0.0f;
-        for (int p = 0; p < n_parts; ++p) {
-          const TqLayout::KeyPart& kp = parts[p];
-          alignas(16) float dots[4] = {};
-          const std::uint8_t* part_codes = codes + kp.bit_offset / 8;  // parts start on whole bytes
-          if (p == 0) {
-            key_dots_decoded<GT>(d, outlier_codes, q_rot, part_codes, kp.size, dots, kp.offset);
-          } else {
-            key_dots_decoded<GT>(d, key_codes, q_rot, part_codes, kp.size, dots, kp.offset);
+      if (kKeyBits != 0) {  // no QJL with these keys; with outlier channels part by part, each by its norm
+        V sum0[GT], sum1[GT];
+        for (int g = 0; g < GT; ++g) sum0[g] = sum1[g] = hn::Zero(d);
+        const bool pairs = key_codes.pairs && slot + 1 < lay.slots();
+        if (lay.key_outliers) {
+          const std::uint32_t* halves = keys + lay.key_norm_offset() + slot * lay.key_norm_words();
+          for (int p = 0; p < n_parts; ++p) {
+            const TqLayout::KeyPart& kp = parts[p];
+            const std::uint8_t* part_codes = codes + kp.bit_offset / 8;  // parts start on whole bytes
+            const float k_scale = scale * f16_low(halves[p / 2] >> (16 * (p % 2)));
+            if (p == 0) {
+              add_key_dots<GT>(d, outlier_codes, q_rot, part_codes, kp.size, kp.offset, k_scale, pairs, sum0, sum1);
+            } else {
+              add_key_dots<GT>(d, key_codes, q_rot, part_codes, kp.size, kp.offset, k_scale, pairs, sum0, sum1);
+            }
           }
-          const float k_scale = scale * f16_low(halves[p / 2] >> (16 * (p % 2)));
-          for (int g = 0; g < 4; ++g) scores[t][g] += k_scale * dots[g];
+        } else {
+          add_key_dots<GT>(d, key_codes, q_rot, codes, D, 0, scale * f16_low(nw), pairs, sum0, sum1);
         }
-        continue;
-      }
-      if (kKeyBits != 0) {  // no QJL with these keys
-        alignas(16) float dots[4] = {};
-        key_dots_decoded<GT>(d, key_codes, q_rot, codes, D, dots);
-        const float k_scale = scale * f16_low(nw);
-        for (int g = 0; g < 4; ++g) scores[t][g] = k_scale * dots[g];
+        for (int g = 0; g < GT; ++g) hn::Store(hn::Add(sum0[g], sum1[g]), d, partial[g] + t * N);
+        coded[t] = true;  // its scores come from row_sums after the block's keys
         continue;
       }
       auto dot = key_polar(tables.codes, codes, D, fields);
@@ -353,6 +430,19 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       }
       // score = scale |k| (<q, centroids> + gamma qjl <q_jl, signs>)
       hn::Store(hn::Mul(hn::Set(d4, scale * f16_low(nw)), dot), d4, scores[t]);
+    }
+    if (kKeyBits != 0) {  // decoded keys: their scores, N tokens at a time
+      for (int g = 0; g < GT; ++g) {
+        for (std::int64_t u = 0; u < n; u += N) {
+          alignas(64) float sums[16];
+          hn::Store(row_sums(d, partial[g] + u * N), d, sums);
+          for (std::int64_t t = u; t < std::min(n, u + N); ++t)
+            if (coded[t]) scores[t][g] = sums[t - u];
+        }
+      }
+      for (std::int64_t t = 0; t < n; ++t)
+        if (coded[t])
+          for (int g = GT; g < 4; ++g) scores[t][g] = 0.0f;
     }
     if (lay.key_block) {  // coded keys: plus <q_rot, mu_b> of their block
       for (std::int64_t t = 0; t < n; ++t) {
@@ -384,7 +474,9 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
             if (!exact_v[u]) weight += s[u];
           if (weight != 0.0f) {
             const std::uint32_t* mean = values + lay.value_mean(kvh, tb + t);
-            for (std::int64_t i = 0; i < D; ++i) acc[g * D + i] += weight * mean_element(mean, i);
+            const V wt = hn::Set(d, weight);
+            for (std::int64_t c = 0; c < D; c += N)
+              hn::StoreU(hn::MulAdd(wt, f16_chunk(d, mean, c), hn::LoadU(d, acc + g * D + c)), d, acc + g * D + c);
           }
           t = block_end;
         }
@@ -396,6 +488,9 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
     const std::int64_t code_bytes = 4 * lay.value_code_words();
     const auto* block_codes =
         reinterpret_cast<const std::uint8_t*>(values + (kvh * lay.capacity + tb) * lay.value_code_words());
+    // decode_pair reads past a row's codes: not in the region's last slot (see ValueDecoder).
+    const bool value_pairs = value_codes.pairs;
+    const std::int64_t value_slot_end = lay.slots() - kvh * lay.capacity;  // timesteps before the last slot + 1
     for (std::int64_t c = 0; c < D; c += 2 * N) {
       V sum0[GT], sum1[GT];
       for (int g = 0; g < GT; ++g) {
@@ -408,6 +503,8 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
         if (any_exact && exact_v[t]) {
           cent0 = exact_chunk(d, exact_v[t], c);
           cent1 = exact_chunk(d, exact_v[t], c + N);
+        } else if (value_pairs && tb + t + 1 < value_slot_end) {
+          value_codes.decode_pair(d, codes, c, cent0, cent1);
         } else {
           cent0 = value_codes.decode(d, codes, c);
           cent1 = value_codes.decode(d, codes, c + N);

@@ -66,6 +66,7 @@ Command add_bench(CLI::App& app) {
     bool json = false, quick = false, decode_only = false, gpu = false;
     int threads = 0;
     std::string output, torch_json;
+    std::vector<std::int64_t> decode_contexts;
   };
   auto opts = std::make_shared<Options>();
   CLI::App* sub = app.add_subcommand("bench", "Benchmark the cpu backend against the machine's limits and PyTorch");
@@ -76,6 +77,9 @@ Command add_bench(CLI::App& app) {
   sub->add_option("--threads", opts->threads, "Threads (default: all cores)");
   sub->add_option("--output", opts->output, "Also write the JSON to this file");
   sub->add_option("--torch-json", opts->torch_json, "PyTorch results (bench/torch_cpu_sdpa.py) to merge");
+  sub->add_option("--decode-contexts", opts->decode_contexts,
+                  "Contexts of the decode comparison (default 4096 32768 131072; 4096 with --quick)")
+      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 20));
   return {
       sub, [opts] {
         if (opts->gpu) {
@@ -148,8 +152,11 @@ Command add_bench(CLI::App& app) {
           }
         }
         // Decode: Hq = 32, Hkv = 8, D = 128; a dense f16 cache against a TurboQuant cache.
-        for (std::int64_t ctx :
-             opts->quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{4096, 32768, 131072}) {
+        const std::vector<std::int64_t> contexts =
+            !opts->decode_contexts.empty()
+                ? opts->decode_contexts
+                : opts->quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{4096, 32768, 131072};
+        for (std::int64_t ctx : contexts) {
           const std::int64_t H = 32, Hkv = 8, D = 128;
           auto k = random_bytes<std::uint8_t>(std::size_t(ctx * Hkv * D), DType::f16, rng), v = k;
           auto q = random_bytes<std::uint8_t>(std::size_t(H * D), DType::f16, rng), o = q;
