@@ -45,13 +45,16 @@ def _kjv(path: Path) -> str:
 
 
 def load_text(corpus: str = "devil", path: Optional[Union[str, Path]] = None) -> str:
-    """The whole text of `corpus`, from `path` or the packaged file by default."""
+    """The whole text of `corpus`, from `path` or the packaged file by default; a path ending in .txt holds the
+    text itself (as this function returns it), for a machine without the Debian package."""
     if corpus not in CORPORA:
         raise error("corpus", f"unknown name {corpus!r} (choices: {', '.join(CORPORA)})")
     p = Path(path) if path is not None else CORPORA[corpus]
     if not p.is_file():
         package = {"devil": "dict-devil", "kjv": "bible-kjv-text and bible-kjv"}[corpus]
         raise error("path", f"no {corpus} text at {p} (Debian package {package}; scripts/setup.sh installs it)")
+    if p.suffix == ".txt":  # the text as this function returns it, saved: for a machine without the Debian package
+        return p.read_text(encoding="utf-8")
     return _devil(p) if corpus == "devil" else _kjv(p)
 
 
