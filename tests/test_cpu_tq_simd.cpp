@@ -72,6 +72,10 @@ TEST(CpuTqSimd, EverySimdTargetThisMachineRuns) {
       l.recent_tokens = 5;
       expect_simd(make_case(l, 4, 0), kernel);
     }
+    // Every preset (outlier channels, block means, exact tokens): the decoded keys' parts and their reduction
+    // across tokens, and the block means, on each lane count.
+    for (const TqPreset& p : tq_presets())
+      for (std::int64_t D : {64, 128}) expect_simd(make_case(tq_preset_layout(p.name, D, 2, 150), 4, 0), kernel);
   }
   hwy::SetSupportedTargetsForTest(0);
 }
