@@ -164,7 +164,10 @@ struct ValueDecoder {
   using D8 = hn::Repartition<std::uint8_t, D>;
   using V8 = hn::Vec<D8>;
   static constexpr int bits = kBits, levels = 1 << kBits;
-  std::int64_t N = 0;
+  // Lanes: a constant where the target's vectors have a fixed size (every x86 and NEON target), so that the
+  // codebook's fit and the window's layout are decided when compiling.
+  static constexpr std::int64_t N = HWY_HAVE_SCALABLE ? 0 : std::int64_t(hn::MaxLanes(D()));
+  static_assert(HWY_HAVE_SCALABLE == 0, "ValueDecoder needs vectors of a fixed size");
   V lo, hi;
   VU shifts;
   // decode_pair: two chunks (2N dims, at most 16 bytes of codes) from one 16-byte load copied to every
@@ -175,7 +178,7 @@ struct ValueDecoder {
   VU pair_shifts[2];
   alignas(64) float centroids[16] = {};
 
-  ValueDecoder(D d, const float* c) : N(std::int64_t(hn::Lanes(d))) {
+  explicit ValueDecoder(D d, const float* c) {
     const DU du;
     for (int i = 0; i < levels; ++i) centroids[i] = c[i];
     lo = hn::LoadU(d, centroids);
@@ -203,16 +206,18 @@ struct ValueDecoder {
 
   HWY_INLINE V centroids_of(D d, VU idx) const {
     const hn::RebindToSigned<D> di;
-    if (levels <= N) return hn::TableLookupLanes(lo, hn::IndicesFromVec(d, hn::BitCast(di, idx)));
-    if (levels <= 2 * N) {
+    if constexpr (levels <= N) {
+      return hn::TableLookupLanes(lo, hn::IndicesFromVec(d, hn::BitCast(di, idx)));
+    } else if constexpr (levels <= 2 * N) {
       const DU du;
       const VU low = hn::And(idx, hn::Set(du, std::uint32_t(N - 1)));
       const auto in_lo = hn::TableLookupLanes(lo, hn::IndicesFromVec(d, hn::BitCast(di, low)));
       const auto in_hi = hn::TableLookupLanes(hi, hn::IndicesFromVec(d, hn::BitCast(di, low)));
       const auto below = hn::Lt(hn::BitCast(di, idx), hn::Set(di, std::int32_t(N)));  // idx < 16: signed is exact
       return hn::IfThenElse(hn::RebindMask(d, below), in_lo, in_hi);
+    } else {
+      return hn::GatherIndex(d, centroids, hn::BitCast(di, idx));
     }
-    return hn::GatherIndex(d, centroids, hn::BitCast(di, idx));
   }
 
   // Centroids of dims [c, c + N) of a row whose code bytes start at `codes` (c a multiple of N). The
@@ -221,7 +226,7 @@ struct ValueDecoder {
     const DU du;
     VU window;
     VU shift = shifts;
-    if (N >= 16) {
+    if constexpr (N >= 16) {
       window = hn::IfThenElse(hn::FirstN(du, 8), hn::Set(du, load_u32(codes + bits * (c / 8))),
                               hn::Set(du, load_u32(codes + bits * (c / 8 + 1))));
     } else {
@@ -275,8 +280,8 @@ HWY_INLINE hn::Vec<D> f16_chunk(D d, const std::uint32_t* row, std::int64_t c) {
 // decode_pair may read past these codes (ValueDecoder::decode_pair).
 template <int GT, class D, class Decoder>
 HWY_INLINE void add_key_dots(D d, const Decoder& dec, const float* const* q_rot, const std::uint8_t* codes,
-                             std::int64_t dim, std::int64_t first, float part_scale, bool pairs,
-                             hn::Vec<D> (&sum0)[GT], hn::Vec<D> (&sum1)[GT]) {
+                             std::int64_t dim, std::int64_t first, float part_scale, bool pairs, hn::Vec<D> (&sum0)[GT],
+                             hn::Vec<D> (&sum1)[GT]) {
   using V = hn::Vec<D>;
   const std::int64_t N = std::int64_t(hn::Lanes(d));
   const V k = hn::Set(d, part_scale);

@@ -152,10 +152,9 @@ Command add_bench(CLI::App& app) {
           }
         }
         // Decode: Hq = 32, Hkv = 8, D = 128; a dense f16 cache against a TurboQuant cache.
-        const std::vector<std::int64_t> contexts =
-            !opts->decode_contexts.empty()
-                ? opts->decode_contexts
-                : opts->quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{4096, 32768, 131072};
+        const std::vector<std::int64_t> contexts = !opts->decode_contexts.empty() ? opts->decode_contexts
+                                                   : opts->quick                  ? std::vector<std::int64_t>{4096}
+                                                                 : std::vector<std::int64_t>{4096, 32768, 131072};
         for (std::int64_t ctx : contexts) {
           const std::int64_t H = 32, Hkv = 8, D = 128;
           auto k = random_bytes<std::uint8_t>(std::size_t(ctx * Hkv * D), DType::f16, rng), v = k;
