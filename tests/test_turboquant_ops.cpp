@@ -705,8 +705,16 @@ void check_every_dtype_and_head_dim(Backend& b) {
             "D " + std::to_string(D) + " " + dtype_name(dtype) + (l.norm_correction ? " norm correction" : "");
         HostTensor x({1, 37, 2, D}, dtype, false);
         x.fill_normal(rng);
+        // Above the bound in what the row stores: with norm correction that is n / |c[idx]|, below n when the
+        // decoded unit vector is longer than 1 (rare, likelier at small D), so the row grows until both the key
+        // and the value encoding of it store more than 65504.
         HostTensor big(x);
-        scale_row(big, 29, 1, 7e4);
+        for (double norm = 7e4;; norm *= 1.05) {
+          scale_row(big, 29, 1, norm);
+          if (core::encode_row(row_of(big, 29, 1), t, true).stored_norm > kF16MaxForTests &&
+              core::encode_row(row_of(big, 29, 1), t, false).stored_norm > kF16MaxForTests)
+            break;
+        }
         for (bool keys : {true, false}) {
           const auto [words, error] = encode_on(b, t, big, keys);
           ASSERT_TRUE(error.has_value()) << what << ": accepted";
