@@ -43,7 +43,8 @@ def parse(argv):
     p.add_argument("--model", default="smollm2", help=f"{'|'.join(MODELS)}, or several, comma-separated")
     p.add_argument("--model-path", default=None, help="a GGUF file instead of the packaged one")
     p.add_argument("--corpus", default="devil", choices=sorted(CORPORA))
-    p.add_argument("--corpus-path", default=None, help="the corpus file instead of the packaged one")
+    p.add_argument("--corpus-path", default=None,
+                   help="the corpus file instead of the packaged one (a .txt file: the text itself)")
     p.add_argument("--ctx", type=int, default=None,
                    help=f"tokens per window (default {DEFAULT_CTX['cpu']} on cpu, {DEFAULT_CTX['cuda']} on cuda)")
     p.add_argument("--windows", type=int, default=None,
