@@ -275,7 +275,7 @@ HWY_INLINE hn::Vec<D> f16_chunk(D d, const std::uint32_t* row, std::int64_t c) {
 // the tables of 2- to 4-bit codes are 64 to 256 KB at D = 128 and their reads wait on L2 (this measured
 // about 1.5x faster for 4-bit keys, docs/benchmarks.md). The decoded centroids are multiplied by
 // `part_scale` (the part's norm times the softmax scale) first, so the parts of a key with outlier channels
-// share one horizontal sum per head. `first`: the coordinate of q_rot where these codes start; dim is a
+// share one reduction per head (row_sums). `first`: the coordinate of q_rot where these codes start; dim is a
 // multiple of the lanes (parts are at least 16 coordinates), not always of twice them. `pairs`: whether
 // decode_pair may read past these codes (ValueDecoder::decode_pair).
 template <int GT, class D, class Decoder>
