@@ -47,6 +47,12 @@ namespace {
 
 constexpr std::uint32_t kPoisonWord = 0xA5A5A5A5u;
 
+std::string hex_word(std::uint32_t w) {
+  std::ostringstream s;
+  s << "0x" << std::hex << w;
+  return s.str();
+}
+
 // Keys or values [1, tokens, Hkv, D] (of sequence `salt / 4` of a batch), some rows zero when the
 // case asks for it.
 HostTensor kv_rows(const TqCase& c, std::uint64_t salt) {
@@ -213,13 +219,16 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
   std::int64_t codes = 0, differ = 0, flips = 0;
   for (std::int64_t w = l.key_mask_offset(); keys && w < l.key_words(); ++w) {
     if (ref[std::size_t(w)] != got[std::size_t(w)]) {
-      detail = "key word " + std::to_string(w) + " (outlier masks, then block means) differs";
+      detail = "key word " + std::to_string(w) +
+               " (outlier masks, then block means) differs: " + hex_word(got[std::size_t(w)]) + " for the oracle's " +
+               hex_word(ref[std::size_t(w)]);
       return std::numeric_limits<double>::infinity();
     }
   }
   for (std::int64_t w = l.value_mean_offset(); !keys && w < l.value_words(); ++w) {
     if (ref[std::size_t(w)] != got[std::size_t(w)]) {
-      detail = "value block mean word " + std::to_string(w - l.value_mean_offset()) + " differs";
+      detail = "value block mean word " + std::to_string(w - l.value_mean_offset()) +
+               " differs: " + hex_word(got[std::size_t(w)]) + " for the oracle's " + hex_word(ref[std::size_t(w)]);
       return std::numeric_limits<double>::infinity();
     }
   }

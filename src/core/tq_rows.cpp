@@ -30,6 +30,12 @@ double norm(const std::vector<double>& x) {
 
 // The f16 of a norm as a GPU computing in f32 stores it: rounded to f32, then to f16 (RNE).
 std::uint32_t f16_bits(double x) { return f32_to_f16(float(x)); }
+// A block mean's f16: a zero of either sign is +0 (docs/turboquant_layout.md: the sign of a sum that cancels is
+// not one every backend's arithmetic reproduces).
+std::uint32_t mean_bits(double x) {
+  const std::uint32_t h = f16_bits(x);
+  return (h & 0x7FFFu) == 0 ? 0u : h;
+}
 double f16_value(std::uint32_t bits) { return double(f16_to_f32(std::uint16_t(bits & 0xFFFFu))); }
 
 // The exact copy of a row: its rotated vector n * RHT(x / n) in bf16 (a zero vector is zeros).
@@ -252,8 +258,8 @@ void tq_encode_head_with_means(const TqEncodeCall& c, std::int64_t h) {
         for (std::int64_t d = 0; d < D; ++d) sum[std::size_t(d)] += r[std::size_t(d)];
       }
       for (std::int64_t i = 0; i < D / 2; ++i)
-        mean[i] = f16_bits(sum[std::size_t(2 * i)] / double(g)) | f16_bits(sum[std::size_t(2 * i + 1)] / double(g))
-                                                                      << 16;
+        mean[i] = mean_bits(sum[std::size_t(2 * i)] / double(g)) | mean_bits(sum[std::size_t(2 * i + 1)] / double(g))
+                                                                       << 16;
     }
     source(t, r);
     for (std::int64_t d = 0; d < D; ++d) r[std::size_t(d)] -= mean_element(mean, d);

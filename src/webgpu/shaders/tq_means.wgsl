@@ -15,6 +15,13 @@ struct Params {
 @group(0) @binding(1) var<storage, read> ROWS: array<u32>;
 @group(0) @binding(2) var<storage, read_write> CACHE: array<u32>;
 
+// A zero of either sign is +0 (docs/turboquant_layout.md, block means): the double-float sum keeps terms the
+// oracle's double drops, so where the sum cancels to within f16's range of zero their signs can differ.
+fn mean_bits(x: f32) -> u32 {
+  let h = f16_bits(x);
+  return select(h, 0u, (h & 0x7fffu) == 0u);
+}
+
 @compute @workgroup_size(128)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   df_one = P.one;
@@ -31,6 +38,6 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     odd = df_add(odd, vec2<f32>(bitcast<f32>(w & 0xffff0000u), 0.0));
   }
   let inv = 1.0 / f32(P.block);
-  let mean = f16_bits(even.x * inv) | (f16_bits(odd.x * inv) << 16u);
+  let mean = mean_bits(even.x * inv) | (mean_bits(odd.x * inv) << 16u);
   CACHE[P.cache_off + P.mean_off + (h * P.mean_blocks + b) * words + k] = mean;
 }
