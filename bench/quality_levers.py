@@ -258,15 +258,14 @@ def main() -> int:
     p.add_argument("--output", default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--model-path", default=None, help="a GGUF file instead of the packaged one")
-    p.add_argument("--text-file", default=None,
-                   help="the corpus's whole text (as flashtq.corpora.load_text returns it), for a machine without "
-                        "its Debian package")
+    p.add_argument("--corpus-path", default=None,
+                   help="the corpus file instead of the packaged one (a .txt file: the text itself), as the "
+                        "evaluation takes it")
     args = p.parse_args()
     torch.set_grad_enabled(False)
     model, tok = models.load(args.model, args.model_path, attn_implementation="eager")
     model = model.to(args.device)
-    whole = open(args.text_file, encoding="utf-8").read() if args.text_file else corpora.load_text(args.corpus)
-    text = corpora.held_out(whole)
+    text = corpora.held_out(corpora.load_text(args.corpus, args.corpus_path))
     ids = tok(text, add_special_tokens=False).input_ids
     wins = perplexity.windows(ids, args.ctx, args.windows, models.prefix_ids(args.model, tok))
     text_config = model.config.get_text_config()

@@ -47,9 +47,10 @@ namespace {
 
 constexpr std::uint32_t kPoisonWord = 0xA5A5A5A5u;
 
-std::string hex_word(std::uint32_t w) {
+// "<what> differs: <got> for the oracle's <want>", the words in hex.
+std::string word_differs(const std::string& what, std::uint32_t got, std::uint32_t want) {
   std::ostringstream s;
-  s << "0x" << std::hex << w;
+  s << what << " differs: 0x" << std::hex << got << " for the oracle's 0x" << want;
   return s.str();
 }
 
@@ -219,16 +220,15 @@ double compare_words(const TqLayout& l, const std::vector<std::uint32_t>& ref, c
   std::int64_t codes = 0, differ = 0, flips = 0;
   for (std::int64_t w = l.key_mask_offset(); keys && w < l.key_words(); ++w) {
     if (ref[std::size_t(w)] != got[std::size_t(w)]) {
-      detail = "key word " + std::to_string(w) +
-               " (outlier masks, then block means) differs: " + hex_word(got[std::size_t(w)]) + " for the oracle's " +
-               hex_word(ref[std::size_t(w)]);
+      detail = word_differs("key word " + std::to_string(w) + " (outlier masks, then block means)", got[std::size_t(w)],
+                            ref[std::size_t(w)]);
       return std::numeric_limits<double>::infinity();
     }
   }
   for (std::int64_t w = l.value_mean_offset(); !keys && w < l.value_words(); ++w) {
     if (ref[std::size_t(w)] != got[std::size_t(w)]) {
-      detail = "value block mean word " + std::to_string(w - l.value_mean_offset()) +
-               " differs: " + hex_word(got[std::size_t(w)]) + " for the oracle's " + hex_word(ref[std::size_t(w)]);
+      detail = word_differs("value block mean word " + std::to_string(w - l.value_mean_offset()), got[std::size_t(w)],
+                            ref[std::size_t(w)]);
       return std::numeric_limits<double>::infinity();
     }
   }

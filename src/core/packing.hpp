@@ -34,4 +34,7 @@ FLASHTQ_HD void put_code(std::uint32_t* words, std::int64_t d, int bits, std::ui
   put_bits(words, d * bits, bits, code);
 }
 
+// The f16 bits a block mean stores (docs/turboquant_layout.md): a zero of either sign is +0.
+FLASHTQ_HD std::uint32_t block_mean_half(std::uint32_t f16) { return (f16 & 0x7FFFu) == 0 ? 0u : f16; }
+
 }  // namespace flashtq::core

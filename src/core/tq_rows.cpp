@@ -30,12 +30,8 @@ double norm(const std::vector<double>& x) {
 
 // The f16 of a norm as a GPU computing in f32 stores it: rounded to f32, then to f16 (RNE).
 std::uint32_t f16_bits(double x) { return f32_to_f16(float(x)); }
-// A block mean's f16: a zero of either sign is +0 (docs/turboquant_layout.md: the sign of a sum that cancels is
-// not one every backend's arithmetic reproduces).
-std::uint32_t mean_bits(double x) {
-  const std::uint32_t h = f16_bits(x);
-  return (h & 0x7FFFu) == 0 ? 0u : h;
-}
+// A block mean's f16 (the sign of a sum that cancels is not one every backend's arithmetic reproduces).
+std::uint32_t mean_bits(double x) { return block_mean_half(f16_bits(x)); }
 double f16_value(std::uint32_t bits) { return double(f16_to_f32(std::uint16_t(bits & 0xFFFFu))); }
 
 // The exact copy of a row: its rotated vector n * RHT(x / n) in bf16 (a zero vector is zeros).

@@ -240,6 +240,9 @@ struct ValueDecoder {
   // code's byte: up to 16 - 2 N b / 8 bytes past the two chunks, which callers allow only where the
   // cache holds that many more bytes (any slot but a region's last: the next slot's codes and the
   // region after them follow). Needs `pairs`.
+  // Whether decode_pair may serve slot `slot` of a region of `slots`.
+  bool pairs_at(std::int64_t slot, std::int64_t slots) const { return pairs && slot + 1 < slots; }
+
   HWY_INLINE void decode_pair(D d, const std::uint8_t* codes, std::int64_t c, V& out0, V& out1) const {
     const DU du;
     const D8 d8;
@@ -408,7 +411,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       if (kKeyBits != 0) {  // no QJL with these keys; with outlier channels part by part, each by its norm
         V sum0[GT], sum1[GT];
         for (int g = 0; g < GT; ++g) sum0[g] = sum1[g] = hn::Zero(d);
-        const bool pairs = key_codes.pairs && slot + 1 < lay.slots();
+        const bool pairs = key_codes.pairs_at(slot, lay.slots());
         if (lay.key_outliers) {
           const std::uint32_t* halves = keys + lay.key_norm_offset() + slot * lay.key_norm_words();
           for (int p = 0; p < n_parts; ++p) {
@@ -493,9 +496,6 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
     const std::int64_t code_bytes = 4 * lay.value_code_words();
     const auto* block_codes =
         reinterpret_cast<const std::uint8_t*>(values + (kvh * lay.capacity + tb) * lay.value_code_words());
-    // decode_pair reads past a row's codes: not in the region's last slot (see ValueDecoder).
-    const bool value_pairs = value_codes.pairs;
-    const std::int64_t value_slot_end = lay.slots() - kvh * lay.capacity;  // timesteps before the last slot + 1
     for (std::int64_t c = 0; c < D; c += 2 * N) {
       V sum0[GT], sum1[GT];
       for (int g = 0; g < GT; ++g) {
@@ -508,7 +508,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
         if (any_exact && exact_v[t]) {
           cent0 = exact_chunk(d, exact_v[t], c);
           cent1 = exact_chunk(d, exact_v[t], c + N);
-        } else if (value_pairs && tb + t + 1 < value_slot_end) {
+        } else if (value_codes.pairs_at(kvh * lay.capacity + tb + t, lay.slots())) {
           value_codes.decode_pair(d, codes, c, cent0, cent1);
         } else {
           cent0 = value_codes.decode(d, codes, c);

@@ -55,11 +55,7 @@ __global__ void __launch_bounds__(kThreads) means_kernel(TqTables tables, Tensor
   std::uint32_t* mean = cache + (keys ? l.key_mean(h, b * g) : l.value_mean(h, b * g));
   for (std::int32_t k = 0; k < D / 2; ++k) {
     const float lo = float(__ddiv_rn(sum[2 * k], double(g))), hi = float(__ddiv_rn(sum[2 * k + 1], double(g)));
-    // A zero of either sign is +0 (docs/turboquant_layout.md, block means).
-    auto bits = [](float x) {
-      const std::uint32_t h = __half_as_ushort(__float2half_rn(x));
-      return (h & 0x7FFFu) == 0 ? 0u : h;
-    };
+    auto bits = [](float x) { return core::block_mean_half(__half_as_ushort(__float2half_rn(x))); };
     mean[k] = bits(lo) | bits(hi) << 16;
   }
 }
