@@ -40,6 +40,14 @@ __device__ __forceinline__ std::uint32_t bf16_pair(float lo, float hi) {
   return *reinterpret_cast<const std::uint32_t*>(&h);
 }
 
+// The transpose of an 8x8 matrix of 16-bit elements held as in a D fragment's half (lane (row, col) holds row
+// `row`, columns 2 col, 2 col + 1): afterwards the lane holds row `row` of the transpose, columns 2 col, 2 col + 1.
+__device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
+  std::uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 // Max and sum over the 4 threads of a group (lanes 4g .. 4g + 3: one row of an mma result).
 __device__ __forceinline__ float group_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 1));

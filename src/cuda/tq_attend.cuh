@@ -29,7 +29,7 @@ struct AttendParams {
   std::int64_t first_row;      // first batch row of this launch (grids hold at most 65535 rows in z)
   float* ws;
   void* key_fragments;   // the tensor-core decode's per (row, head group) query fragments, in the workspace
-  float* key_mean_dots;  // decode_tc with key block means: <q_rot, mu_b> per (row, head, block), in the workspace
+  float* key_mean_dots;  // decode_tc with key block means: <q_rot, mu_b> per (row, block, head), in the workspace
   std::int64_t key_mean_blocks;  // blocks per (row, head) there: the longest row's
   int n_splits, n_tiles;
   int split_tokens;     // timesteps per block (split)

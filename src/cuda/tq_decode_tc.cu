@@ -4,19 +4,21 @@
 //
 // Codes become mma operands through tables in shared memory whose entries are PAIRS of centroids: the
 // index bits of two codes give a bf16x2 register in one load. Each table is replicated across the banks
-// (32 copies; 8 for 4-bit codes, whose tables are 16 times larger), lane l reading copy l % copies, so a
-// warp's 32 lookups at random entries do not wait on each other.
+// (32 copies, lane l reading copy l), so a warp's 32 lookups at random entries do not wait on each other.
 //
 // Per 16 timesteps of one (sequence, kv head), for up to 8 query heads of its GQA group:
-//   keys    S [heads x 16 timesteps] = Q [heads x D] . K^T    (heads in rows 0-7 of mma's 16)
-//   values  O^T [D x heads] += V^T [D x 16 timesteps] . P^T   (dims as rows: nothing padded)
-// The lane that receives S's columns 2 col, 2 col + 1 is the lane that supplies P^T's rows 2 col, 2 col + 1,
-// so the weights pass from one product to the next in registers. A key's coordinates are taken in groups of
-// 32 (lane col owns 8 col .. 8 col + 7 of each: two k-steps from one 32-bit window of codes); a group lies
-// inside one part of a key with outlier channels (kernel_choice serves outlier counts that are multiples of
-// 32), and a part's dot product is scaled by its norm as the part ends. Values: the lanes of mma row r own
-// dims r D / 8 .. r D / 8 + D / 8 - 1 of every timestep, 8 dims (one 32-bit window) at a time.
-// Block means: <q, mu> per (row, head, key block) comes from tq_key_mean_dots.cu, launched before; a value
+//   keys    S^T [16 timesteps x heads] = K [16 timesteps x D] . Q^T [D x heads]   (the keys as the A operand)
+//   values  O^T [D x heads] += V^T [D x 16 timesteps] . P^T [16 timesteps x heads]  (dims as rows)
+// Nothing is padded but heads past a group of fewer than 8, and Q^T is a fixed B fragment. S^T's lane holds
+// timesteps r, r + 8 of heads 2 col, 2 col + 1 (so the softmax statistics of a head meet over 8 lanes); the
+// weights become P^T's B fragment by a transpose in registers (movmatrix), and the lane's heads are the heads of
+// its O^T accumulators, whose rescaling needs no shuffle. A key's coordinates are taken in groups of 32 (lane col
+// owns 8 col .. 8 col + 7 of each: two k-steps from one 32-bit window of codes per row); a group lies inside one
+// part of a key with outlier channels (kernel_choice serves outlier counts that are multiples of 32), and a part's
+// products are scaled by its norm as the part ends. Values: the lanes of mma row r own dims r D / 8 .. r D / 8 +
+// D / 8 - 1 of every timestep, 8 dims (one 32-bit window) at a time.
+// Block means: <q, mu> per (row, head, key block) comes from tq_key_mean_dots.cu, launched before, and is staged with
+// each tile; a value
 // block's mean is added once per warp and block, weighted by the warp's probabilities of that block.
 // Exact sink and recent timesteps are a split of their own (the last; a call its blocks make, so its registers do
 // not count against the tiles'), in f32 from their bf16 rows. The
@@ -38,10 +40,10 @@ namespace {
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kTile = 16;         // timesteps per tile
-constexpr int kHeads = kTcHeads;  // query heads per block (mma rows 0-7)
+constexpr int kHeads = kTcHeads;  // query heads per block (the mma's 8 columns)
 
-__host__ __device__ constexpr int lut_copies(int bits) { return bits <= 3 ? 32 : 8; }
-__host__ __device__ constexpr int lut_words(int bits) { return bits ? (1 << (2 * bits)) * lut_copies(bits) : 0; }
+constexpr int kLutCopies = 32;  // of each table entry: one per bank
+__host__ __device__ constexpr int lut_words(int bits) { return bits ? (1 << (2 * bits)) * kLutCopies : 0; }
 __host__ __device__ constexpr int round4(int x) { return (x + 3) / 4 * 4; }
 __host__ __device__ constexpr int larger(int x, int y) { return x > y ? x : y; }
 
@@ -58,7 +60,10 @@ struct Shape {
   static constexpr int kValueStage = round4(kTile * kValueWords + 5);
   static constexpr int kKeyNormStage = round4(kTile * kNormWords + 5);
   static constexpr int kValueNormStage = round4(kTile + 5);
-  static constexpr int kStage = kKeyStage + kValueStage + kKeyNormStage + kValueNormStage;
+  static constexpr int kMeanDotStage = kHeads;  // the tile's key block's mean dots, one per head
+  static constexpr int kValueMeanStage = D / 2;  // the mean of the value block the tile ends, as f16 pairs
+  static constexpr int kStage =
+      kKeyStage + kValueStage + kKeyNormStage + kValueNormStage + kMeanDotStage + kValueMeanStage;
   static constexpr int kLuts = lut_words(KB) + lut_words(KO) + lut_words(VB);
   static constexpr int kCombine = kWarps * kHeads * (D + 2);
   static constexpr int kArea = larger(2 * kWarps * kStage, kCombine);
@@ -86,6 +91,13 @@ __device__ __forceinline__ void stage_words(unsigned stage, const std::uint32_t*
   const int total = lead + n, chunks = total >> 2;
   for (int c = lane; c < chunks; c += 32) cp_async16(stage + 16 * c, base + 4 * c);
   for (int i = 4 * chunks + lane; i < total; i += 32) cp_async4(stage + 4 * i, base + i);
+}
+
+// A stage's four arrays word by word (stage_words): a warp's last, partial tile, or caches not on 16 bytes. Not
+// inlined, so that the tile loop does not carry this path's address arithmetic.
+__device__ __noinline__ void stage_partial(unsigned st, const std::uint32_t* const (&src)[4], const int (&words)[4],
+                                           const int (&at)[4], const int (&lead)[4], bool vector, int lane) {
+  for (int i = 0; i < 4; ++i) stage_words(st + 4u * unsigned(at[i]), src[i], words[i], vector, lead[i], lane);
 }
 
 // stage_words for a full tile of caches on 16 bytes whose words start on 16 bytes: `chunks` 16-byte copies, from
@@ -119,20 +131,30 @@ __host__ __device__ constexpr std::uint32_t even_code_bits(int bits) {
   return m;
 }
 
-// The byte offset of entry `index` in a pair table of `bits`-bit codes (copies of an entry side by side).
-template <int B>
-__device__ __forceinline__ unsigned entry_offset(std::uint32_t index) {
-  constexpr int kScale = lut_copies(B) == 32 ? 7 : 5;  // log2(copies * 4 bytes)
-  static_assert((1 << kScale) == 4 * lut_copies(B), "copies of an entry: 8 or 32 words");
-  return index << kScale;
+// The pair-table entry whose index is the 2 B bits of x from bit kAt on, in this lane's copy (`lane_table`: the
+// table's base plus 4 bytes per copy before the lane's): the index masked in place, then moved to its entry's offset
+// and added in one shift-and-add.
+template <int B, int kAt>
+__device__ __forceinline__ std::uint32_t pair_at(std::uint32_t x, unsigned lane_table) {
+  constexpr int kScale = 7;  // log2(kLutCopies * 4 bytes): an entry's stride
+  static_assert((1 << kScale) == 4 * kLutCopies, "an entry's copies: 128 bytes");
+  const std::uint32_t index = x & (((1u << (2 * B)) - 1) << kAt);
+  if constexpr (kAt > kScale) {
+    return lds32((index >> (kAt - kScale)) + lane_table);  // LEA.HI
+  } else {
+    // A multiply-add (IMAD): written as a shift, the compiler moves the shift before the mask and adds an IADD.
+    std::uint32_t at;
+    asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(at) : "r"(index), "n"(1u << (kScale - kAt)), "r"(lane_table));
+    return lds32(at);
+  }
 }
 
 // A pair table: entry i (copies of it side by side) holds centroids[i % 2^bits] in its low half and
 // centroids[i / 2^bits] in its high half, as bf16.
 __device__ void fill_pairs(std::uint32_t* lut, int bits, const float* centroids, int tid) {
-  const int copies = lut_copies(bits), mask = (1 << bits) - 1;
+  const int mask = (1 << bits) - 1;
   for (int i = tid; i < lut_words(bits); i += kThreads) {
-    const int entry = i / copies;
+    const int entry = i / kLutCopies;
     lut[i] = bf16_pair(centroids[entry & mask], centroids[entry >> bits]);
   }
 }
@@ -236,8 +258,17 @@ __device__ __noinline__ void exact_split(const AttendParams& a, float* area, std
   }
 }
 
-// Blocks per SM the registers are held to (128 registers a thread up to D = 128).
-__host__ __device__ constexpr int min_blocks(int D) { return D <= 128 ? 4 : 2; }
+// Blocks per SM the registers are held to: 3 up to D = 128 (168 registers a thread, none spilled; held to 128 for 4
+// blocks, the tile loop spilled and ran slower), 2 above.
+__host__ __device__ constexpr int min_blocks(int D) { return D <= 128 ? 3 : 2; }
+
+// 32 bits of a row's codes from word `word` on, shifted right by `shift`: one load where the lane's codes start on
+// a word for every lane (kWordAligned: 8 codes of 4 bits), else two and a funnel shift.
+template <bool kWordAligned>
+__device__ __forceinline__ std::uint32_t window_at(unsigned word, int shift) {
+  if constexpr (kWordAligned) return lds32(word);
+  return __funnelshift_r(lds32(word), lds32(word + 4), shift);
+}
 
 // kCapped: scores go through the softcap (a.softcap > 0); a template argument, so that the common call's loop
 // has no test of it.
@@ -289,7 +320,20 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
   const int kn_lead = lead_of(kn_next, vector), vn_lead = lead_of(vn_next, vector);
   const bool aligned = vector && (k_lead | v_lead | kn_lead | vn_lead) == 0;
   constexpr int kValueAt = S::kKeyStage, kKeyNormAt = kValueAt + S::kValueStage;
-  constexpr int kValueNormAt = kKeyNormAt + S::kKeyNormStage;
+  constexpr int kValueNormAt = kKeyNormAt + S::kKeyNormStage, kMeanDotAt = kValueNormAt + S::kValueNormStage;
+  constexpr int kValueMeanAt = kMeanDotAt + S::kMeanDotStage;
+  // Block lengths are powers of two: blocks by shifts.
+  const int kg = l.key_block, key_shift = kg ? __ffs(kg) - 1 : 0;
+  const int vg = l.value_block, value_shift = vg ? __ffs(vg) - 1 : 0;
+  // Lane h < 8 stages head h's key mean dot of each tile's block (a head past the group's: its group's first);
+  // the dots of a row and block lie head after head (tq_key_mean_dots.cu).
+  const float* const mean_dots =
+      a.key_mean_dots + j * a.key_mean_blocks * a.H + h0 + (lane < heads ? lane : 0);
+  // A tile that ends a value block (or the warp's part of it) stages that block's mean, 16 bytes a lane where the
+  // means start on 16 bytes.
+  const std::uint32_t* const value_means =
+      vg ? values + l.value_mean_offset() + kvh * l.mean_blocks(vg) * (D / 2) : nullptr;
+  const bool means_vector = vector && (reinterpret_cast<std::uintptr_t>(value_means) % 16 == 0);
   auto fill = [&](int t0, int buf) {
     const unsigned st = stages + 4u * unsigned(buf * S::kStage);
     const int n = min(kTile, hi - t0);
@@ -299,10 +343,19 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
       stage_tile<S::kKeyNormStage>(st + 4 * kKeyNormAt, kn_next, kTile / 4 * nw, lane);
       stage_tile<S::kValueNormStage>(st + 4 * kValueNormAt, vn_next, kTile / 4, lane);
     } else {
-      stage_words(st, k_next - 4 * lane, n * kw, vector, k_lead, lane);
-      stage_words(st + 4 * kValueAt, v_next - 4 * lane, n * VW, vector, v_lead, lane);
-      stage_words(st + 4 * kKeyNormAt, kn_next - 4 * lane, n * nw, vector, kn_lead, lane);
-      stage_words(st + 4 * kValueNormAt, vn_next - 4 * lane, n, vector, vn_lead, lane);
+      stage_partial(st, {k_next - 4 * lane, v_next - 4 * lane, kn_next - 4 * lane, vn_next - 4 * lane},
+                    {n * kw, n * VW, n * nw, n}, {0, kValueAt, kKeyNormAt, kValueNormAt},
+                    {k_lead, v_lead, kn_lead, vn_lead}, vector, lane);
+    }
+    if (kg && lane < kHeads)
+      cp_async4(st + 4u * unsigned(kMeanDotAt + lane), mean_dots + std::int64_t(t0 >> key_shift) * a.H);
+    if (vg && (((t0 + kTile) & (vg - 1)) == 0 || t0 + kTile >= w_end)) {
+      const std::uint32_t* mean = value_means + std::int64_t(t0 >> value_shift) * (D / 2);
+      if (means_vector) {
+        if (lane < D / 8) cp_async16(st + 4u * unsigned(kValueMeanAt + 4 * lane), mean + 4 * lane);
+      } else {
+        for (int i = lane; i < D / 2; i += 32) cp_async4(st + 4u * unsigned(kValueMeanAt + i), mean + i);
+      }
     }
     cp_async_commit();
     k_next += kTile * kw, v_next += kTile * VW, kn_next += kTile * nw, vn_next += kTile;
@@ -313,9 +366,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
   if (KO) fill_pairs(outlier_lut, KO, a.outlier_centroids, tid);
   fill_pairs(value_lut, VB, a.value_centroids, tid);
   // This lane's copy of each table.
-  const unsigned key_lut_lane = shared_address(key_lut) + 4u * unsigned(lane % lut_copies(KB));
-  const unsigned outlier_lut_lane = shared_address(outlier_lut) + 4u * unsigned(lane % lut_copies(KO ? KO : 1));
-  const unsigned value_lut_lane = shared_address(value_lut) + 4u * unsigned(lane % lut_copies(VB));
+  const unsigned key_lut_lane = shared_address(key_lut) + 4u * unsigned(lane);
+  const unsigned outlier_lut_lane = shared_address(outlier_lut) + 4u * unsigned(lane);
+  const unsigned value_lut_lane = shared_address(value_lut) + 4u * unsigned(lane);
   // Groups of 32 key coordinates that end a part (bit u), and the outlier part's groups.
   unsigned part_ends = 1u << (D / 32 - 1);
   const int outlier_groups = KO ? l.key_outliers / 32 : 0;
@@ -325,32 +378,40 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
       part_ends |= 1u << ((kp.offset + kp.size) / 32 - 1);
     }
   }
-  // Head r's query: coordinates 32 u + 8 col + {0 1, 2 3, 4 5, 6 7} as bf16 pairs; rows past the heads are 0.
-  std::uint32_t qa[D / 32][4];
+  // Where this lane's codes of a key group start in the rows r and r + 8 of a stage: group u of `bits`-bit codes
+  // starts at word u bits (plus, past the outliers, the words their wider codes take), lane col's 8 codes 8 col bits
+  // further.
+  const unsigned key_lane =
+      4u * unsigned(r * kw + (KO ? l.key_outliers * (KO - KB) / 32 : 0) + ((8 * col * KB) >> 5));
+  const int key_shift_in = (8 * col * KB) & 31;
+  const unsigned outlier_lane = 4u * unsigned(r * kw + ((8 * col * (KO ? KO : 1)) >> 5));
+  const int outlier_shift_in = (8 * col * (KO ? KO : 1)) & 31;
+  // Q^T as the key product's B fragments, one per k-step: head r's coordinates 32 u + 8 col + {0 1, 2 3} (step 0)
+  // and {4 5, 6 7} (step 1) as bf16 pairs, times the score scale (base 2); heads past the group's are 0.
+  const float score_scale = a.scale * kLog2e;
+  std::uint32_t qb[D / 32][4];
   {
     const float* q = a.scratch + a.scratch_layout.q_rot(j, h0 + (r < heads ? r : 0));
 #pragma unroll
     for (int u = 0; u < D / 32; ++u)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        qa[u][e] = r < heads ? bf16_pair(q[32 * u + 8 * col + 2 * e], q[32 * u + 8 * col + 2 * e + 1]) : 0u;
+        qb[u][e] = r < heads ? bf16_pair(score_scale * q[32 * u + 8 * col + 2 * e],
+                                         score_scale * q[32 * u + 8 * col + 2 * e + 1])
+                             : 0u;
   }
-  const float score_scale = a.scale * kLog2e;  // base-2 scores
-  // Block lengths are powers of two: blocks by shifts.
-  const int kg = l.key_block, vg = l.value_block;
-  const int key_shift = kg ? __ffs(kg) - 1 : 0, value_shift = vg ? __ffs(vg) - 1 : 0;
-  const float* mean_dots = a.key_mean_dots + ((j * a.H + h0 + (r < heads ? r : 0)) * a.key_mean_blocks);
-  const std::uint32_t* value_means =
-      vg ? values + l.value_mean_offset() + kvh * l.mean_blocks(vg) * (D / 2) + r * (D / 16) : nullptr;
   const int value_bit = r * (D / 8) * VB;  // this lane's first value bit in a timestep's codes
   __syncthreads();                         // the tables
 
-  float m = -INFINITY, lsum = 0.0f;  // head r's running maximum (base 2) and sum of weights
-  float acc[D / 16][4] = {};         // O^T: dims r D / 8 + 2 i (+ 1 in [2], [3]) of heads 2 col, 2 col + 1
-  float mean_w[2] = {0.0f, 0.0f};    // value-mean weights of heads 2 col, 2 col + 1 in the current block
+  // Per lane, for heads 2 col and 2 col + 1: the running maximum (base 2; equal across the lanes of a head) and the
+  // lane's share of the sum of weights and of the value-mean weights of the current block (summed over the lanes
+  // of a head at the end and where a block ends).
+  float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}, mean_w[2] = {0.0f, 0.0f};
+  float acc[D / 16][4] = {};  // O^T: dims r D / 8 + 2 i (+ 1 in [2], [3]) of heads 2 col, 2 col + 1
   int buf = 0;
   for (int t0 = w_begin; t0 < w_end; t0 += kTile, buf ^= 1) {
-    if (t0 + kTile < w_end) {
+    const bool more = t0 + kTile < w_end;
+    if (more) {
       fill(t0 + kTile, buf ^ 1);
     } else {
       cp_async_commit();  // an empty group: the wait below is always for this tile
@@ -361,100 +422,109 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
     const unsigned kst = st + 4u * unsigned(k_lead), vst = st + 4u * unsigned(kValueAt + v_lead);
     const unsigned knst = st + 4u * unsigned(kKeyNormAt + kn_lead), vnst = st + 4u * unsigned(kValueNormAt + vn_lead);
 
-    // ---- keys: head r's scores of timesteps t0 + 8 nt + 2 col + x ----
-    float score[2][2] = {};
+    // ---- keys: S^T = K Q^T, timesteps r and r + 8 (s[0..1], s[2..3]) of heads 2 col, 2 col + 1 ----
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     {
-      float part[2][4] = {};
+      float part[2][4] = {};  // a k-step parity each: two chains of dependent products, not one
       int p = 0;
-      const unsigned key_row[2] = {kst + 4u * unsigned(r * kw), kst + 4u * unsigned((8 + r) * kw)};
-      // Two k-steps of a group from one window: coordinates c0 + {0 1}, {2 3} (step 1), {4 5}, {6 7} (step 2).
-      auto group = [&](auto bits, unsigned lut, int bit0, std::uint32_t q0, std::uint32_t q1, std::uint32_t q2,
-                       std::uint32_t q3) {
-        constexpr int B = decltype(bits)::value, kMask = (1 << (2 * B)) - 1;
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const std::uint32_t x = bits_at(key_row[nt], bit0);
-          const std::uint32_t b0 = lds32(lut + entry_offset<B>(x & kMask));
-          const std::uint32_t b1 = lds32(lut + entry_offset<B>((x >> (2 * B)) & kMask));
-          const std::uint32_t b2 = lds32(lut + entry_offset<B>((x >> (4 * B)) & kMask));
-          const std::uint32_t b3 = lds32(lut + entry_offset<B>((x >> (6 * B)) & kMask));
-          mma_16816<__nv_bfloat16>(part[nt], q0, 0u, q1, 0u, b0, b1);
-          mma_16816<__nv_bfloat16>(part[nt], q2, 0u, q3, 0u, b2, b3);
-        }
+      // A group of 32 coordinates of `bits`-bit codes: rows r and r + 8's windows of the lane's 8 codes, whose
+      // pairs 0, 1 make the first k-step's A fragment and pairs 2, 3 the second's.
+      auto group = [&](auto bits, unsigned words, int shift, unsigned lut, int u) {
+        constexpr int B = decltype(bits)::value;
+        constexpr bool kWordAligned = 8 * B % 32 == 0;
+        const std::uint32_t x0 = window_at<kWordAligned>(words, shift);
+        const std::uint32_t x1 = window_at<kWordAligned>(words + 4u * unsigned(8 * kw), shift);
+        mma_16816<__nv_bfloat16>(part[0], pair_at<B, 0>(x0, lut), pair_at<B, 0>(x1, lut), pair_at<B, 2 * B>(x0, lut),
+                                 pair_at<B, 2 * B>(x1, lut), qb[u][0], qb[u][1]);
+        mma_16816<__nv_bfloat16>(part[1], pair_at<B, 4 * B>(x0, lut), pair_at<B, 4 * B>(x1, lut),
+                                 pair_at<B, 6 * B>(x0, lut), pair_at<B, 6 * B>(x1, lut), qb[u][2], qb[u][3]);
       };
 #pragma unroll
       for (int u = 0; u < D / 32; ++u) {
-        const int c0 = 32 * u + 8 * col;  // this lane's first coordinate of the group
         if (KO && u < outlier_groups) {
-          group(std::integral_constant < int, KO ? KO : 1 > {}, outlier_lut_lane, c0 * KO, qa[u][0], qa[u][1], qa[u][2],
-                qa[u][3]);
+          group(std::integral_constant < int, KO ? KO : 1 > {}, kst + outlier_lane + 4u * unsigned(u * KO),
+                outlier_shift_in, outlier_lut_lane, u);
         } else {
-          group(std::integral_constant<int, KB>{}, key_lut_lane, c0 * KB + l.key_outliers * (KO - KB), qa[u][0],
-                qa[u][1], qa[u][2], qa[u][3]);
+          group(std::integral_constant<int, KB>{}, kst + key_lane + 4u * unsigned(u * KB), key_shift_in, key_lut_lane,
+                u);
         }
-        if ((part_ends >> u) & 1u) {  // the part ends: its dot products times the timesteps' norms of it
+        if (KO ? (part_ends >> u) & 1u : u == D / 32 - 1) {  // the part ends: its products times the rows' norms
+          const unsigned at = knst + 4u * unsigned(r * nw + (p >> 1));
+          const int half = 16 * (p & 1);
+          const float n0 = f16_low(lds32(at) >> half), n1 = f16_low(lds32(at + 4u * unsigned(8 * nw)) >> half);
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int x = 0; x < 2; ++x) {
-              const int t = 8 * nt + 2 * col + x;
-              const float n = f16_low(lds32(knst + 4u * unsigned(t * nw + (p >> 1))) >> (16 * (p & 1)));
-              score[nt][x] = fmaf(n, part[nt][x], score[nt][x]);
-              part[nt][x] = 0.0f;
-            }
+          for (int e = 0; e < 4; ++e) {
+            s[e] = fmaf(e < 2 ? n0 : n1, part[0][e] + part[1][e], s[e]);
+            part[0][e] = part[1][e] = 0.0f;
+          }
           ++p;
         }
       }
     }
-    const float mean_dot = kg && r < heads ? mean_dots[t0 >> key_shift] : 0.0f;
+    if (kg) {  // heads 2 col, 2 col + 1's dot products with the block's key mean
+      const unsigned at = st + 4u * unsigned(kMeanDotAt + 2 * col);
+      const float mean_dot[2] = {__uint_as_float(lds32(at)), __uint_as_float(lds32(at + 4))};
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int t = t0 + 8 * nt + 2 * col + x;
-        score[nt][x] = r < heads && t >= lo && t < w_end ? (score[nt][x] + mean_dot) * score_scale : -INFINITY;
-        if constexpr (kCapped) score[nt][x] = capped_score(score[nt][x], a.softcap * kLog2e);
-      }
-    // ---- online softmax of head r ----
-    const float m_new = fmaxf(m, group_max(fmaxf(fmaxf(score[0][0], score[0][1]), fmaxf(score[1][0], score[1][1]))));
-    const float corr = m_new == -INFINITY ? 1.0f : exp2_approx(m - m_new);
-    // Without branches: a hidden timestep's weight is exp2(-inf) = 0 (against 0 when nothing is visible yet), and
-    // its value norm, which may be any bits of the stage, is selected away.
-    const float m_base = m_new == -INFINITY ? 0.0f : m_new;
-    float tile_sum = 0.0f;
-    std::uint32_t pb[2];  // P^T's B fragment: weights times the value norms, timesteps 8 nt + 2 col + x
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      float pv[2];
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const float p = exp2_approx(score[nt][x] - m_base);
-        tile_sum += p;
-        const float norm = f16_low(lds32(vnst + 4u * unsigned(8 * nt + 2 * col + x)));
-        pv[x] = p == 0.0f ? 0.0f : p * norm;
-      }
-      pb[nt] = bf16_pair(pv[0], pv[1]);
+      for (int e = 0; e < 4; ++e) s[e] = fmaf(score_scale, mean_dot[e & 1], s[e]);
     }
-    tile_sum = group_sum(tile_sum);
-    lsum = fmaf(lsum, corr, tile_sum);
-    m = m_new;
-    // The accumulators' heads are 2 col and 2 col + 1: their corrections come from lanes 8 col and 8 col + 4.
-    const float c_even = __shfl_sync(0xFFFFFFFFu, corr, 8 * col), c_odd = __shfl_sync(0xFFFFFFFFu, corr, 8 * col + 4);
-    if (c_even != 1.0f || c_odd != 1.0f) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if constexpr (kCapped) s[e] = capped_score(s[e], a.softcap * kLog2e);
+    }
+    const bool edge = t0 < lo || t0 + kTile > w_end;  // a tile with hidden timesteps (the same for the warp)
+    if (edge) {
+      const int ta = t0 + r, tb = ta + 8;
+      const bool va = ta >= lo && ta < w_end, vb = tb >= lo && tb < w_end;
+      s[0] = va ? s[0] : -INFINITY, s[1] = va ? s[1] : -INFINITY;
+      s[2] = vb ? s[2] : -INFINITY, s[3] = vb ? s[3] : -INFINITY;
+    }
+    // ---- online softmax of heads 2 col, 2 col + 1: maxima over the 8 lanes of a head ----
+    float mx[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
+#pragma unroll
+    for (int o = 4; o < 32; o *= 2)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], o));
+    float corr[2], base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m[h], mx[h]);
+      corr[h] = m_new == -INFINITY ? 1.0f : exp2_approx(m[h] - m_new);
+      base[h] = m_new == -INFINITY ? 0.0f : m_new;  // a hidden timestep's weight is exp2(-inf) = 0
+      m[h] = m_new;
+    }
+    float pw[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pw[e] = exp2_approx(s[e] - base[e & 1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      lsum[h] = fmaf(lsum[h], corr[h], pw[h] + pw[2 + h]);
+      if (vg) mean_w[h] = fmaf(mean_w[h], corr[h], pw[h] + pw[2 + h]);
+    }
+    // P^T's B fragment for the value product: the weights times the value norms as bf16 pairs of rows r, r + 8
+    // (heads 2 col, 2 col + 1), transposed by movmatrix into head r's timesteps 2 col, 2 col + 1 (and + 8). A
+    // hidden timestep's norm, which may be any bits of the stage, is selected away.
+    std::uint32_t pb[2];
+    {
+      const float vn0 = f16_low(lds32(vnst + 4u * unsigned(r))), vn1 = f16_low(lds32(vnst + 4u * unsigned(r + 8)));
+      float w[4] = {pw[0] * vn0, pw[1] * vn0, pw[2] * vn1, pw[3] * vn1};
+      if (edge) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = pw[e] == 0.0f ? 0.0f : w[e];
+      }
+      pb[0] = movmatrix_trans(bf16_pair(w[0], w[1]));
+      pb[1] = movmatrix_trans(bf16_pair(w[2], w[3]));
+    }
+    if (__any_sync(0xFFFFFFFFu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
       for (int i = 0; i < D / 16; ++i) {
-        acc[i][0] *= c_even, acc[i][1] *= c_odd;
-        acc[i][2] *= c_even, acc[i][3] *= c_odd;
+        acc[i][0] *= corr[0], acc[i][1] *= corr[1];
+        acc[i][2] *= corr[0], acc[i][3] *= corr[1];
       }
-    }
-    if (vg) {
-      mean_w[0] = fmaf(mean_w[0], c_even, __shfl_sync(0xFFFFFFFFu, tile_sum, 8 * col));
-      mean_w[1] = fmaf(mean_w[1], c_odd, __shfl_sync(0xFFFFFFFFu, tile_sum, 8 * col + 4));
     }
     // ---- values: dims r D / 8 + 8 c .. + 7 of timesteps 2 col, 2 col + 1, 2 col + 8, 2 col + 9 ----
     {
       static_assert(9 * VB <= 32, "a window's 8 codes shifted by one code still fit 32 bits");
-      constexpr std::uint32_t kPairMask = (1u << (2 * VB)) - 1, kEvenDims = even_code_bits(VB);
+      constexpr std::uint32_t kEvenDims = even_code_bits(VB);
       const unsigned v0 = vst + 4u * unsigned(2 * col * VW);
 #pragma unroll
       for (int c = 0; c < D / 64; ++c) {
@@ -465,23 +535,30 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
         const std::uint32_t y1 = bits_at(v0 + 4 * VW, bit0) << VB, y3 = bits_at(v0 + 4 * 9 * VW, bit0) << VB;
         const std::uint32_t z01[2] = {merge_by_mask(x0, y1, kEvenDims), merge_by_mask(x0, y1, ~kEvenDims)};
         const std::uint32_t z23[2] = {merge_by_mask(x2, y3, kEvenDims), merge_by_mask(x2, y3, ~kEvenDims)};
-        auto pair = [&](const std::uint32_t(&z)[2], int d) {
-          return lds32(value_lut_lane + entry_offset<VB>((z[d & 1] >> (d * VB)) & kPairMask));
-        };
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          mma_16816<__nv_bfloat16>(acc[4 * c + i], pair(z01, 2 * i), pair(z01, 2 * i + 1), pair(z23, 2 * i),
-                                   pair(z23, 2 * i + 1), pb[0], pb[1]);
+        const unsigned t = value_lut_lane;
+        mma_16816<__nv_bfloat16>(acc[4 * c + 0], pair_at<VB, 0 * VB>(z01[0], t), pair_at<VB, 1 * VB>(z01[1], t),
+                                 pair_at<VB, 0 * VB>(z23[0], t), pair_at<VB, 1 * VB>(z23[1], t), pb[0], pb[1]);
+        mma_16816<__nv_bfloat16>(acc[4 * c + 1], pair_at<VB, 2 * VB>(z01[0], t), pair_at<VB, 3 * VB>(z01[1], t),
+                                 pair_at<VB, 2 * VB>(z23[0], t), pair_at<VB, 3 * VB>(z23[1], t), pb[0], pb[1]);
+        mma_16816<__nv_bfloat16>(acc[4 * c + 2], pair_at<VB, 4 * VB>(z01[0], t), pair_at<VB, 5 * VB>(z01[1], t),
+                                 pair_at<VB, 4 * VB>(z23[0], t), pair_at<VB, 5 * VB>(z23[1], t), pb[0], pb[1]);
+        mma_16816<__nv_bfloat16>(acc[4 * c + 3], pair_at<VB, 6 * VB>(z01[0], t), pair_at<VB, 7 * VB>(z01[1], t),
+                                 pair_at<VB, 6 * VB>(z23[0], t), pair_at<VB, 7 * VB>(z23[1], t), pb[0], pb[1]);
       }
     }
-    if (vg && (((t0 + kTile) & (vg - 1)) == 0 || t0 + kTile >= w_end)) {  // the block (or the warp's part of it) ends
-      const std::uint32_t* mean = value_means + (t0 >> value_shift) * (D / 2);
+    if (vg && (((t0 + kTile) & (vg - 1)) == 0 || !more)) {  // the block (or the warp's part of it) ends
+      float wsum[2] = {mean_w[0], mean_w[1]};
+#pragma unroll
+      for (int o = 4; o < 32; o *= 2)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wsum[h] += __shfl_xor_sync(0xFFFFFFFFu, wsum[h], o);
+      const unsigned mean = st + 4u * unsigned(kValueMeanAt + r * (D / 16));  // row r's dims, staged
 #pragma unroll
       for (int i = 0; i < D / 16; ++i) {
-        const std::uint32_t word = mean[i];
-        const float lo = f16_low(word), hi = f16_low(word >> 16);
-        acc[i][0] = fmaf(mean_w[0], lo, acc[i][0]), acc[i][1] = fmaf(mean_w[1], lo, acc[i][1]);
-        acc[i][2] = fmaf(mean_w[0], hi, acc[i][2]), acc[i][3] = fmaf(mean_w[1], hi, acc[i][3]);
+        const std::uint32_t word = lds32(mean + 4u * unsigned(i));
+        const float lo_dim = f16_low(word), hi_dim = f16_low(word >> 16);
+        acc[i][0] = fmaf(wsum[0], lo_dim, acc[i][0]), acc[i][1] = fmaf(wsum[1], lo_dim, acc[i][1]);
+        acc[i][2] = fmaf(wsum[0], hi_dim, acc[i][2]), acc[i][3] = fmaf(wsum[1], hi_dim, acc[i][3]);
       }
       mean_w[0] = mean_w[1] = 0.0f;
     }
@@ -489,13 +566,17 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
   }
 
   // ---- the warps' results, combined into one partial ----
+#pragma unroll
+  for (int o = 4; o < 32; o *= 2)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) lsum[h] += __shfl_xor_sync(0xFFFFFFFFu, lsum[h], o);
   __syncthreads();                                   // the stages are free
   float* const cm = reinterpret_cast<float*>(area);  // [kWarps][kHeads] maxima (base 2)
   float* const cl = cm + kWarps * kHeads;            // sums
   float* const cacc = cl + kWarps * kHeads;          // [kWarps][kHeads][D]
-  if (col == 0) {
-    cm[warp * kHeads + r] = m;
-    cl[warp * kHeads + r] = lsum;
+  if (r == 0) {
+    cm[warp * kHeads + 2 * col] = m[0], cm[warp * kHeads + 2 * col + 1] = m[1];
+    cl[warp * kHeads + 2 * col] = lsum[0], cl[warp * kHeads + 2 * col + 1] = lsum[1];
   }
 #pragma unroll
   for (int i = 0; i < D / 16; ++i) {

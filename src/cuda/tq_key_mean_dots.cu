@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(kThreads) key_mean_dots_kernel(const __grid_co
   const bool live = block < blocks;
   constexpr int kWords = D / 2 / kLanes;  // f16 pairs of the mean per lane
   const std::uint32_t* mean = keys_of(a, j) + a.l.key_mean(kvh, (live ? block : 0) * a.l.key_block) + part;
-  float* dots = a.key_mean_dots + (j * a.H + kvh * G) * blocks + block;
+  float* dots = a.key_mean_dots + (j * blocks + block) * a.H + kvh * G;  // a row's and block's heads side by side
   for (std::int64_t g0 = 0; g0 < G; g0 += kHeads) {
     const int heads = int(min(std::int64_t(kHeads), G - g0));
     __syncthreads();  // the previous pass has read q
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kThreads) key_mean_dots_kernel(const __grid_co
     if (live && part == 0) {
 #pragma unroll
       for (int g = 0; g < kHeads; ++g)
-        if (g < heads) dots[(g0 + g) * blocks] = dot[g];
+        if (g < heads) dots[g0 + g] = dot[g];
     }
   }
 }
