@@ -60,7 +60,7 @@ struct Shape {
   static constexpr int kValueStage = round4(kTile * kValueWords + 5);
   static constexpr int kKeyNormStage = round4(kTile * kNormWords + 5);
   static constexpr int kValueNormStage = round4(kTile + 5);
-  static constexpr int kMeanDotStage = kHeads;  // the tile's key block's mean dots, one per head
+  static constexpr int kMeanDotStage = kHeads;   // the tile's key block's mean dots, one per head
   static constexpr int kValueMeanStage = D / 2;  // the mean of the value block the tile ends, as f16 pairs
   static constexpr int kStage =
       kKeyStage + kValueStage + kKeyNormStage + kValueNormStage + kMeanDotStage + kValueMeanStage;
@@ -327,8 +327,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
   const int vg = l.value_block, value_shift = vg ? __ffs(vg) - 1 : 0;
   // Lane h < 8 stages head h's key mean dot of each tile's block (a head past the group's: its group's first);
   // the dots of a row and block lie head after head (tq_key_mean_dots.cu).
-  const float* const mean_dots =
-      a.key_mean_dots + j * a.key_mean_blocks * a.H + h0 + (lane < heads ? lane : 0);
+  const float* const mean_dots = a.key_mean_dots + j * a.key_mean_blocks * a.H + h0 + (lane < heads ? lane : 0);
   // A tile that ends a value block (or the warp's part of it) stages that block's mean, 16 bytes a lane where the
   // means start on 16 bytes.
   const std::uint32_t* const value_means =
@@ -381,8 +380,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
   // Where this lane's codes of a key group start in the rows r and r + 8 of a stage: group u of `bits`-bit codes
   // starts at word u bits (plus, past the outliers, the words their wider codes take), lane col's 8 codes 8 col bits
   // further.
-  const unsigned key_lane =
-      4u * unsigned(r * kw + (KO ? l.key_outliers * (KO - KB) / 32 : 0) + ((8 * col * KB) >> 5));
+  const unsigned key_lane = 4u * unsigned(r * kw + (KO ? l.key_outliers * (KO - KB) / 32 : 0) + ((8 * col * KB) >> 5));
   const int key_shift_in = (8 * col * KB) & 31;
   const unsigned outlier_lane = 4u * unsigned(r * kw + ((8 * col * (KO ? KO : 1)) >> 5));
   const int outlier_shift_in = (8 * col * (KO ? KO : 1)) & 31;
