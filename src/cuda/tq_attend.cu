@@ -390,18 +390,10 @@ std::size_t fragment_offset(const TqAttendCall& c, TqAttendKernel kernel) {
   return (partial_bytes(c, kernel) + 15) / 16 * 16;
 }
 
-// decode_tc with key block means: <q_rot, mu_b> of every (row, head) and block of the longest row, after the partials.
-std::int64_t key_mean_blocks(const TqAttendCall& c, TqAttendKernel kernel) {
-  const std::int64_t g = c.layout().key_block;
-  return kernel == TqAttendKernel::decode_tc && g ? (c.longest_row + g - 1) / g : 0;
-}
-
 }  // namespace
 
 std::size_t tq_attend_workspace(const TqAttendCall& c, TqAttendKernel kernel) {
   if (kernel == TqAttendKernel::prefill_bf16) return tq_prefill_workspace(c);
-  if (kernel == TqAttendKernel::decode_tc)
-    return fragment_offset(c, kernel) + std::size_t(c.rows() * c.n_heads * key_mean_blocks(c, kernel)) * sizeof(float);
   if (kernel != TqAttendKernel::decode_mma) return partial_bytes(c, kernel);
   return fragment_offset(c, kernel) + std::size_t(c.rows() * (c.n_heads / 4)) * kKeyFragmentBytes;
 }
@@ -431,8 +423,6 @@ void launch_tq_attend(const TqAttendCall& c, TqAttendKernel kernel) {
   a.out_head_stride = c.out.strides[2];
   a.ws = static_cast<float*>(c.workspace);
   a.key_fragments = static_cast<char*>(c.workspace) + fragment_offset(c, kernel);
-  a.key_mean_dots = reinterpret_cast<float*>(static_cast<char*>(c.workspace) + fragment_offset(c, kernel));
-  a.key_mean_blocks = key_mean_blocks(c, kernel);
   a.n_splits = n_splits_of(c, kernel);
   a.split_tokens = int(split_tokens_of(c, kernel));
   a.window = c.window;

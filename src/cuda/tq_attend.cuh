@@ -28,9 +28,8 @@ struct AttendParams {
   const std::int32_t* starts;  // per sequence, or null: start_pos for all
   std::int64_t first_row;      // first batch row of this launch (grids hold at most 65535 rows in z)
   float* ws;
-  void* key_fragments;   // the tensor-core decode's per (row, head group) query fragments, in the workspace
-  float* key_mean_dots;  // decode_tc with key block means: <q_rot, mu_b> per (row, block, head), in the workspace
-  std::int64_t key_mean_blocks;  // blocks per (row, head) there: the longest row's
+  void* key_fragments;  // the tensor-core decode's per (row, head group) query fragments, in the workspace
+  int mean_dot_rows;    // decode_tc with key block means: the key blocks one warp's timesteps may touch
   int n_splits, n_tiles;
   int split_tokens;     // timesteps per block (split)
   std::int64_t window;  // 0 = none; else row p sees (p - window, p]
@@ -103,7 +102,5 @@ void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream);
 constexpr int kTcHeads = 8;
 constexpr int kTcSplitTokens = 256;  // least timesteps per split
 void launch_tc_decode(const AttendParams& a, dim3 grid, cudaStream_t stream);
-// <q_rot, mu_b> of every (row of this launch, head, key block) into a.key_mean_dots (tq_key_mean_dots.cu).
-void launch_key_mean_dots(const AttendParams& a, unsigned rows, cudaStream_t stream);
 
 }  // namespace flashtq::cuda

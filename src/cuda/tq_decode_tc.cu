@@ -17,8 +17,7 @@
 // part of a key with outlier channels (kernel_choice serves outlier counts that are multiples of 32), and a part's
 // products are scaled by its norm as the part ends. Values: the lanes of mma row r own dims r D / 8 .. r D / 8 +
 // D / 8 - 1 of every timestep, 8 dims (one 32-bit window) at a time.
-// Block means: <q, mu> per (row, head, key block) comes from tq_key_mean_dots.cu, launched before, and is staged with
-// each tile; a value
+// Block means: each warp first takes <q, mu> of the key blocks its timesteps touch, on the same tensor cores; a value
 // block's mean is added once per warp and block, weighted by the warp's probabilities of that block.
 // Exact sink and recent timesteps are a split of their own (the last; a call its blocks make, so its registers do
 // not count against the tiles'), in f32 from their bf16 rows. The
@@ -60,10 +59,8 @@ struct Shape {
   static constexpr int kValueStage = round4(kTile * kValueWords + 5);
   static constexpr int kKeyNormStage = round4(kTile * kNormWords + 5);
   static constexpr int kValueNormStage = round4(kTile + 5);
-  static constexpr int kMeanDotStage = kHeads;   // the tile's key block's mean dots, one per head
   static constexpr int kValueMeanStage = D / 2;  // the mean of the value block the tile ends, as f16 pairs
-  static constexpr int kStage =
-      kKeyStage + kValueStage + kKeyNormStage + kValueNormStage + kMeanDotStage + kValueMeanStage;
+  static constexpr int kStage = kKeyStage + kValueStage + kKeyNormStage + kValueNormStage + kValueMeanStage;
   static constexpr int kLuts = lut_words(KB) + lut_words(KO) + lut_words(VB);
   static constexpr int kCombine = kWarps * kHeads * (D + 2);
   static constexpr int kArea = larger(2 * kWarps * kStage, kCombine);
@@ -116,6 +113,11 @@ __device__ __forceinline__ void stage_tile(unsigned stage, const std::uint32_t* 
 __device__ __forceinline__ std::uint32_t bits_at(unsigned words, int bit) {
   const unsigned w = words + 4 * unsigned(bit >> 5);
   return __funnelshift_r(lds32(w), lds32(w + 4), bit & 31);
+}
+
+// An f16 pair as a bf16 pair (low half first).
+__device__ __forceinline__ std::uint32_t f16_pair_to_bf16(std::uint32_t w) {
+  return bf16_pair(f16_low(w), f16_low(w >> 16));
 }
 
 // Bits x where mask is set, y elsewhere (one LOP3).
@@ -320,14 +322,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
   const int kn_lead = lead_of(kn_next, vector), vn_lead = lead_of(vn_next, vector);
   const bool aligned = vector && (k_lead | v_lead | kn_lead | vn_lead) == 0;
   constexpr int kValueAt = S::kKeyStage, kKeyNormAt = kValueAt + S::kValueStage;
-  constexpr int kValueNormAt = kKeyNormAt + S::kKeyNormStage, kMeanDotAt = kValueNormAt + S::kValueNormStage;
-  constexpr int kValueMeanAt = kMeanDotAt + S::kMeanDotStage;
+  constexpr int kValueNormAt = kKeyNormAt + S::kKeyNormStage, kValueMeanAt = kValueNormAt + S::kValueNormStage;
   // Block lengths are powers of two: blocks by shifts.
   const int kg = l.key_block, key_shift = kg ? __ffs(kg) - 1 : 0;
   const int vg = l.value_block, value_shift = vg ? __ffs(vg) - 1 : 0;
-  // Lane h < 8 stages head h's key mean dot of each tile's block (a head past the group's: its group's first);
-  // the dots of a row and block lie head after head (tq_key_mean_dots.cu).
-  const float* const mean_dots = a.key_mean_dots + j * a.key_mean_blocks * a.H + h0 + (lane < heads ? lane : 0);
   // A tile that ends a value block (or the warp's part of it) stages that block's mean, 16 bytes a lane where the
   // means start on 16 bytes.
   const std::uint32_t* const value_means =
@@ -346,8 +344,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
                     {n * kw, n * VW, n * nw, n}, {0, kValueAt, kKeyNormAt, kValueNormAt},
                     {k_lead, v_lead, kn_lead, vn_lead}, vector, lane);
     }
-    if (kg && lane < kHeads)
-      cp_async4(st + 4u * unsigned(kMeanDotAt + lane), mean_dots + std::int64_t(t0 >> key_shift) * a.H);
     if (vg && (((t0 + kTile) & (vg - 1)) == 0 || t0 + kTile >= w_end)) {
       const std::uint32_t* mean = value_means + std::int64_t(t0 >> value_shift) * (D / 2);
       if (means_vector) {
@@ -399,7 +395,33 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
                              : 0u;
   }
   const int value_bit = r * (D / 8) * VB;  // this lane's first value bit in a timestep's codes
-  __syncthreads();                         // the tables
+  // Key block means: <q, mu_b> (scaled) of every block the warp's timesteps touch, 16 blocks an mma (the means' f16
+  // words as bf16 A fragments in the keys' coordinate order, Q^T the keys' B fragments), into the warp's rows of
+  // shared memory after the area: row b - first_block holds the 8 heads' dots of block b.
+  const int first_block = kg ? w_begin >> key_shift : 0;
+  float2* const mean_dots = reinterpret_cast<float2*>(area + S::kArea) + warp * a.mean_dot_rows * (kHeads / 2);
+  if (kg && w_begin < w_end) {
+    const int blocks = ((w_end - 1) >> key_shift) - first_block + 1;
+    for (int b0 = 0; b0 < blocks; b0 += 16) {
+      const int rows[2] = {b0 + r, b0 + r + 8};
+      const std::uint32_t* mean[2];
+      for (int x = 0; x < 2; ++x)
+        mean[x] = rows[x] < blocks ? keys + l.key_mean(kvh, std::int64_t(first_block + rows[x]) * kg) : nullptr;
+      auto fragment = [&](int x, int word) { return mean[x] ? f16_pair_to_bf16(mean[x][word]) : 0u; };
+      float dots[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int u = 0; u < D / 32; ++u)
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {
+          const int w = 16 * u + 4 * col + 2 * step;  // coordinates 32 u + 8 col + 4 step + {0 1}, then {2 3}
+          mma_16816<__nv_bfloat16>(dots, fragment(0, w), fragment(1, w), fragment(0, w + 1), fragment(1, w + 1),
+                                   qb[u][2 * step], qb[u][2 * step + 1]);
+        }
+      for (int x = 0; x < 2; ++x)
+        if (rows[x] < blocks) mean_dots[rows[x] * (kHeads / 2) + col] = make_float2(dots[2 * x], dots[2 * x + 1]);
+    }
+  }
+  __syncthreads();  // the tables (and each warp's mean dots)
 
   // Per lane, for heads 2 col and 2 col + 1: the running maximum (base 2; equal across the lanes of a head) and the
   // lane's share of the sum of weights and of the value-mean weights of the current block (summed over the lanes
@@ -459,11 +481,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
         }
       }
     }
-    if (kg) {  // heads 2 col, 2 col + 1's dot products with the block's key mean
-      const unsigned at = st + 4u * unsigned(kMeanDotAt + 2 * col);
-      const float mean_dot[2] = {__uint_as_float(lds32(at)), __uint_as_float(lds32(at + 4))};
+    if (kg) {  // heads 2 col, 2 col + 1's dot products with the block's key mean (scaled)
+      const float2 mean_dot = mean_dots[(t0 >> key_shift) - first_block];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[e] = fmaf(score_scale, mean_dot[e & 1], s[e]);
+      for (int e = 0; e < 4; ++e) s[e] += e & 1 ? mean_dot.y : mean_dot.x;
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -608,8 +629,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
 template <int D, int KB, int KO, int VB, bool kCapped>
 void launch_capped(const AttendParams& a, dim3 grid, cudaStream_t stream) {
   using S = Shape<D, KB, KO, VB>;
-  allow_shared_bytes<decode_tc_kernel<D, KB, KO, VB, kCapped>>(S::kBytes);
-  decode_tc_kernel<D, KB, KO, VB, kCapped><<<grid, kThreads, S::kBytes, stream>>>(a);
+  const int bytes = S::kBytes + kWarps * a.mean_dot_rows * kHeads * int(sizeof(float));
+  allow_shared_bytes<decode_tc_kernel<D, KB, KO, VB, kCapped>>(bytes);
+  decode_tc_kernel<D, KB, KO, VB, kCapped><<<grid, kThreads, bytes, stream>>>(a);
 }
 
 template <int D, int KB, int KO, int VB>
@@ -633,14 +655,17 @@ bool launch_built(const AttendParams& a, dim3 grid, cudaStream_t stream, std::in
 
 template <int D>
 void launch_dim(const AttendParams& a, dim3 grid, cudaStream_t stream) {
-  if (a.l.key_block && a.key_mean_blocks > 0) launch_key_mean_dots(a, grid.z, stream);
   if (!launch_built<D>(a, grid, stream, std::make_index_sequence<tiles::kTqDecodeTcWidths.size()>{}))
     throw Error("backend", "cuda: internal error: no tensor-core decode built for this layout's code widths");
 }
 
 }  // namespace
 
-void launch_tc_decode(const AttendParams& a, dim3 grid, cudaStream_t stream) {
+void launch_tc_decode(const AttendParams& call, dim3 grid, cudaStream_t stream) {
+  AttendParams a = call;
+  // The key blocks a warp's timesteps (at most split_tokens / kWarps of them) may touch.
+  const int kg = a.l.key_block;
+  a.mean_dot_rows = kg ? (a.split_tokens / kWarps + kg - 1) / kg + 1 : 0;
   switch (a.l.head_dim) {
     case 64: launch_dim<64>(a, grid, stream); break;
     case 128: launch_dim<128>(a, grid, stream); break;
