@@ -482,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
       }
     }
     if (kg) {  // heads 2 col, 2 col + 1's dot products with the block's key mean (scaled)
-      const float2 mean_dot = mean_dots[(t0 >> key_shift) - first_block];
+      const float2 mean_dot = mean_dots[((t0 >> key_shift) - first_block) * (kHeads / 2) + col];
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[e] += e & 1 ? mean_dot.y : mean_dot.x;
     }
@@ -629,8 +629,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(cons
 template <int D, int KB, int KO, int VB, bool kCapped>
 void launch_capped(const AttendParams& a, dim3 grid, cudaStream_t stream) {
   using S = Shape<D, KB, KO, VB>;
-  const int bytes = S::kBytes + kWarps * a.mean_dot_rows * kHeads * int(sizeof(float));
-  allow_shared_bytes<decode_tc_kernel<D, KB, KO, VB, kCapped>>(bytes);
+  constexpr int kMeanDotRowBytes = kWarps * kHeads * int(sizeof(float));  // a row of every warp
+  // The most rows a launch takes: the longest split's warps over the shortest key blocks.
+  constexpr int kMostBytes =
+      S::kBytes + (kMmaMaxSplitTokens / kWarps / tiles::kTqDecodeTcLeastBlock + 1) * kMeanDotRowBytes;
+  allow_shared_bytes<decode_tc_kernel<D, KB, KO, VB, kCapped>>(kMostBytes);
+  const int bytes = S::kBytes + a.mean_dot_rows * kMeanDotRowBytes;
   decode_tc_kernel<D, KB, KO, VB, kCapped><<<grid, kThreads, bytes, stream>>>(a);
 }
 
