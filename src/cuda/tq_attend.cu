@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "core/packing.hpp"
 #include "core/tq_outliers.hpp"
@@ -324,7 +325,10 @@ int heads_per_block(const TqAttendCall& c, TqAttendKernel kernel) {
 
 // Timesteps per block. The tensor-core decode kernels pay a fixed cost per block (the query fragments or
 // tables, the cross-warp combine, one partial for the merge), so they take longer splits while the grid still
-// gives every SM at least 4 blocks; the scalar kernel keeps kSplitTokens.
+// gives every SM at least 4 blocks. Where that leaves decode_tc at its shortest split (a small batch), the fixed cost
+// dominates: it takes instead the split whose blocks, in whole waves of the blocks the GPU holds at once, finish
+// first (docs/benchmarks.md: B = 1 at 32k, 0.0705 -> 0.0463 ms; at (8, 32k), (1, 128k) and (32, 8k) the same rule
+// was 2-6 % slower than the doubling, so it stays there). The scalar kernel keeps kSplitTokens.
 std::int64_t split_tokens_of(const TqAttendCall& c, TqAttendKernel kernel) {
   if (kernel != TqAttendKernel::decode_mma && kernel != TqAttendKernel::decode_tc) return kSplitTokens;
   static const int sms = multiprocessors();
@@ -334,7 +338,15 @@ std::int64_t split_tokens_of(const TqAttendCall& c, TqAttendKernel kernel) {
   std::int64_t per = kernel == TqAttendKernel::decode_tc ? kTcSplitTokens : kMmaSplitTokens;
   while (per < kMmaMaxSplitTokens && units * ((c.longest_row + 2 * per - 1) / (2 * per)) >= 4 * std::int64_t(sms))
     per *= 2;
-  return per;
+  if (kernel != TqAttendKernel::decode_tc || per > kTcSplitTokens) return per;
+  const std::int64_t slots = std::int64_t(tc_blocks_per_sm(int(c.layout().head_dim))) * sms;
+  std::int64_t best = kTcSplitTokens, best_cost = std::numeric_limits<std::int64_t>::max();
+  for (std::int64_t p = kTcSplitTokens; p <= kMmaMaxSplitTokens; p += kTcSplitStep) {
+    const std::int64_t waves = (units * ((c.longest_row + p - 1) / p) + slots - 1) / slots;
+    const std::int64_t cost = waves * (p + kTcBlockCostTokens);
+    if (cost <= best_cost) best = p, best_cost = cost;  // on a tie the longer split: fewer partials to merge
+  }
+  return best;
 }
 
 // decode_tc gives the exact sink and recent timesteps a split of their own, the last.

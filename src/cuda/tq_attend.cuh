@@ -101,6 +101,12 @@ void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream);
 // means' dot products first when the layout has them.
 constexpr int kTcHeads = 8;
 constexpr int kTcSplitTokens = 256;  // least timesteps per split
+constexpr int kTcSplitStep = 64;     // splits are multiples of it: 16-timestep tiles for each of the 4 warps
+// Blocks of decode_tc resident per SM, which its registers are held to: 3 up to D = 128 (168 registers a thread,
+// none spilled; held to 128 for 4 blocks, the tile loop spilled and ran slower), 2 above.
+constexpr int tc_blocks_per_sm(int head_dim) { return head_dim <= 128 ? 3 : 2; }
+// What a block costs besides its timesteps (tables, key mean dots, the combine), in timesteps: about one tile a warp.
+constexpr int kTcBlockCostTokens = 64;
 void launch_tc_decode(const AttendParams& a, dim3 grid, cudaStream_t stream);
 
 }  // namespace flashtq::cuda

@@ -260,10 +260,6 @@ __device__ __noinline__ void exact_split(const AttendParams& a, float* area, std
   }
 }
 
-// Blocks per SM the registers are held to: 3 up to D = 128 (168 registers a thread, none spilled; held to 128 for 4
-// blocks, the tile loop spilled and ran slower), 2 above.
-__host__ __device__ constexpr int min_blocks(int D) { return D <= 128 ? 3 : 2; }
-
 // 32 bits of a row's codes from word `word` on, shifted right by `shift`: one load where the lane's codes start on
 // a word for every lane (kWordAligned: 8 codes of 4 bits), else two and a funnel shift.
 template <bool kWordAligned>
@@ -275,7 +271,8 @@ __device__ __forceinline__ std::uint32_t window_at(unsigned word, int shift) {
 // kCapped: scores go through the softcap (a.softcap > 0); a template argument, so that the common call's loop
 // has no test of it.
 template <int D, int KB, int KO, int VB, bool kCapped>
-__global__ void __launch_bounds__(kThreads, min_blocks(D)) decode_tc_kernel(const __grid_constant__ AttendParams a) {
+__global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
+    decode_tc_kernel(const __grid_constant__ AttendParams a) {
   using S = Shape<D, KB, KO, VB>;
   constexpr int VW = S::kValueWords;
   extern __shared__ __align__(16) std::uint32_t smem[];
