@@ -109,10 +109,17 @@ __device__ __forceinline__ void stage_tile(unsigned stage, const std::uint32_t* 
     if (lane + 32 * k < chunks) cp_async16(dst + 512u * unsigned(k), src + 128 * k);
 }
 
+// 32 bits of a bit stream from shared word address `word` on, shifted right by `shift`: one load where the lane's
+// codes start on a word for every lane (kWordAligned: 8 codes of 4 bits), else two and a funnel shift.
+template <bool kWordAligned>
+__device__ __forceinline__ std::uint32_t window_at(unsigned word, int shift) {
+  if constexpr (kWordAligned) return lds32(word);
+  return __funnelshift_r(lds32(word), lds32(word + 4), shift);
+}
+
 // 32 bits of a bit stream at shared address `words`, from bit `bit` on.
 __device__ __forceinline__ std::uint32_t bits_at(unsigned words, int bit) {
-  const unsigned w = words + 4 * unsigned(bit >> 5);
-  return __funnelshift_r(lds32(w), lds32(w + 4), bit & 31);
+  return window_at<false>(words + 4 * unsigned(bit >> 5), bit & 31);
 }
 
 // An f16 pair as a bf16 pair (low half first).
@@ -260,14 +267,6 @@ __device__ __noinline__ void exact_split(const AttendParams& a, float* area, std
   }
 }
 
-// 32 bits of a row's codes from word `word` on, shifted right by `shift`: one load where the lane's codes start on
-// a word for every lane (kWordAligned: 8 codes of 4 bits), else two and a funnel shift.
-template <bool kWordAligned>
-__device__ __forceinline__ std::uint32_t window_at(unsigned word, int shift) {
-  if constexpr (kWordAligned) return lds32(word);
-  return __funnelshift_r(lds32(word), lds32(word + 4), shift);
-}
-
 // kCapped: scores go through the softcap (a.softcap > 0); a template argument, so that the common call's loop
 // has no test of it.
 template <int D, int KB, int KO, int VB, bool kCapped>
@@ -328,6 +327,8 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
   const std::uint32_t* const value_means =
       vg ? values + l.value_mean_offset() + kvh * l.mean_blocks(vg) * (D / 2) : nullptr;
   const bool means_vector = vector && (reinterpret_cast<std::uintptr_t>(value_means) % 16 == 0);
+  // Whether the tile at t0 ends a value block, or the warp's part of one: the staging and the tile loop both ask.
+  auto ends_value_block = [&](int t0) { return vg && (((t0 + kTile) & (vg - 1)) == 0 || t0 + kTile >= w_end); };
   auto fill = [&](int t0, int buf) {
     const unsigned st = stages + 4u * unsigned(buf * S::kStage);
     const int n = min(kTile, hi - t0);
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
                     {n * kw, n * VW, n * nw, n}, {0, kValueAt, kKeyNormAt, kValueNormAt},
                     {k_lead, v_lead, kn_lead, vn_lead}, vector, lane);
     }
-    if (vg && (((t0 + kTile) & (vg - 1)) == 0 || t0 + kTile >= w_end)) {
+    if (ends_value_block(t0)) {
       const std::uint32_t* mean = value_means + std::int64_t(t0 >> value_shift) * (D / 2);
       if (means_vector) {
         if (lane < D / 8) cp_async16(st + 4u * unsigned(kValueMeanAt + 4 * lane), mean + 4 * lane);
@@ -562,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
                                  pair_at<VB, 6 * VB>(z23[0], t), pair_at<VB, 7 * VB>(z23[1], t), pb[0], pb[1]);
       }
     }
-    if (vg && (((t0 + kTile) & (vg - 1)) == 0 || !more)) {  // the block (or the warp's part of it) ends
+    if (ends_value_block(t0)) {
       float wsum[2] = {mean_w[0], mean_w[1]};
 #pragma unroll
       for (int o = 4; o < 32; o *= 2)
