@@ -348,8 +348,14 @@ void run(const uint8_t* data, size_t size) {
   allocate(fdp, pr, values, seed);
   {
     const auto& q = pr.t[Q].view.shape;
-    const bool small = q[0] > 0 && q[1] > 0 && q[2] > 0 && (__int128)q[0] * q[1] * q[2] <= kMaxViewBytes / 4;
-    pr.lse_owner.reset(new float[small ? std::size_t(q[0] * q[1] * q[2]) + 1 : 16]);
+    // Step by step: three drawn extents of up to 2^63 overflow even a 128-bit product.
+    std::int64_t rows = 1;
+    bool small = true;
+    for (int d = 0; d < 3 && small; ++d) {
+      small = q[d] > 0 && q[d] <= std::int64_t(kMaxViewBytes / 4) / rows;
+      if (small) rows *= q[d];
+    }
+    pr.lse_owner.reset(new float[small ? std::size_t(rows) + 1 : 16]);
   }
   pr.lse = lse_at(pr, forward_lse);
   // Softcap and sinks (docs/spec.md §1.8, §1.9), drawn after the mutations: the sinks' buffer holds q's final H.
