@@ -27,10 +27,15 @@ class OffByOnePercent final : public ReferenceWrapper {
         for (std::int64_t h = 0; h < o.shape[2]; ++h)
           for (std::int64_t d = 0; d < o.shape[3]; ++d) {
             const std::int64_t at = b * o.strides[0] + s * o.strides[1] + h * o.strides[2] + d;
-            if (o.dtype == DType::f32)
-              static_cast<float*>(o.data)[at] *= 1.01f;
-            else
-              static_cast<std::uint16_t*>(o.data)[at] ^= 0x0100u;  // a wrong mantissa bit
+            // A zero (a row that sees no key) becomes about 0.01, which a scaled zero would not show.
+            if (o.dtype == DType::f32) {
+              float& x = static_cast<float*>(o.data)[at];
+              x = x == 0.0f ? 0.01f : x * 1.01f;
+            } else {
+              std::uint16_t& x = static_cast<std::uint16_t*>(o.data)[at];
+              const std::uint16_t small = o.dtype == DType::bf16 ? 0x3C40u : 0x2120u;  // 0.0117, 0.0100
+              x = (x & 0x7FFFu) == 0 ? small : std::uint16_t(x ^ 0x0100u);  // else a wrong bit of the magnitude
+            }
           }
   }
 };
