@@ -48,11 +48,35 @@ __host__ __device__ constexpr int larger(int x, int y) { return x > y ? x : y; }
 
 // Shared memory, in words: the tables, then an area that holds each warp's two stages while the tiles run,
 // then the warps' results for the combine (or, in the exact split, its queries and weights).
-template <int D, int KB, int KO, int VB>
+// The parts of a key with 32 KOG outlier channels (TqLayout::key_part): the outliers, then the rest in powers of
+// two, largest first. Bit u of the mask: group u of 32 coordinates ends a part.
+__host__ __device__ constexpr unsigned part_end_groups(int D, int KOG) {
+  if (KOG == 0) return 1u << (D / 32 - 1);
+  unsigned ends = 1u << (KOG - 1);
+  int at = 32 * KOG;
+  for (int rest = D - at; rest > 0;) {
+    int size = 1;
+    while (2 * size <= rest) size *= 2;
+    at += size, rest -= size;
+    ends |= 1u << (at / 32 - 1);
+  }
+  return ends;
+}
+__host__ __device__ constexpr int part_count(int D, int KOG) {
+  int n = 0;
+  for (unsigned e = part_end_groups(D, KOG); e; e &= e - 1) ++n;
+  return n;
+}
+
+// KOG: groups of 32 outlier channels (0 without), so that a key's parts, words and norm words are constants.
+template <int D, int KB, int KO, int VB, int KOG>
 struct Shape {
-  static constexpr int kKeyWords = (D * KB + (KO ? (D / 2) * (KO - KB) : 0) + 31) / 32;  // at most D / 2 outliers
+  static_assert((KO == 0) == (KOG == 0) && 64 * KOG <= D, "at most D / 2 outlier channels, in groups of 32");
+  static constexpr int kKeyWords = (D * KB + 32 * KOG * (KO - KB) + 31) / 32;
   static constexpr int kValueWords = D * VB / 32;
-  static constexpr int kNormWords = KO ? (core::kMaxKeyParts + 1) / 2 : 1;
+  static constexpr int kParts = part_count(D, KOG);
+  static constexpr unsigned kPartEnds = part_end_groups(D, KOG);
+  static constexpr int kNormWords = KO ? (kParts + 1) / 2 : 1;
   // A stage: a tile's words, plus the up to 3 words before them where a 16-byte copy starts, plus one word
   // after them that a window may read (never used).
   static constexpr int kKeyStage = round4(kTile * kKeyWords + 5);
@@ -269,10 +293,10 @@ __device__ __noinline__ void exact_split(const AttendParams& a, float* area, std
 
 // kCapped: scores go through the softcap (a.softcap > 0); a template argument, so that the common call's loop
 // has no test of it.
-template <int D, int KB, int KO, int VB, bool kCapped>
+template <int D, int KB, int KO, int VB, int KOG, bool kCapped>
 __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
     decode_tc_kernel(const __grid_constant__ AttendParams a) {
-  using S = Shape<D, KB, KO, VB>;
+  using S = Shape<D, KB, KO, VB, KOG>;
   constexpr int VW = S::kValueWords;
   extern __shared__ __align__(16) std::uint32_t smem[];
   std::uint32_t* const key_lut = smem;
@@ -302,7 +326,7 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
   const int w_begin = max(int(blockIdx.x) * a.split_tokens + warp * warp_tokens, lo & ~(kTile - 1));
   const int w_end = min(int(blockIdx.x) * a.split_tokens + (warp + 1) * warp_tokens, hi);
 
-  const int kw = int(l.key_code_words()), nw = int(l.key_norm_words());
+  constexpr int kw = S::kKeyWords, nw = S::kNormWords;
   const bool vector = (reinterpret_cast<std::uintptr_t>(a.k) | reinterpret_cast<std::uintptr_t>(a.v)) % 16 == 0;
   // This warp's next tile's sources, each 4 words on per lane (the lane's first 16-byte copy), advanced a tile
   // at a time.
@@ -362,19 +386,10 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
   const unsigned key_lut_lane = shared_address(key_lut) + 4u * unsigned(lane);
   const unsigned outlier_lut_lane = shared_address(outlier_lut) + 4u * unsigned(lane);
   const unsigned value_lut_lane = shared_address(value_lut) + 4u * unsigned(lane);
-  // Groups of 32 key coordinates that end a part (bit u), and the outlier part's groups.
-  unsigned part_ends = 1u << (D / 32 - 1);
-  const int outlier_groups = KO ? l.key_outliers / 32 : 0;
-  if (KO) {
-    for (int p = 0; p < l.key_parts(); ++p) {
-      const TqLayout::KeyPart kp = l.key_part(p);
-      part_ends |= 1u << ((kp.offset + kp.size) / 32 - 1);
-    }
-  }
   // Where this lane's codes of a key group start in the rows r and r + 8 of a stage: group u of `bits`-bit codes
   // starts at word u bits (plus, past the outliers, the words their wider codes take), lane col's 8 codes 8 col bits
   // further.
-  const unsigned key_lane = 4u * unsigned(r * kw + (KO ? l.key_outliers * (KO - KB) / 32 : 0) + ((8 * col * KB) >> 5));
+  const unsigned key_lane = 4u * unsigned(r * kw + KOG * (KO - KB) + ((8 * col * KB) >> 5));
   const int key_shift_in = (8 * col * KB) & 31;
   const unsigned outlier_lane = 4u * unsigned(r * kw + ((8 * col * (KO ? KO : 1)) >> 5));
   const int outlier_shift_in = (8 * col * (KO ? KO : 1)) & 31;
@@ -459,14 +474,14 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
       };
 #pragma unroll
       for (int u = 0; u < D / 32; ++u) {
-        if (KO && u < outlier_groups) {
+        if (u < KOG) {
           group(std::integral_constant < int, KO ? KO : 1 > {}, kst + outlier_lane + 4u * unsigned(u * KO),
                 outlier_shift_in, outlier_lut_lane, u);
         } else {
           group(std::integral_constant<int, KB>{}, kst + key_lane + 4u * unsigned(u * KB), key_shift_in, key_lut_lane,
                 u);
         }
-        if (KO ? (part_ends >> u) & 1u : u == D / 32 - 1) {  // the part ends: its products times the rows' norms
+        if ((S::kPartEnds >> u) & 1u) {  // the part ends: its products times the rows' norms
           const unsigned at = knst + 4u * unsigned(r * nw + (p >> 1));
           const int half = 16 * (p & 1);
           const float n0 = f16_low(lds32(at) >> half), n1 = f16_low(lds32(at + 4u * unsigned(8 * nw)) >> half);
@@ -624,24 +639,56 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
   }
 }
 
-template <int D, int KB, int KO, int VB, bool kCapped>
+template <int D, int KB, int KO, int VB, int KOG, bool kCapped>
 void launch_capped(const AttendParams& a, dim3 grid, cudaStream_t stream) {
-  using S = Shape<D, KB, KO, VB>;
+  using S = Shape<D, KB, KO, VB, KOG>;
   constexpr int kMeanDotRowBytes = kWarps * kHeads * int(sizeof(float));  // a row of every warp
   // The most rows a launch takes: the longest split's warps over the shortest key blocks.
   constexpr int kMostBytes =
       S::kBytes + (kMmaMaxSplitTokens / kWarps / tiles::kTqDecodeTcLeastBlock + 1) * kMeanDotRowBytes;
-  allow_shared_bytes<decode_tc_kernel<D, KB, KO, VB, kCapped>>(kMostBytes);
+  allow_shared_bytes<decode_tc_kernel<D, KB, KO, VB, KOG, kCapped>>(kMostBytes);
   const int bytes = S::kBytes + a.mean_dot_rows * kMeanDotRowBytes;
-  decode_tc_kernel<D, KB, KO, VB, kCapped><<<grid, kThreads, bytes, stream>>>(a);
+  decode_tc_kernel<D, KB, KO, VB, KOG, kCapped><<<grid, kThreads, bytes, stream>>>(a);
+}
+
+// The kernel's constants for a key's parts and words against the layout's own rule (an internal error if they
+// ever disagree).
+template <int D, int KB, int KO, int VB, int KOG>
+void check_shape(const TqLayout& l) {
+  using S = Shape<D, KB, KO, VB, KOG>;
+  unsigned ends = 0;
+  for (int p = 0; p < l.key_parts(); ++p) {
+    const TqLayout::KeyPart kp = l.key_part(p);
+    ends |= 1u << ((kp.offset + kp.size) / 32 - 1);
+  }
+  if (ends != S::kPartEnds || l.key_code_words() != S::kKeyWords || l.key_norm_words() != S::kNormWords)
+    throw Error("backend", "cuda: internal error: the tensor-core decode's key parts differ from the layout's");
+}
+
+template <int D, int KB, int KO, int VB, int KOG>
+void launch_outliers(const AttendParams& a, dim3 grid, cudaStream_t stream) {
+  check_shape<D, KB, KO, VB, KOG>(a.l);
+  if (a.softcap > 0.0f) {
+    launch_capped<D, KB, KO, VB, KOG, true>(a, grid, stream);
+  } else {
+    launch_capped<D, KB, KO, VB, KOG, false>(a, grid, stream);
+  }
+}
+
+// Outlier channels in groups of 32, up to D / 2 (kernel_choice serves multiples of 32 only).
+template <int D, int KB, int KO, int VB, int... G>
+bool launch_groups(const AttendParams& a, dim3 grid, cudaStream_t stream, std::integer_sequence<int, G...>) {
+  const int groups = a.l.key_outliers / 32;
+  return ((groups == G + 1 ? (launch_outliers<D, KB, KO, VB, G + 1>(a, grid, stream), true) : false) || ...);
 }
 
 template <int D, int KB, int KO, int VB>
-void launch_widths(const AttendParams& a, dim3 grid, cudaStream_t stream) {
-  if (a.softcap > 0.0f) {
-    launch_capped<D, KB, KO, VB, true>(a, grid, stream);
+bool launch_widths(const AttendParams& a, dim3 grid, cudaStream_t stream) {
+  if constexpr (KO == 0) {
+    launch_outliers<D, KB, KO, VB, 0>(a, grid, stream);
+    return true;
   } else {
-    launch_capped<D, KB, KO, VB, false>(a, grid, stream);
+    return launch_groups<D, KB, KO, VB>(a, grid, stream, std::make_integer_sequence<int, D / 64>{});
   }
 }
 
@@ -650,7 +697,7 @@ bool launch_built(const AttendParams& a, dim3 grid, cudaStream_t stream, std::in
   const int ko = a.l.key_outliers ? a.l.key_outlier_bits : 0;
   constexpr auto& W = tiles::kTqDecodeTcWidths;
   return ((a.l.key_bits == W[I].key_bits && ko == W[I].outlier_bits && a.l.value_bits == W[I].value_bits
-               ? (launch_widths<D, W[I].key_bits, W[I].outlier_bits, W[I].value_bits>(a, grid, stream), true)
+               ? launch_widths<D, W[I].key_bits, W[I].outlier_bits, W[I].value_bits>(a, grid, stream)
                : false) ||
           ...);
 }
@@ -658,7 +705,7 @@ bool launch_built(const AttendParams& a, dim3 grid, cudaStream_t stream, std::in
 template <int D>
 void launch_dim(const AttendParams& a, dim3 grid, cudaStream_t stream) {
   if (!launch_built<D>(a, grid, stream, std::make_index_sequence<tiles::kTqDecodeTcWidths.size()>{}))
-    throw Error("backend", "cuda: internal error: no tensor-core decode built for this layout's code widths");
+    throw Error("backend", "cuda: internal error: no tensor-core decode built for this layout's code widths or outlier count");
 }
 
 }  // namespace
