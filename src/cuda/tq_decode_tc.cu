@@ -705,7 +705,8 @@ bool launch_built(const AttendParams& a, dim3 grid, cudaStream_t stream, std::in
 template <int D>
 void launch_dim(const AttendParams& a, dim3 grid, cudaStream_t stream) {
   if (!launch_built<D>(a, grid, stream, std::make_index_sequence<tiles::kTqDecodeTcWidths.size()>{}))
-    throw Error("backend", "cuda: internal error: no tensor-core decode built for this layout's code widths or outlier count");
+    throw Error("backend",
+                "cuda: internal error: no tensor-core decode built for this layout's code widths or outlier count");
 }
 
 }  // namespace
