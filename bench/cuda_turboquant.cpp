@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -168,6 +169,62 @@ AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows,
   return t;
 }
 
+// flashtq's own dense decode over a bf16 cache of the same shape (q [B, 1, H, D], k and v [B, ctx, Hkv, D], random
+// rows), with the workspace its split plan asks for: graph-replayed and eager, L2 flushed before each step.
+AttendTimes dense_decode_ms(std::int64_t batch, std::int64_t ctx, std::int64_t heads, std::int64_t hkv,
+                            std::int64_t dim, std::mt19937_64& rng) {
+  flashtq::Backend& cuda = flashtq::backend("cuda");
+  const std::size_t kv_elems = std::size_t(batch * ctx * hkv * dim), q_elems = std::size_t(batch * heads * dim);
+  // 16 MiB of random bf16 rows, repeated to fill each tensor (writing 2 GB from the host would dominate the run).
+  std::vector<std::uint16_t> pattern(std::size_t(8) << 20);
+  std::normal_distribution<float> n(0, 1);
+  for (std::uint16_t& x : pattern) {
+    const float f = n(rng);
+    std::uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    x = std::uint16_t(bits >> 16);
+  }
+  auto filled = [&](std::size_t elems) {
+    void* p = nullptr;
+    check(cudaMalloc(&p, elems * 2), "malloc dense");
+    for (std::size_t at = 0; at < elems; at += pattern.size())
+      check(cudaMemcpy(static_cast<std::uint16_t*>(p) + at, pattern.data(), std::min(pattern.size(), elems - at) * 2,
+                       cudaMemcpyHostToDevice),
+            "upload dense");
+    return p;
+  };
+  void *q = filled(q_elems), *k = filled(kv_elems), *v = filled(kv_elems), *out = filled(q_elems);
+  cudaStream_t stream;
+  check(cudaStreamCreate(&stream), "stream");
+  flashtq::ForwardArgs a{TensorView::bshd(q, DType::bf16, batch, 1, heads, dim, Memory::cuda),
+                         TensorView::bshd(k, DType::bf16, batch, ctx, hkv, dim, Memory::cuda),
+                         TensorView::bshd(v, DType::bf16, batch, ctx, hkv, dim, Memory::cuda),
+                         TensorView::bshd(out, DType::bf16, batch, 1, heads, dim, Memory::cuda),
+                         nullptr,
+                         stream};
+  const std::size_t ws_bytes = flashtq::attention_forward_workspace_bytes(cuda, a, {});
+  void* ws = nullptr;
+  if (ws_bytes) check(cudaMalloc(&ws, ws_bytes), "malloc workspace");
+  a.workspace = ws;
+  a.workspace_bytes = ws_bytes;
+  auto step = [&] { flashtq::attention_forward(cuda, a, {}); };
+  AttendTimes t{};
+  t.eager_ms = time_ms(step, stream, 20, 3, true);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "capture");
+  step();
+  check(cudaStreamEndCapture(stream, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  t.graph_ms = time_ms([&] { cudaGraphLaunch(exec, stream); }, stream, 20, 3, true);
+  check(cudaGetLastError(), "dense decode");
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  for (void* p : {q, k, v, out, ws}) cudaFree(p);
+  return t;
+}
+
 }  // namespace
 
 // `cuda_turboquant_bench --decode B CTX [PRESET]` times that one decode shape (the seed layout unless a preset is
@@ -191,6 +248,20 @@ int main(int argc, char** argv) {
   const double bw = copy_bandwidth_gbs();
   report["copy_bandwidth_gbs"] = bw;
   const std::int64_t H = 32, Hkv = 8, D = 128;
+  // flashtq's dense decode over bf16 at each decode shape: beside the packed caches and the peers' bf16 rows.
+  for (auto [batch, ctx] :
+       std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 32768}, {1, 131072}, {8, 32768}, {32, 8192}}) {
+    const AttendTimes t = dense_decode_ms(batch, ctx, H, Hkv, D, rng);
+    const double bytes = double(2 * batch * ctx * Hkv * D * 2);
+    report["dense_decode"].push_back({{"batch", batch},
+                                      {"ctx", ctx},
+                                      {"ms", t.graph_ms},
+                                      {"eager_ms", t.eager_ms},
+                                      {"bytes", bytes},
+                                      {"gbs", bytes / (t.graph_ms * 1e-3) / 1e9}});
+    std::fprintf(stderr, "dense bf16 decode B=%lld ctx=%lld: graph %.4f ms (eager %.4f), %.0f GB/s (copy %.0f GB/s)\n",
+                 (long long)batch, (long long)ctx, t.graph_ms, t.eager_ms, bytes / (t.graph_ms * 1e-3) / 1e9, bw);
+  }
   // Decode at each shape for every preset: the bytes a step reads are the packed words, the
   // block means and the exact region of every sequence and kv head.
   for (const flashtq::TqPreset& preset_entry : flashtq::tq_presets())

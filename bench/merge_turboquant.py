@@ -17,6 +17,10 @@ def merge(flashtq_path, torch_path, commit):
     out = {"machine": {"gpu": gpu, "host": platform.node()}, "commit": commit, "torch": t["torch"],
            "copy_bandwidth_gbs": f["copy_bandwidth_gbs"], "decode": [], "prefill": []}
     sdpa_decode = {(r["batch"], r["ctx"]): r for r in t["decode"]}
+    # flashtq's own bf16 decode of each shape, shown beside the peers (not one of the bar's bf16 rows).
+    for r in f.get("dense_decode", []):
+        sdpa_decode[(r["batch"], r["ctx"])]["flashtq_bf16_ms"] = r["ms"]
+    out["dense_decode"] = f.get("dense_decode", [])
     for ours in f["decode"]:  # every layout's decode beside SDPA's over bf16 of the same shape
         theirs = sdpa_decode[(ours["batch"], ours["ctx"])]
         row = dict(ours)
@@ -51,13 +55,21 @@ def table(merged):
     print(f"{merged['machine']['gpu']}  commit {merged['commit']}  copy {merged['copy_bandwidth_gbs']:.0f} GB/s")
     nan = float('nan')
     print(f"{'layout':>8} {'vs bf16':>7} {'B':>3} {'ctx':>7} {'flashtq ms':>11} {'exact ms':>9} {'error':>8} "
-          f"{'flash ms':>9} {'cudnn ms':>9} {'FI bf16':>8} {'FI fp8':>8} {'speedup':>8} {'/ratio':>6} {'GB/s':>7}")
+          f"{'flash ms':>9} {'cudnn ms':>9} {'FI bf16':>8} {'FI fp8':>8} {'ftq bf16':>8} {'speedup':>8} {'/ratio':>6} "
+          f"{'GB/s':>7}")
     for r in merged["decode"]:
         print(f"{r.get('layout', 'seed'):>8} {r.get('compression_vs_bf16', nan):>7.2f} {r['batch']:>3} "
               f"{r['ctx']:>7} {r['ms']:>11.4f} {r.get('exact_ms', nan):>9.4f} {r.get('error_vs_exact', nan):>8.1e} "
               f"{r.get('flash_ms', nan):>9.4f} {r.get('cudnn_ms', nan):>9.4f} {r.get('flashinfer_bf16_ms', nan):>8.4f} "
-              f"{r.get('flashinfer_fp8_ms', nan):>8.4f} {r.get('speedup_vs_best_bf16', nan):>8.2f} "
+              f"{r.get('flashinfer_fp8_ms', nan):>8.4f} {r.get('flashtq_bf16_ms', nan):>8.4f} "
+              f"{r.get('speedup_vs_best_bf16', nan):>8.2f} "
               f"{r.get('speedup_per_compression', nan):>6.2f} {r['gbs']:>7.0f}")
+    for r in merged.get("dense_decode", []):
+        best = [x for x in merged["decode"] if (x["batch"], x["ctx"]) == (r["batch"], r["ctx"])][:1]
+        peers = {k: best[0][k] for k in ("flash_ms", "cudnn_ms", "flashinfer_bf16_ms") if best and k in best[0]}
+        print(f"dense bf16 decode B={r['batch']} ctx={r['ctx']}: flashtq {r['ms']:.4f} ms ({r['gbs']:.0f} GB/s, "
+              f"floor {r['bytes'] / (merged['copy_bandwidth_gbs'] * 1e9) * 1e3:.4f} ms); "
+              + ", ".join(f"{k[:-3]} {v:.4f} ms ({v / r['ms']:.2f}x)" for k, v in peers.items()))
     for r in merged["prefill"]:
         print(f"prefill {r.get('layout', 'seed')} chunk {r['chunk']}: flashtq {r['ms']:.3f} ms "
               f"(exact path {r.get('exact_ms', nan):.3f} ms, error vs exact {r.get('error_vs_exact', nan):.1e}, "

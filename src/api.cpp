@@ -19,6 +19,17 @@ void attention_forward(Backend& backend, const ForwardArgs& args, const Attentio
   core::rethrow_as_error("backend");
 }
 
+std::size_t attention_forward_workspace_bytes(Backend& backend, const ForwardArgs& args,
+                                              const AttentionParams& params) try {
+  // Ragged and paged batches run as one call per sequence on host backends, which need none.
+  if (params.paged || params.varlen) return 0;
+  ForwardArgs without = args;
+  without.workspace = nullptr;
+  return backend.forward_workspace(core::validate_forward(backend, without, params));
+} catch (...) {
+  core::rethrow_as_error("backend");
+}
+
 void attention_backward(Backend& backend, const BackwardArgs& args, const AttentionParams& params) try {
   if (params.paged) throw Error("paged", "the backward takes contiguous keys and values (docs/spec.md §1.7)");
   if (params.varlen) return core::varlen_backward(backend, args, params);

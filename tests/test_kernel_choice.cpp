@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "conformance/conformance.hpp"
@@ -62,6 +63,30 @@ TEST(KernelChoice, DenseForwardGivesEachShapeItsFastPath) {
   EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::f32, 256), kHopper), DenseForwardKernel::warp_per_row);
   EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 48), kHopper), DenseForwardKernel::warp_per_row);
   EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 512), kHopper), DenseForwardKernel::warp_per_row);
+}
+
+TEST(KernelChoice, DenseDecodeTakesAFewRowsPerKvHead) {
+  Views v;
+  // Two query heads per kv head: up to 8 rows at head_dim 64 and 128 (16 columns), 4 at 256 (8 columns).
+  for (const auto& [t, D, Sq] : {std::tuple{DType::bf16, 128, 1}, std::tuple{DType::f16, 64, 8},
+                                 std::tuple{DType::bf16, 256, 4}, std::tuple{DType::f16, 128, 3}}) {
+    EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, t, D, Sq), kHopper), DenseForwardKernel::decode) << D;
+    EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, t, D, Sq), kAmpere), DenseForwardKernel::decode) << D;
+  }
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 128, 9), kHopper), DenseForwardKernel::wgmma);
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 256, 5), kHopper), DenseForwardKernel::wgmma);
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::f32, 128, 1), kHopper), DenseForwardKernel::tf32);
+  EXPECT_EQ(cuda::choose_dense_forward(forward_call(v, DType::bf16, 96, 1), kHopper), DenseForwardKernel::mma);
+  ForwardCall masked = forward_call(v, DType::bf16, 128, 1);
+  static const float mask[1] = {0.0f};
+  masked.p.mask = mask;  // a mask or dropout goes to the tiled kernels, which read them
+  EXPECT_EQ(cuda::choose_dense_forward(masked, kHopper), DenseForwardKernel::wgmma);
+  ForwardCall dropped = forward_call(v, DType::bf16, 128, 1);
+  dropped.p.dropout_p = 0.1f;
+  EXPECT_EQ(cuda::choose_dense_forward(dropped, kHopper), DenseForwardKernel::wgmma);
+  ForwardCall shifted = forward_call(v, DType::bf16, 128, 1);
+  shifted.v.data = static_cast<char*>(shifted.v.data) + 2;  // rows no longer on 16 bytes
+  EXPECT_EQ(cuda::choose_dense_forward(shifted, kHopper), DenseForwardKernel::warp_per_row);
 }
 
 TEST(KernelChoice, DenseForwardTakesTheTiledKernelsOnlyWhereTheirLoadsAndGridsHold) {
@@ -222,9 +247,10 @@ Backend* gpu() {
   return nullptr;
 }
 
-conformance::DenseCase dense_case(DType t, std::int64_t D, bool pedantic = false) {
+conformance::DenseCase dense_case(DType t, std::int64_t D, bool pedantic = false, std::int64_t Sq = 200,
+                                  std::int64_t Sk = 200) {
   conformance::DenseCase c;
-  c.B = 1, c.Sq = 200, c.Sk = 200, c.H = 4, c.Hkv = 2, c.D = D, c.dtype = t, c.pedantic = pedantic;
+  c.B = 1, c.Sq = Sq, c.Sk = Sk, c.H = 4, c.Hkv = 2, c.D = D, c.dtype = t, c.pedantic = pedantic;
   c.causal = true;
   c.data_seed = fresh_seed();
   return c;
@@ -239,8 +265,13 @@ TEST(KernelChoiceOnGpu, EachDenseShapeRanItsKernel) {
     std::int64_t D;
     bool pedantic;
     const char* forward;
+    std::int64_t Sq = 200, Sk = 200;
   };
   const Expect cases[] = {
+      // Decode steps, long enough that a GPU splits the keys (the conformance check passes the workspace).
+      {DType::bf16, 128, false, "dense_forward_decode", 1, 5000},
+      {DType::f16, 64, false, "dense_forward_decode", 3, 2000},
+      {DType::bf16, 256, false, "dense_forward_decode", 2, 3000},
       {DType::bf16, 128, false, hopper ? "dense_forward_wgmma" : "dense_forward_mma"},
       {DType::f16, 64, false, hopper ? "dense_forward_wgmma" : "dense_forward_mma"},
       {DType::bf16, 96, false, "dense_forward_mma"},
@@ -257,7 +288,7 @@ TEST(KernelChoiceOnGpu, EachDenseShapeRanItsKernel) {
       return c;
     };
     for (const Expect& e : cases) {
-      const conformance::DenseCase c = with_features(dense_case(e.t, e.D, e.pedantic));
+      const conformance::DenseCase c = with_features(dense_case(e.t, e.D, e.pedantic, e.Sq, e.Sk));
       const conformance::CheckResult r = conformance::check_forward(*b, c);
       EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
       EXPECT_EQ(r.kernel, e.forward) << c.describe();

@@ -82,6 +82,12 @@ struct ForwardArgs {
   TensorView out;          // [B, Sq, H, D], q's dtype
   float* lse = nullptr;    // optional [B, H, Sq] contiguous, natural log
   void* stream = nullptr;  // backend stream (cudaStream_t for cuda); null = default
+  // Optional scratch in the backend's memory, 16-byte aligned: attention_forward_workspace_bytes() large lets a
+  // decode (a few query rows against many keys) split the keys across the GPU and merge the parts by LSE; a
+  // smaller one (or none) means fewer splits, never an error. Taken from the caller so that a call allocates
+  // nothing and can be captured in a CUDA graph.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
 };
 
 struct BackwardArgs {
@@ -106,6 +112,9 @@ struct PagedAppendArgs {
 
 // Runs on the named backend's memory (see backend.hpp). Validation happens before any work.
 void attention_forward(Backend& backend, const ForwardArgs& args, const AttentionParams& params);
+// The workspace with which attention_forward runs its fastest plan for these arguments (0: none helps); validates
+// them as attention_forward does, the workspace aside.
+std::size_t attention_forward_workspace_bytes(Backend& backend, const ForwardArgs& args, const AttentionParams& params);
 void attention_backward(Backend& backend, const BackwardArgs& args, const AttentionParams& params);
 void paged_kv_append(Backend& backend, const PagedAppendArgs& args);
 

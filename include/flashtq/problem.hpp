@@ -53,6 +53,8 @@ struct ForwardCall {
   TensorView q, k, v, out;
   float* lse = nullptr;
   void* stream = nullptr;
+  void* workspace = nullptr;  // ForwardArgs::workspace: null, or 16-byte aligned in the backend's memory
+  std::size_t workspace_bytes = 0;
 };
 
 struct BackwardCall {

@@ -254,6 +254,12 @@ CheckResult check_forward(Backend& backend, const DenseCase& c) {
                    out.on(dout.get(), backend.memory()),
                    c.lse ? static_cast<float*>(dlse.get()) : nullptr,
                    nullptr};
+  // The workspace its fastest plan asks for, poisoned (all bytes 0xFF: NaN floats): nothing may read what no
+  // kernel wrote.
+  const std::size_t workspace_bytes = attention_forward_workspace_bytes(backend, args, dev.params);
+  DeviceBuffer workspace(backend, std::vector<std::uint8_t>(workspace_bytes, 0xFF));
+  args.workspace = workspace_bytes ? workspace.get() : nullptr;
+  args.workspace_bytes = workspace_bytes;
   const auto t0 = std::chrono::steady_clock::now();
   attention_forward(backend, args, dev.params);
   backend.synchronize();
@@ -416,6 +422,7 @@ struct ShapeRanges {
   std::vector<std::int64_t> dims;
   std::int64_t batches, rows_lo, rows_hi, small_dim_rows_hi, window_hi;
   std::int64_t dim256_rows_hi;  // rows and keys at head_dim 256
+  std::int64_t decode_keys_hi;  // > 0: some cases are decodes, 1 to 4 rows against up to this many keys
 };
 
 DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRanges& shapes) {
@@ -439,6 +446,10 @@ DenseCase draw_case(std::mt19937_64& rng, const Backend& backend, const ShapeRan
                                          : shapes.small_dim_rows_hi;  // keeps the oracle's work small
     c.Sq = range(shapes.rows_lo, hi);
     c.Sk = chance(0.2) ? c.Sq : range(shapes.rows_lo, hi + 20);
+    if (shapes.decode_keys_hi > 0 && chance(0.15)) {  // a decode step: keys split across blocks on a GPU
+      c.Sq = range(1, 4);
+      c.Sk = range(64, shapes.decode_keys_hi);
+    }
     c.causal = chance(0.5);
     const int offset_kind = int(range(0, 3));
     if (offset_kind == 1) c.causal_offset = 0;
@@ -495,11 +506,11 @@ DenseCase backward_case(DenseCase c) {
 }
 
 DenseCase draw_dense_case(std::mt19937_64& rng, const Backend& backend) {
-  return draw_case(rng, backend, {{1, 17, 32, 64, 96, 128, 256, 512}, 2, 1, 24, 48, 24, 24});
+  return draw_case(rng, backend, {{1, 17, 32, 64, 96, 128, 256, 512}, 2, 1, 24, 48, 24, 24, 3000});
 }
 
 DenseCase draw_long_dense_case(std::mt19937_64& rng, const Backend& backend) {
-  return draw_case(rng, backend, {{64, 128, 256}, 1, 130, 520, 520, 400, 270});
+  return draw_case(rng, backend, {{64, 128, 256}, 1, 130, 520, 520, 400, 270, 0});
 }
 
 }  // namespace flashtq::conformance

@@ -203,6 +203,12 @@ ForwardCall validate_forward(const Backend& backend, const ForwardArgs& a, const
   c.out = a.out;
   c.lse = a.lse;
   c.stream = a.stream;
+  if (a.workspace != nullptr) {
+    check_pointer("workspace", a.workspace, 16);
+    if (auto why = backend.foreign_pointer(a.workspace)) throw Error("workspace", *why);
+    c.workspace = a.workspace;
+    c.workspace_bytes = a.workspace_bytes;
+  }
   return c;
 }
 

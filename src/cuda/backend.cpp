@@ -72,6 +72,10 @@ class CudaBackend final : public Backend {
     last_kernel_ = kernel_name(k);
     launch_dense_forward(c, k);
   }
+  std::size_t forward_workspace(const ForwardCall& c) const override {
+    return choose_dense_forward(c, current_device_traits()) == DenseForwardKernel::decode ? dense_decode_workspace(c)
+                                                                                          : 0;
+  }
   void backward(const BackwardCall& c) override {
     const DenseBackwardKernel k = choose_dense_backward(c, current_device_traits());
     last_kernel_ = kernel_name(k);

@@ -228,6 +228,7 @@ unsigned blocks_for(std::int64_t rows) { return unsigned((rows + kWarps - 1) / k
 void launch_dense_forward(const ForwardCall& c, DenseForwardKernel kernel) {
   switch (kernel) {
     case DenseForwardKernel::wgmma: launch_dense_forward_wgmma(c); break;
+    case DenseForwardKernel::decode: launch_dense_decode(c); break;
     case DenseForwardKernel::mma: launch_dense_forward_mma(c); break;
     case DenseForwardKernel::tf32: launch_dense_forward_tf32(c); break;
     case DenseForwardKernel::ffma: launch_dense_forward_ffma(c); break;

@@ -79,6 +79,7 @@ DeviceTraits query_traits(int device) {
 const char* kernel_name(DenseForwardKernel k) {
   switch (k) {
     case DenseForwardKernel::wgmma: return "dense_forward_wgmma";
+    case DenseForwardKernel::decode: return "dense_forward_decode";
     case DenseForwardKernel::mma: return "dense_forward_mma";
     case DenseForwardKernel::tf32: return "dense_forward_tf32";
     case DenseForwardKernel::ffma: return "dense_forward_ffma";
@@ -137,6 +138,7 @@ DenseForwardKernel choose_dense_forward(const ForwardCall& c, const DeviceTraits
   const DenseProblem& p = c.p;
   if (!all_rows_aligned16({&c.q, &c.k, &c.v})) return DenseForwardKernel::warp_per_row;
   if (half_precision(p.dtype)) {
+    if (dense_decode_serves(c)) return DenseForwardKernel::decode;
     if (device.hopper && device.tensor_maps && built_for(tiles::kWgmmaForwardDims, p.D) &&
         row_block_grid_fits(p, tiles::kWgmmaForward) && p.Sq < kInt31 && p.Sk < kInt31 &&
         all_describable({&c.q, &c.k, &c.v}))
@@ -150,6 +152,15 @@ DenseForwardKernel choose_dense_forward(const ForwardCall& c, const DeviceTraits
   if (!p.pedantic && row_block_grid_fits(p, tiles::kTf32ForwardRounded)) return DenseForwardKernel::tf32;
   if (p.pedantic && row_block_grid_fits(p, tiles::kFfmaForward)) return DenseForwardKernel::ffma;
   return DenseForwardKernel::warp_per_row;
+}
+
+bool dense_decode_serves(const ForwardCall& c) {
+  const DenseProblem& p = c.p;
+  if (!half_precision(p.dtype) || !built_for(tiles::kDecodeDims, p.D)) return false;
+  if (p.Sq * p.group() > tiles::decode_columns(p.D) || p.mask != nullptr || p.dropout_p > 0.0f) return false;
+  for (const TensorView* t : {&c.q, &c.k, &c.v, &c.out})
+    if (t->strides[3] != 1) return false;
+  return p.B <= 65535 && p.Hkv <= 65535 && p.Sk < kInt31 && all_rows_aligned16({&c.k, &c.v});
 }
 
 DenseBackwardKernel choose_dense_backward(const BackwardCall& c, const DeviceTraits& device) {

@@ -17,6 +17,7 @@ namespace flashtq::cuda {
 
 enum class DenseForwardKernel : std::uint8_t {
   wgmma,         // Hopper warpgroup tensor cores fed by TMA (dense_wgmma.cu)
+  decode,        // a few query rows per kv head against many keys, split-K on mma.sync (dense_decode.cu)
   mma,           // f16/bf16 mma.sync tiles, FlashAttention-2 style (dense_mma.cu)
   tf32,          // f32 on TF32 tensor cores, rounded or error-compensated (dense_tf32.cu)
   ffma,          // f32 FMA tiles, AttentionParams::pedantic_f32 (dense_ffma.cu)
@@ -67,6 +68,10 @@ inline constexpr int kWgmmaBackwardQueryRows = 128;  // query rows per dQ block
 inline constexpr std::array<int, 3> kWgmmaForwardDims{64, 128, 256};
 inline constexpr std::array<int, 4> kTiledForwardDims{32, 64, 96, 128};  // mma, tf32, ffma
 inline constexpr std::array<int, 2> kWgmmaBackwardDims{64, 128};
+// The decode kernel: its head dims, and the query columns (rows times the heads of a GQA group) one block takes
+// (two mma n-tiles up to head_dim 128, one above: the accumulators of O^T are columns times D / 8 registers).
+inline constexpr std::array<int, 3> kDecodeDims{64, 128, 256};
+constexpr std::int64_t decode_columns(std::int64_t D) { return D <= 128 ? 16 : 8; }
 inline constexpr std::array<int, 4> kTqDims{32, 64, 128, 256};  // every TurboQuant kernel
 inline constexpr int kTqDecodeMmaDim = 128;
 // The code widths the tensor-core decode of keys without QJL is built for (each an instantiation per head
@@ -108,6 +113,9 @@ bool rows_aligned16(const TensorView& t);
 bool tensor_map_describable(const TensorView& t);
 
 DenseForwardKernel choose_dense_forward(const ForwardCall& c, const DeviceTraits& device);
+// The decode kernel's own conditions: f16/bf16 at tiles::kDecodeDims, Sq * group within
+// tiles::decode_columns, no mask and no dropout, contiguous head dims and a grid that fits.
+bool dense_decode_serves(const ForwardCall& c);
 DenseBackwardKernel choose_dense_backward(const BackwardCall& c, const DeviceTraits& device);
 TqAttendKernel choose_tq_attend(const TqAttendCall& c, const DeviceTraits& device);
 // The TurboQuant decision on the layout alone (the tensor-core decode also needs window 0).

@@ -15,6 +15,9 @@ namespace flashtq::cuda {
 // (kernel_choice.hpp), whose conditions it takes as given.
 void launch_dense_forward(const ForwardCall& call, DenseForwardKernel kernel);
 void launch_dense_forward_mma(const ForwardCall& call);
+// The decode kernel (dense_decode.cu) and the workspace its split plan uses (0 when it runs one split).
+void launch_dense_decode(const ForwardCall& call);
+std::size_t dense_decode_workspace(const ForwardCall& call);
 void launch_dense_forward_wgmma(const ForwardCall& call);
 // The f32 forward on TF32 tensor cores: one product per multiply with AttentionParams::allow_tf32,
 // else three (error-compensated, f32 accuracy).

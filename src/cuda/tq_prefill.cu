@@ -180,7 +180,7 @@ void launch_tq_prefill(const TqAttendCall& c) {
   f.out = TensorView::bshd(o, DType::bf16, p.B, p.Sq, p.H, p.D, Memory::cuda);
   f.stream = c.stream;
   const DenseForwardKernel kernel = choose_dense_forward(f, current_device_traits());
-  if (kernel != DenseForwardKernel::wgmma && kernel != DenseForwardKernel::mma)
+  if (kernel != DenseForwardKernel::wgmma && kernel != DenseForwardKernel::mma && kernel != DenseForwardKernel::decode)
     throw Error("backend", std::string("cuda: internal: the TurboQuant prefill's dense problem went to ") +
                                kernel_name(kernel) + ", which tq_prefill_serves rules out");
   launch_dense_forward(f, kernel);

@@ -1,0 +1,465 @@
+// Dense decode (DenseForwardKernel::decode): a few query rows per kv head against many keys, f16/bf16, head_dim
+// 64/128/256. A decode step reads each key once and does little arithmetic on it, so the kernel is built to keep
+// the memory system busy: the keys are split across blocks (split-K) so that one sequence fills the GPU, each warp
+// streams its own 16-key tiles through shared memory with cp.async (two stages), and the parts are merged by
+// their log-sum-exp in a second kernel (or written directly when there is one split).
+//
+// Per warp and tile, with the query columns n = i * group + g (row i, head g of the kv head's group) as the mma's
+// N dimension (8 or 16 of them):
+//   S^T [16 keys x columns] = K [16 keys x D] . Q^T [D x columns]       K by ldmatrix, Q^T fixed B fragments
+//   O^T [D x columns]      += V^T [D x 16 keys] . P^T [16 keys x columns]  V^T by ldmatrix.trans, P^T by movmatrix
+// A lane holds keys r, r + 8 of columns 2 c, 2 c + 1 of each n-tile, so a column's statistics meet over the 8
+// lanes of equal c, and its O^T accumulators are the same columns (a rescale needs no shuffle). Scores are scaled
+// in f32 after the product; the softmax runs on exp2. Keys a column does not see get weight 0, and rows outside
+// the visible range are zero-filled in shared memory, so nothing a row does not see reaches its sums.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "core/visibility.hpp"
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/dense_softmax.cuh"
+#include "cuda/kernels.hpp"
+#include "cuda/launch.hpp"
+#include "cuda/mma.cuh"
+
+namespace flashtq::cuda {
+namespace {
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kTile = 16;  // keys per warp tile
+#ifndef FLASHTQ_DECODE_STAGES
+#define FLASHTQ_DECODE_STAGES 3
+#endif
+constexpr int kStages = FLASHTQ_DECODE_STAGES;  // tiles a warp has in shared memory: kStages - 1 in flight
+constexpr int kSplitMultiple = 4 * kTile;       // a split's keys: a multiple of its warps' tiles
+
+template <int D, int NT>
+struct Shape {
+  static constexpr int kColumns = 8 * NT;
+  static constexpr int kRowBytes = 2 * D + 16;  // padded by 16 bytes: an ldmatrix's 8 rows in distinct banks
+  static constexpr int kTileBytes = kTile * kRowBytes;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K, then V
+  static constexpr int kWarpBytes = kStages * kStageBytes;
+  static constexpr int kCombineBytes = kWarps * kColumns * (D + 2) * 4;
+  static constexpr int kBytes = kWarps * kWarpBytes > kCombineBytes ? kWarps* kWarpBytes : kCombineBytes;
+  // Blocks an SM holds by shared memory (227 KB, 1 KB reserved per block): what the registers are bounded for.
+  static constexpr int kBlocksPerSm = 227 * 1024 / (kBytes + 1024) < 1 ? 1 : 227 * 1024 / (kBytes + 1024);
+};
+
+// A split's partial of one query row and head: its maximum (log2 units), its sum of weights, then O unnormalised.
+__host__ __device__ constexpr int partial_floats(int D) { return D + 2; }
+
+__device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool fill) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(fill ? 16 : 0));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], unsigned address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], unsigned address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+struct DecodeArgs {
+  DenseProblem p;
+  TensorView q, k, v, out;
+  float* lse;
+  float* partials;  // [B, H, Sq][splits][partial_floats(D)], with splits > 1
+  int splits, split_keys;
+  unsigned* unfinished;
+};
+
+// Row (i, h)'s end: O / l to out and the LSE, from its maximum M (log2 units), sum L and unnormalised O (x(d)),
+// as store_rows (dense_softmax.cuh) does it: the sink joins, a row that saw nothing gets 0 and the sink's logit
+// (or -inf), a row f32 cannot finish gets NaN for repair_dense_forward.
+template <typename T, typename X>
+__device__ __forceinline__ bool finish_row(const DecodeArgs& a, std::int64_t b, std::int64_t i, std::int64_t h, float M,
+                                           float L, int d0, int d_step, X x) {
+  const DenseProblem& p = a.p;
+  const bool seen_nothing = (M == -INFINITY && L == 0.0f) || (isfinite(L) && isfinite(M) && M <= -1e30f * kLog2e);
+  const RowTotal total = with_sink(p, h, M, seen_nothing ? 0.0f : L);
+  const bool finished = isfinite(total.l) && total.l > 0.0f && isfinite(total.m);
+  const bool empty = seen_nothing && !finished;
+  const float inv = finished ? total.weight / total.l : empty ? 0.0f : NAN;
+  bool bad = !finished && !empty;
+  T* out = static_cast<T*>(a.out.data) + row_offset(a.out, b, i, h);
+  for (int d = d0; d < p.D; d += d_step) {
+    const float y = x(d) * inv;
+    bad |= !isfinite(y);
+    out[d] = from_float<T>(y);
+  }
+  if (a.lse != nullptr && d0 == 0)
+    a.lse[(b * p.H + h) * p.Sq + i] = finished ? total.m * kLn2 + logf(total.l) : empty ? -INFINITY : NAN;
+  return bad;
+}
+
+template <typename T, int D, int NT>
+__global__ void __launch_bounds__(kThreads, Shape<D, NT>::kBlocksPerSm < 4 ? Shape<D, NT>::kBlocksPerSm : 4)
+    decode_kernel(const DecodeArgs a) {
+  using S = Shape<D, NT>;
+  constexpr int kColumns = S::kColumns, KS = D / 16;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const DenseProblem& p = a.p;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, r = lane / 4, c = lane % 4;
+  const std::int64_t b = blockIdx.z, hk = blockIdx.y, G = p.group(), columns = p.Sq * G;
+  const int split = blockIdx.x;
+
+  // The keys any row of the block sees, this split's share, and this warp's (multiples of 16: no tile straddles).
+  const core::KeyRange range = core::key_range(p, 0, p.Sq);
+  const int warp_keys = a.split_keys / kWarps;
+  const std::int64_t own_begin = std::int64_t(split) * a.split_keys + warp * warp_keys, own_end = own_begin + warp_keys;
+  const int w_begin = int(own_begin > range.begin / kTile * kTile ? own_begin : range.begin / kTile * kTile);
+  const int w_end = int(own_end < range.end ? own_end : range.end);
+
+  // Q^T's B fragments: column n = 8 nt + r, dims 16 ks + 2 c + {0, 1} and + 8; columns past Sq * G are 0.
+  std::uint32_t qb[NT][KS][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int n = 8 * nt + r;
+    const T* q = n < columns ? static_cast<const T*>(a.q.data) + row_offset(a.q, b, n / G, hk * G + n % G) : nullptr;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+        qb[nt][ks][x] = q ? *reinterpret_cast<const std::uint32_t*>(q + 16 * ks + 8 * x + 2 * c) : 0u;
+  }
+
+  // Staging: lane takes 16-byte chunks lane + 32 k of a tile's rows (D / 8 chunks a row): row lane / CPR + k RPS.
+  constexpr int kChunksPerRow = D / 8, kRowsPerPass = 32 / kChunksPerRow, kPasses = kTile / kRowsPerPass;
+  const int lane_row = lane / kChunksPerRow, lane_chunk = lane % kChunksPerRow;
+  const unsigned stages = shared_address(smem) + unsigned(warp * S::kWarpBytes);
+  const unsigned lane_dst = unsigned(lane_row * S::kRowBytes + 16 * lane_chunk);
+  const T* k_head = static_cast<const T*>(a.k.data) + row_offset(a.k, b, 0, hk) + 8 * lane_chunk;
+  const T* v_head = static_cast<const T*>(a.v.data) + row_offset(a.v, b, 0, hk) + 8 * lane_chunk;
+  const std::int64_t k_row = a.k.strides[1], v_row = a.v.strides[1];
+  // Rows before the visible range or past it are zero-filled: they get weight 0 and must not bring a NaN along.
+  const int fill_begin = int(range.begin), fill_end = w_end;
+  auto fill = [&](int j0, int stage) {
+    const unsigned st = stages + unsigned(stage * S::kStageBytes) + lane_dst;
+#pragma unroll
+    for (int x = 0; x < kPasses; ++x) {
+      const int j = j0 + lane_row + x * kRowsPerPass;
+      const bool in = j >= fill_begin && j < fill_end;
+      const int js = in ? j : fill_begin;  // a readable address even when nothing is read
+      cp_async16_zfill(st + unsigned(x * kRowsPerPass * S::kRowBytes), k_head + js * k_row, in);
+      cp_async16_zfill(st + unsigned(S::kTileBytes + x * kRowsPerPass * S::kRowBytes), v_head + js * v_row, in);
+    }
+    cp_async_commit();
+  };
+
+  // ldmatrix addresses within a stage: K (A, keys x dims): lane l reads key l % 8 + 8 ((l / 8) % 2), dims
+  // 16 ks + 8 (l / 16); V^T (A by .trans, dims x keys): key l % 8 + 8 (l / 16), dims 16 dt + 8 ((l / 8) % 2).
+  const unsigned k_lane = unsigned((lane % 8 + 8 * ((lane / 8) % 2)) * S::kRowBytes + 16 * (lane / 16));
+  const unsigned v_lane = unsigned(S::kTileBytes + (lane % 8 + 8 * (lane / 16)) * S::kRowBytes + 16 * ((lane / 8) % 2));
+
+  const float scale_log2 = p.scale * kLog2e;
+  float m[NT][2], l[NT][2], acc[NT][D / 16][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    m[nt][0] = m[nt][1] = -INFINITY;
+    l[nt][0] = l[nt][1] = 0.0f;
+#pragma unroll
+    for (int dt = 0; dt < D / 16; ++dt) acc[nt][dt][0] = acc[nt][dt][1] = acc[nt][dt][2] = acc[nt][dt][3] = 0.0f;
+  }
+
+  const int first = w_begin / kTile * kTile;
+#pragma unroll
+  for (int x = 0; x + 1 < kStages; ++x) {  // the first kStages - 1 tiles in flight (an empty group where none)
+    if (first + x * kTile < w_end) {
+      fill(first + x * kTile, x);
+    } else {
+      cp_async_commit();
+    }
+  }
+  int stage = 0;
+  for (int j0 = first; j0 < w_end; j0 += kTile, stage = stage + 1 == kStages ? 0 : stage + 1) {
+    const int ahead = j0 + (kStages - 1) * kTile;
+    if (ahead < w_end) {
+      fill(ahead, stage == 0 ? kStages - 1 : stage - 1);
+    } else {
+      cp_async_commit();  // an empty group: the wait below is always for this tile
+    }
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const unsigned st = stages + unsigned(stage * S::kStageBytes);
+
+    float s[NT][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      std::uint32_t ka[4];
+      ldmatrix_x4(ka, st + k_lane + unsigned(32 * ks));
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mma_16816<T>(s[nt], ka[0], ka[1], ka[2], ka[3], qb[nt][ks][0], qb[nt][ks][1]);
+    }
+    const bool interior = j0 >= range.begin && j0 + kTile <= w_end && p.softcap == 0.0f &&
+                          core::tile_fully_visible(p, 0, p.Sq, j0, j0 + kTile);
+    std::uint32_t pb[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (interior) {
+          s[nt][e] *= scale_log2;
+        } else {
+          const int n = 8 * nt + 2 * c + (e & 1), j = j0 + r + 8 * (e >> 1);
+          const bool seen = n < columns && j < w_end && core::key_visible(p, n / G, j);
+          s[nt][e] = seen ? softcapped(p, s[nt][e] * p.scale) * kLog2e : -INFINITY;
+        }
+      }
+      float mx[2] = {fmaxf(s[nt][0], s[nt][2]), fmaxf(s[nt][1], s[nt][3])};
+#pragma unroll
+      for (int o = 4; o < 32; o *= 2)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xFFFFFFFFu, mx[x], o));
+      float corr[2], base[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const float m_new = fmaxf(m[nt][x], mx[x]);
+        corr[x] = m_new == -INFINITY ? 1.0f : exp2_approx(m[nt][x] - m_new);
+        base[x] = m_new == -INFINITY ? 0.0f : m_new;  // a hidden key's weight is exp2(-inf) = 0
+        m[nt][x] = m_new;
+      }
+      float w[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w[e] = exp2_approx(s[nt][e] - base[e & 1]);
+#pragma unroll
+      for (int x = 0; x < 2; ++x) l[nt][x] = fmaf(l[nt][x], corr[x], w[x] + w[2 + x]);
+      if (__any_sync(0xFFFFFFFFu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+        for (int dt = 0; dt < D / 16; ++dt) {
+          acc[nt][dt][0] *= corr[0], acc[nt][dt][1] *= corr[1];
+          acc[nt][dt][2] *= corr[0], acc[nt][dt][3] *= corr[1];
+        }
+      }
+      // P^T's B fragment: keys r, r + 8 of columns 2 c, 2 c + 1, transposed into column r's keys 2 c, 2 c + 1.
+      pb[nt][0] = movmatrix_trans(pack2<T>(w[0], w[1]));
+      pb[nt][1] = movmatrix_trans(pack2<T>(w[2], w[3]));
+    }
+#pragma unroll
+    for (int dt = 0; dt < D / 16; ++dt) {
+      std::uint32_t va[4];
+      ldmatrix_x4_trans(va, st + v_lane + unsigned(32 * dt));
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mma_16816<T>(acc[nt][dt], va[0], va[1], va[2], va[3], pb[nt][0], pb[nt][1]);
+    }
+    __syncwarp();  // every lane has read this stage before it is refilled
+  }
+
+  // ---- the warps' parts, combined ----
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int o = 4; o < 32; o *= 2)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) l[nt][x] += __shfl_xor_sync(0xFFFFFFFFu, l[nt][x], o);
+  __syncthreads();                                   // the stages are free
+  float* const cm = reinterpret_cast<float*>(smem);  // [kWarps][kColumns] maxima (log2 units)
+  float* const cl = cm + kWarps * kColumns;          // sums
+  float* const co = cl + kWarps * kColumns;          // [kWarps][kColumns][D]
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int n = 8 * nt + 2 * c;
+    if (r == 0) {
+      cm[warp * kColumns + n] = m[nt][0], cm[warp * kColumns + n + 1] = m[nt][1];
+      cl[warp * kColumns + n] = l[nt][0], cl[warp * kColumns + n + 1] = l[nt][1];
+    }
+#pragma unroll
+    for (int dt = 0; dt < D / 16; ++dt) {
+      float* even = co + (warp * kColumns + n) * D + 16 * dt + r;
+      even[0] = acc[nt][dt][0], even[D] = acc[nt][dt][1], even[8] = acc[nt][dt][2], even[D + 8] = acc[nt][dt][3];
+    }
+  }
+  __syncthreads();
+  bool bad = false;
+  // A warp per column: its maximum and sum over the warps, then O's dims a lane at a time.
+  for (int n = warp; n < columns; n += kWarps) {
+    float M = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, cm[w * kColumns + n]);
+    float L = 0.0f, f[kWarps];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float lw = cl[w * kColumns + n];
+      f[w] = lw == 0.0f ? 0.0f : exp2_approx(cm[w * kColumns + n] - M);
+      L = fmaf(lw, f[w], L);
+    }
+    auto x = [&](int d) {
+      float y = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) y = f[w] == 0.0f ? y : fmaf(co[(w * kColumns + n) * D + d], f[w], y);
+      return y;
+    };
+    const std::int64_t i = n / G, h = hk * G + n % G;
+    if (a.splits == 1) {
+      bad |= finish_row<T>(a, b, i, h, M, L, lane, 32, x);
+    } else {
+      float* part = a.partials + (((b * p.H + h) * p.Sq + i) * a.splits + split) * partial_floats(D);
+      if (lane == 0) part[0] = M, part[1] = L;
+      for (int d = lane; d < D; d += 32) part[2 + d] = x(d);
+    }
+  }
+  raise_unfinished(a.unfinished, bad);
+}
+
+// The splits of each row (i, h), merged by their maxima: a block per row, its threads over the splits for the
+// statistics (each split's factor 2^(m_s - M) kept in shared memory), then over the dims, each summing the splits'
+// parts of its dims with independent loads.
+__device__ __forceinline__ float block_reduce(float x, float* scratch, bool max) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  x = max ? warp_max(x) : warp_sum(x);
+  __syncthreads();  // scratch is free
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  float y = scratch[0];
+  for (int w = 1; w < kWarps; ++w) y = max ? fmaxf(y, scratch[w]) : y + scratch[w];
+  return y;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) merge_kernel(const DecodeArgs a) {
+  const DenseProblem& p = a.p;
+  extern __shared__ float factor[];  // [splits]
+  __shared__ float scratch[kWarps];
+  const int tid = threadIdx.x;
+  const std::int64_t row = blockIdx.x, i = row % p.Sq, h = row / p.Sq % p.H, b = row / p.Sq / p.H;
+  const float* parts = a.partials + row * a.splits * partial_floats(D);
+  float m = -INFINITY;
+  for (int s = tid; s < a.splits; s += kThreads) m = fmaxf(m, parts[s * partial_floats(D)]);
+  const float M = block_reduce(m, scratch, true);
+  float l = 0.0f;
+  for (int s = tid; s < a.splits; s += kThreads) {
+    const float ls = parts[s * partial_floats(D) + 1];
+    const float f = ls == 0.0f ? 0.0f : exp2_approx(parts[s * partial_floats(D)] - M);
+    factor[s] = f;
+    l = fmaf(ls, f, l);
+  }
+  const float L = block_reduce(l, scratch, false);  // its barriers also publish `factor`
+  auto x = [&](int d) {
+    float y = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < a.splits; ++s) {
+      const float f = factor[s];
+      if (f != 0.0f) y = fmaf(parts[s * partial_floats(D) + 2 + d], f, y);
+    }
+    return y;
+  };
+  raise_unfinished(a.unfinished, finish_row<T>(a, b, i, h, M, L, tid, kThreads, x));
+}
+
+template <typename T, int D, int NT>
+int resident_blocks() {
+  static const int blocks = [] {
+    allow_shared_bytes<decode_kernel<T, D, NT>>(Shape<D, NT>::kBytes);
+    int n = 0, device = 0, sms = 0;
+    FLASHTQ_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<T, D, NT>, kThreads, Shape<D, NT>::kBytes));
+    FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
+    FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return std::max(1, n) * sms;
+  }();
+  return blocks;
+}
+
+// The split plan: the number of splits whose blocks finish soonest in whole waves of `resident` blocks, counting
+// each block's fixed cost as kSplitMultiple keys; at most `most` splits (what the workspace holds).
+struct Plan {
+  int splits, split_keys;
+};
+Plan plan_splits(const DenseProblem& p, int resident, std::int64_t most) {
+  const std::int64_t units = p.B * p.Hkv, keys = std::max<std::int64_t>(p.Sk, 1);
+  const std::int64_t top =
+      std::min<std::int64_t>({most, (keys + kSplitMultiple - 1) / kSplitMultiple, 4 * (resident + units - 1) / units});
+  Plan best{1, int((keys + kSplitMultiple - 1) / kSplitMultiple * kSplitMultiple)};
+  double best_cost = 1e300;
+  for (std::int64_t s = 1; s <= std::max<std::int64_t>(top, 1); ++s) {
+    const std::int64_t split_keys = ((keys + s - 1) / s + kSplitMultiple - 1) / kSplitMultiple * kSplitMultiple;
+    const std::int64_t splits = (keys + split_keys - 1) / split_keys;
+    const std::int64_t waves = (units * splits + resident - 1) / resident;
+    const double cost = double(waves) * double(split_keys + kSplitMultiple) + (splits > 1 ? kSplitMultiple : 0);
+    if (cost < best_cost) best_cost = cost, best = {int(splits), int(split_keys)};
+  }
+  return best;
+}
+
+template <typename F>
+void by_shape(const DenseProblem& p, F&& f) {
+  const bool two = p.Sq * p.group() > 8;
+  auto with = [&](auto tag) {
+    using T = decltype(tag);
+    switch (p.D) {
+      case 64:
+        two ? f(T{}, std::integral_constant<int, 64>{}, std::integral_constant<int, 2>{})
+            : f(T{}, std::integral_constant<int, 64>{}, std::integral_constant<int, 1>{});
+        break;
+      case 128:
+        two ? f(T{}, std::integral_constant<int, 128>{}, std::integral_constant<int, 2>{})
+            : f(T{}, std::integral_constant<int, 128>{}, std::integral_constant<int, 1>{});
+        break;
+      case 256: f(T{}, std::integral_constant<int, 256>{}, std::integral_constant<int, 1>{}); break;
+      default: throw Error("backend", "cuda: internal error: no decode kernel for this head_dim");
+    }
+  };
+  if (p.dtype == DType::f16) {
+    with(__half{});
+  } else {
+    with(__nv_bfloat16{});
+  }
+}
+
+std::size_t partial_bytes(const DenseProblem& p) {
+  return std::size_t(p.B * p.H * p.Sq) * std::size_t(partial_floats(int(p.D))) * sizeof(float);
+}
+
+Plan plan_for(const ForwardCall& c, std::int64_t most) {
+  Plan plan{1, 0};
+  by_shape(c.p, [&](auto t, auto d, auto nt) {
+    plan = plan_splits(c.p, resident_blocks<decltype(t), decltype(d)::value, decltype(nt)::value>(), most);
+  });
+  return plan;
+}
+
+}  // namespace
+
+std::size_t dense_decode_workspace(const ForwardCall& c) {
+  const Plan plan = plan_for(c, std::int64_t(1) << 30);
+  return plan.splits > 1 ? std::size_t(plan.splits) * partial_bytes(c.p) : 0;
+}
+
+void launch_dense_decode(const ForwardCall& c) {
+  const DenseProblem& p = c.p;
+  if (p.B * p.H * p.Sq == 0) return;
+  const std::int64_t most = c.workspace ? std::int64_t(c.workspace_bytes / partial_bytes(p)) : 1;
+  const Plan plan = plan_for(c, std::max<std::int64_t>(most, 1));
+  DecodeArgs a{p,
+               c.q,
+               c.k,
+               c.v,
+               c.out,
+               c.lse,
+               static_cast<float*>(c.workspace),
+               plan.splits,
+               plan.split_keys,
+               unfinished_rows_flag()};
+  auto stream = static_cast<cudaStream_t>(c.stream);
+  by_shape(p, [&](auto t, auto d, auto nt) {
+    using T = decltype(t);
+    constexpr int D = decltype(d)::value, NT = decltype(nt)::value;
+    allow_shared_bytes<decode_kernel<T, D, NT>>(Shape<D, NT>::kBytes);
+    const dim3 grid(unsigned(plan.splits), unsigned(p.Hkv), unsigned(p.B));
+    decode_kernel<T, D, NT><<<grid, kThreads, Shape<D, NT>::kBytes, stream>>>(a);
+    FLASHTQ_CUDA_CHECK_LAUNCH("dense decode");
+    if (plan.splits > 1) {
+      const std::int64_t rows = p.B * p.H * p.Sq;
+      merge_kernel<T, D><<<unsigned(rows), kThreads, plan.splits * sizeof(float), stream>>>(a);
+      FLASHTQ_CUDA_CHECK_LAUNCH("dense decode merge");
+    }
+  });
+}
+
+}  // namespace flashtq::cuda
