@@ -171,8 +171,10 @@ AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows,
 
 // flashtq's own dense decode over a bf16 cache of the same shape (q [B, 1, H, D], k and v [B, ctx, Hkv, D], random
 // rows), with the workspace its split plan asks for: graph-replayed and eager, L2 flushed before each step.
+// With page_size > 0 the keys and values are pages [B ctx / page_size, page_size, Hkv, D] of one pool, each
+// sequence's pages drawn without repetition from it and read through a table in device memory.
 AttendTimes dense_decode_ms(std::int64_t batch, std::int64_t ctx, std::int64_t heads, std::int64_t hkv,
-                            std::int64_t dim, std::mt19937_64& rng) {
+                            std::int64_t dim, std::int64_t page_size, std::mt19937_64& rng) {
   flashtq::Backend& cuda = flashtq::backend("cuda");
   const std::size_t kv_elems = std::size_t(batch * ctx * hkv * dim), q_elems = std::size_t(batch * heads * dim);
   // 16 MiB of random bf16 rows, repeated to fill each tensor (writing 2 GB from the host would dominate the run).
@@ -202,12 +204,29 @@ AttendTimes dense_decode_ms(std::int64_t batch, std::int64_t ctx, std::int64_t h
                          TensorView::bshd(out, DType::bf16, batch, 1, heads, dim, Memory::cuda),
                          nullptr,
                          stream};
-  const std::size_t ws_bytes = flashtq::attention_forward_workspace_bytes(cuda, a, {});
+  flashtq::AttentionParams params;
+  void *table = nullptr, *lengths = nullptr;
+  if (page_size > 0) {
+    const std::int64_t per_sequence = ctx / page_size, pages = batch * per_sequence;
+    std::vector<std::int32_t> order(static_cast<std::size_t>(pages), 0);
+    const std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), std::int32_t(ctx));
+    for (std::int64_t i = 0; i < pages; ++i) order[std::size_t(i)] = std::int32_t(i);
+    std::shuffle(order.begin(), order.end(), rng);
+    check(cudaMalloc(&table, order.size() * 4), "malloc table");
+    check(cudaMalloc(&lengths, lens.size() * 4), "malloc lengths");
+    check(cudaMemcpy(table, order.data(), order.size() * 4, cudaMemcpyHostToDevice), "upload table");
+    check(cudaMemcpy(lengths, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice), "upload lengths");
+    a.k = TensorView::bshd(k, DType::bf16, pages, page_size, hkv, dim, Memory::cuda);
+    a.v = TensorView::bshd(v, DType::bf16, pages, page_size, hkv, dim, Memory::cuda);
+    params.paged = flashtq::PagedKv{static_cast<const std::int32_t*>(table), per_sequence,
+                                    static_cast<const std::int32_t*>(lengths), Memory::cuda};
+  }
+  const std::size_t ws_bytes = flashtq::attention_forward_workspace_bytes(cuda, a, params);
   void* ws = nullptr;
   if (ws_bytes) check(cudaMalloc(&ws, ws_bytes), "malloc workspace");
   a.workspace = ws;
   a.workspace_bytes = ws_bytes;
-  auto step = [&] { flashtq::attention_forward(cuda, a, {}); };
+  auto step = [&] { flashtq::attention_forward(cuda, a, params); };
   AttendTimes t{};
   t.eager_ms = time_ms(step, stream, 20, 3, true);
   cudaGraph_t graph;
@@ -221,7 +240,7 @@ AttendTimes dense_decode_ms(std::int64_t batch, std::int64_t ctx, std::int64_t h
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
-  for (void* p : {q, k, v, out, ws}) cudaFree(p);
+  for (void* p : {q, k, v, out, ws, table, lengths}) cudaFree(p);
   return t;
 }
 
@@ -251,16 +270,20 @@ int main(int argc, char** argv) {
   // flashtq's dense decode over bf16 at each decode shape: beside the packed caches and the peers' bf16 rows.
   for (auto [batch, ctx] :
        std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 32768}, {1, 131072}, {8, 32768}, {32, 8192}}) {
-    const AttendTimes t = dense_decode_ms(batch, ctx, H, Hkv, D, rng);
     const double bytes = double(2 * batch * ctx * Hkv * D * 2);
-    report["dense_decode"].push_back({{"batch", batch},
-                                      {"ctx", ctx},
-                                      {"ms", t.graph_ms},
-                                      {"eager_ms", t.eager_ms},
-                                      {"bytes", bytes},
-                                      {"gbs", bytes / (t.graph_ms * 1e-3) / 1e9}});
-    std::fprintf(stderr, "dense bf16 decode B=%lld ctx=%lld: graph %.4f ms (eager %.4f), %.0f GB/s (copy %.0f GB/s)\n",
-                 (long long)batch, (long long)ctx, t.graph_ms, t.eager_ms, bytes / (t.graph_ms * 1e-3) / 1e9, bw);
+    nlohmann::json row = {{"batch", batch}, {"ctx", ctx}, {"bytes", bytes}};
+    for (const std::int64_t page : {0, 16, 64}) {  // contiguous, then pages of 16 and 64 keys
+      const AttendTimes t = dense_decode_ms(batch, ctx, H, Hkv, D, page, rng);
+      const std::string name = page ? "paged" + std::to_string(page) + "_ms" : "ms";
+      row[name] = t.graph_ms;
+      if (!page) row["eager_ms"] = t.eager_ms, row["gbs"] = bytes / (t.graph_ms * 1e-3) / 1e9;
+      std::fprintf(stderr,
+                   "dense bf16 decode B=%lld ctx=%lld page %lld: graph %.4f ms (eager %.4f), %.0f GB/s (copy %.0f "
+                   "GB/s)\n",
+                   (long long)batch, (long long)ctx, (long long)page, t.graph_ms, t.eager_ms,
+                   bytes / (t.graph_ms * 1e-3) / 1e9, bw);
+    }
+    report["dense_decode"].push_back(row);
   }
   // Decode at each shape for every preset: the bytes a step reads are the packed words, the
   // block means and the exact region of every sequence and kv head.

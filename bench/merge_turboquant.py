@@ -66,9 +66,12 @@ def table(merged):
               f"{r.get('speedup_per_compression', nan):>6.2f} {r['gbs']:>7.0f}")
     for r in merged.get("dense_decode", []):
         best = [x for x in merged["decode"] if (x["batch"], x["ctx"]) == (r["batch"], r["ctx"])][:1]
-        peers = {k: best[0][k] for k in ("flash_ms", "cudnn_ms", "flashinfer_bf16_ms") if best and k in best[0]}
+        peers = {k: best[0][k] for k in ("flash_ms", "cudnn_ms", "flashinfer_bf16_ms", "flashinfer_bf16_page16_ms")
+                 if best and k in best[0]}
+        paged = ", ".join(f"pages of {p} {r[f'paged{p}_ms']:.4f} ms ({r[f'paged{p}_ms'] / r['ms']:.3f}x contiguous)"
+                          for p in (16, 64) if f"paged{p}_ms" in r)
         print(f"dense bf16 decode B={r['batch']} ctx={r['ctx']}: flashtq {r['ms']:.4f} ms ({r['gbs']:.0f} GB/s, "
-              f"floor {r['bytes'] / (merged['copy_bandwidth_gbs'] * 1e9) * 1e3:.4f} ms); "
+              f"floor {r['bytes'] / (merged['copy_bandwidth_gbs'] * 1e9) * 1e3:.4f} ms), {paged}; "
               + ", ".join(f"{k[:-3]} {v:.4f} ms ({v / r['ms']:.2f}x)" for k, v in peers.items()))
     for r in merged["prefill"]:
         print(f"prefill {r.get('layout', 'seed')} chunk {r['chunk']}: flashtq {r['ms']:.3f} ms "

@@ -73,9 +73,10 @@ def main():
         k = torch.randn(batch, 8, ctx, 128, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
         row = {"batch": batch, "ctx": ctx, "bf16_bytes": 2 * k.numel() * 2, "l2_flushed": True}
-        for name, dtype in (("flashinfer_bf16", torch.bfloat16), ("flashinfer_fp8", torch.float8_e4m3fn)):
+        for name, dtype, page in (("flashinfer_bf16", torch.bfloat16, 64), ("flashinfer_fp8", torch.float8_e4m3fn, 64),
+                                  ("flashinfer_bf16_page16", torch.bfloat16, 16)):
             try:
-                ms = flashinfer_decode(q, k, v, dtype)
+                ms = flashinfer_decode(q, k, v, dtype, page)
                 if ms is not None:
                     row[name + "_ms"] = ms
             except Exception as e:  # a peer that does not run here is reported, not fatal

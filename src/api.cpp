@@ -21,7 +21,12 @@ void attention_forward(Backend& backend, const ForwardArgs& args, const Attentio
 
 std::size_t attention_forward_workspace_bytes(Backend& backend, const ForwardArgs& args,
                                               const AttentionParams& params) try {
-  // Ragged and paged batches run as one call per sequence on host backends, which need none.
+  // Ragged batches and host paging run as one call per sequence on host backends, which need none.
+  if (params.paged && backend.memory() != Memory::host) {
+    ForwardArgs without = args;
+    without.workspace = nullptr;
+    return backend.forward_workspace(core::validate_on_device(backend, without, params));
+  }
   if (params.paged || params.varlen) return 0;
   ForwardArgs without = args;
   without.workspace = nullptr;

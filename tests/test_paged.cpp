@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "brute_force.hpp"
+#include "conformance/device_buffer.hpp"
 #include "conformance/host_tensor.hpp"
 #include "forward_refusal.hpp"
 #include "flashtq/flashtq.hpp"
@@ -167,6 +168,91 @@ TEST_P(PagedOn, ADecodeLoopOfAppendsEqualsTheContiguousForward) {
 
 INSTANTIATE_TEST_SUITE_P(HostBackends, PagedOn, ::testing::Values("reference", "cpu"));
 
+Backend* cuda_gpu() {
+  for (Backend* b : all_backends())
+    if (b->name() == "cuda" && b->available()) return b;
+  return nullptr;
+}
+
+// cuda reads the table in device memory (PagedKv::tables) with its decode kernel: every sequence's output and
+// lse against the reference backend's paging of the same pages through the same table in host memory; the
+// workspace it asks for is passed, poisoned. The last cases hold a device table's entries out of range, which the
+// kernel clamps (a length to max_pages * page_size, a page index into [0, num_pages)): the same numbers as the
+// clamped table on the host.
+TEST(PagedOnCuda, DecodeThroughADeviceTableEqualsTheReference) {
+  Backend* gpu = cuda_gpu();
+  if (!gpu) GTEST_SKIP() << "no CUDA device here: paged decode on cuda is checked on the GPU machine";
+  std::mt19937_64 rng = test_rng();
+  auto range = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  for (int index = 0; index < 10; ++index) {
+    const bool clamped = index >= 8;
+    const std::int64_t B = range(1, 5), Hkv = range(1, 2), G = index % 2 ? 4 : 1, H = Hkv * G;
+    const std::int64_t D = std::array<std::int64_t, 3>{64, 128, 256}[std::size_t(index % 3)];
+    const std::int64_t Sq = range(1, D == 256 ? 8 / G : 16 / G > 3 ? 3 : 16 / G);
+    const DType dtype = index % 2 ? DType::bf16 : DType::f16;
+    Table t = draw_table(rng, B, index % 4 < 2 ? 16 : 64, range(20, 700));
+    SCOPED_TRACE("case " + std::to_string(index) + ": B " + std::to_string(B) + ", H " + std::to_string(H) + ", Hkv " +
+                 std::to_string(Hkv) + ", D " + std::to_string(D) + ", Sq " + std::to_string(Sq) + ", page_size " +
+                 std::to_string(t.page_size) + ", " + dtype_name(dtype));
+    HostTensor q({B, Sq, H, D}, dtype, false), kp({t.num_pages, t.page_size, Hkv, D}, dtype, false), vp(kp);
+    q.fill_normal(rng);
+    kp.fill_normal(rng);
+    vp.fill_normal(rng);
+    AttentionParams params;
+    params.causal = range(0, 1) == 1;
+    if (range(0, 2) == 0) params.window = range(1, 300);
+    if (range(0, 2) == 0) params.softcap = 5.0f;
+    std::vector<float> sinks;
+    if (range(0, 1) == 0)
+      for (std::int64_t h = 0; h < H; ++h) sinks.push_back(float(h) - 0.5f);
+    Table device_table = t;
+    if (clamped) {
+      device_table.lengths[0] = std::int32_t(t.max_pages * t.page_size + 1000);
+      device_table.pages[0] = -5;
+      t.lengths[0] = std::int32_t(t.max_pages * t.page_size);
+      t.pages[0] = 0;
+    }
+    // The oracle: the reference backend, the table on the host.
+    HostTensor want(q);
+    std::vector<float> want_lse(std::size_t(B * H * Sq));
+    AttentionParams host = params;
+    host.sinks = sinks.empty() ? nullptr : sinks.data();
+    host.paged = t.kv();
+    attention_forward(backend("reference"), {q.view, kp.view, vp.view, want.view, want_lse.data(), nullptr}, host);
+
+    conformance::DeviceBuffer dq(*gpu, q.bytes), dk(*gpu, kp.bytes), dv(*gpu, vp.bytes);
+    conformance::DeviceBuffer dtable(*gpu, device_table.pages), dlengths(*gpu, device_table.lengths),
+        dsinks(*gpu, sinks);
+    HostTensor got(q);
+    got.poison();
+    conformance::DeviceBuffer dout(*gpu, got.bytes),
+        dlse(*gpu, std::vector<float>(want_lse.size(), std::numeric_limits<float>::quiet_NaN()));
+    AttentionParams device = params;
+    device.sinks = sinks.empty() ? nullptr : static_cast<const float*>(dsinks.get());
+    device.paged = PagedKv{static_cast<const std::int32_t*>(dtable.get()), t.max_pages,
+                           static_cast<const std::int32_t*>(dlengths.get()), Memory::cuda};
+    ForwardArgs a{q.on(dq.get(), Memory::cuda),     kp.on(dk.get(), Memory::cuda),   vp.on(dv.get(), Memory::cuda),
+                  got.on(dout.get(), Memory::cuda), static_cast<float*>(dlse.get()), nullptr};
+    const std::size_t ws = attention_forward_workspace_bytes(*gpu, a, device);
+    conformance::DeviceBuffer workspace(*gpu, std::vector<std::uint8_t>(ws, 0xFF));
+    a.workspace = ws ? workspace.get() : nullptr;
+    a.workspace_bytes = ws;
+    attention_forward(*gpu, a, device);
+    EXPECT_EQ(gpu->last_kernel(), "dense_forward_decode");
+    got.assign(dout.read<std::uint8_t>());
+    const std::vector<float> got_lse = dlse.read<float>();
+    std::string detail;
+    EXPECT_LE(relative_error(want.values(), got.values(), detail), dtype == DType::f16 ? 2e-3 : 1e-2)
+        << "out " << detail;
+    EXPECT_LE(relative_error(std::vector<double>(want_lse.begin(), want_lse.end()),
+                             std::vector<double>(got_lse.begin(), got_lse.end()), detail, 1.0),
+              dtype == DType::f16 ? 2e-3 : 1e-2)
+        << "lse " << detail;
+  }
+}
+
 TEST(PagedBadInput, RefusedNamingTheArgument) {
   Table t{16, 4, 2, {0, 1, 2, 3}, {20, 5}};
   HostTensor q({2, 1, 2, 32}, DType::f32, false), kp({4, 16, 1, 32}, DType::f32, false), vp(kp), out(q);
@@ -192,6 +278,12 @@ TEST(PagedBadInput, RefusedNamingTheArgument) {
   });
   expect("v", [&](Table&, A& a, P&) { a.v = pages_f16.view; });
   expect("paged", [&](Table&, A&, P& p) { p.varlen = Varlen{}; });
+  // A host backend reads the table where it lives: in host memory.
+  AttentionParams device_table;
+  device_table.paged = t.kv();
+  device_table.paged->tables = Memory::cuda;
+  testing::expect_forward_refused(backend("cpu"), {q.view, kp.view, vp.view, out.view, nullptr, nullptr}, device_table,
+                                  out, "page_table");
   // A table entry past the sequence's pages is never read, so it may hold anything.
   Table loose = t;
   loose.pages[3] = 99;

@@ -29,10 +29,19 @@ struct Varlen {
 // Paged keys and values (docs/spec.md §1.7): the forward's k and v are [num_pages, page_size, Hkv, D] views of the
 // pages (page_size a power of two in [16, 256]); key j of sequence b is row j mod page_size of page
 // page_table[b * max_pages + j / page_size]. The queries are [B, Sq, H, D] as in §1.
+//
+// The table and lengths live in host memory (checked before any work) or, with `tables` set to the backend's
+// memory, beside the pages (cuda: a serving engine's table, updated on the device and read by the kernel, so that a
+// decode step can be captured in a CUDA graph). A device table is the caller's contract, not checked: the kernel
+// clamps each length to [0, max_pages * page_size] and each page index to [0, num_pages), so a bad entry gives
+// wrong numbers for its sequence but never reads outside the pages. On cuda the paged forward runs the decode
+// kernel: a few query rows per kv head (Sq x group within its columns), f16/bf16, head_dim 64/128/256, no mask or
+// dropout, page rows on 16 bytes.
 struct PagedKv {
-  const std::int32_t* page_table = nullptr;  // [B, max_pages] int32, host memory
+  const std::int32_t* page_table = nullptr;  // [B, max_pages] int32
   std::int64_t max_pages = 0;
-  const std::int32_t* seq_lens_k = nullptr;  // [B] int32, host memory: the keys of each sequence
+  const std::int32_t* seq_lens_k = nullptr;  // [B] int32: the keys of each sequence
+  Memory tables = Memory::host;              // where page_table and seq_lens_k live
 };
 
 struct AttentionParams {

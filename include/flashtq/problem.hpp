@@ -43,8 +43,22 @@ struct DenseProblem {
   // batch index `batch0` (bh = batch0 * H + h), as in the padded layout.
   bool varlen = false;
   std::int64_t batch0 = 0;
+  // Keys in pages read through a table in the backend's memory (ForwardCall::paged): Sk is then the longest
+  // sequence the table allows, each sequence's own length read by the kernel.
+  bool paged = false;
 
   FLASHTQ_HOST_DEVICE std::int64_t group() const { return H / Hkv; }  // query heads per kv head
+};
+
+// A paged forward with the table in the backend's memory (docs/spec.md §1.7): the call's k and v are the pages
+// [num_pages, page_size, Hkv, D]; sequence b has min(max(seq_lens_k[b], 0), p.Sk) keys, key j in row j % page_size
+// of page page_table[b * max_pages + j / page_size] clamped to [0, num_pages); its causal offset is its length - Sq
+// when the caller gave none (offset_from_end), else p.causal_offset.
+struct PagedTable {
+  const std::int32_t* page_table = nullptr;
+  const std::int32_t* seq_lens_k = nullptr;
+  std::int64_t max_pages = 0, page_size = 0, num_pages = 0;
+  bool offset_from_end = true;
 };
 
 struct ForwardCall {
@@ -55,6 +69,7 @@ struct ForwardCall {
   void* stream = nullptr;
   void* workspace = nullptr;  // ForwardArgs::workspace: null, or 16-byte aligned in the backend's memory
   std::size_t workspace_bytes = 0;
+  PagedTable table;  // with p.paged
 };
 
 struct BackwardCall {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/sequence_rows.hpp"
@@ -12,6 +13,27 @@
 
 namespace flashtq::core {
 namespace {
+
+// The pages' views, their size and the table's pointers: what both paths check.
+void check_pages(const PagedKv& t, const TensorView& k_pages, const TensorView& v_pages, const Backend& backend,
+                 const char* k_name, const char* v_name, std::int64_t& num_pages, std::int64_t& page_size) {
+  check_view(k_name, k_pages, backend);
+  check_view(v_name, v_pages, backend);
+  if (v_pages.shape != k_pages.shape || v_pages.dtype != k_pages.dtype) {
+    throw Error(v_name, std::string("must have the shape and dtype of ") + k_name);
+  }
+  num_pages = k_pages.shape[0];
+  page_size = k_pages.shape[1];
+  if (page_size < 16 || page_size > 256 || (page_size & (page_size - 1)) != 0) {
+    throw Error(k_name,
+                "page_size (dimension 1) " + std::to_string(page_size) + " must be a power of two in [16, 256]");
+  }
+  if (num_pages > std::numeric_limits<std::int32_t>::max()) throw Error(k_name, "num_pages must fit in int32");
+  if (t.max_pages < 1 || t.max_pages > std::numeric_limits<std::int32_t>::max())
+    throw Error("max_pages", "must be in [1, 2^31 - 1]");
+  check_pointer("page_table", t.page_table, alignof(std::int32_t));
+  check_pointer("seq_lens_k", t.seq_lens_k, alignof(std::int32_t));
+}
 
 // The checked table: each sequence's length and the page of each of its blocks of page_size keys.
 struct Pages {
@@ -23,25 +45,14 @@ struct Pages {
         std::int64_t extra, const Backend& backend, const char* k_name, const char* v_name)
       : batch(batch_size) {
     if (backend.memory() != Memory::host) {
-      throw Error("paged",
-                  backend.name() + ": paged keys and values run on host backends only so far (reference, cpu)");
+      throw Error("paged", backend.name() +
+                               ": appending rows to pages runs on host backends only so far (reference, cpu); a "
+                               "device table is read by cuda's paged forward");
     }
-    check_view(k_name, k_pages, backend);
-    check_view(v_name, v_pages, backend);
-    if (v_pages.shape != k_pages.shape || v_pages.dtype != k_pages.dtype) {
-      throw Error(v_name, std::string("must have the shape and dtype of ") + k_name);
-    }
-    num_pages = k_pages.shape[0];
-    page_size = k_pages.shape[1];
-    if (page_size < 16 || page_size > 256 || (page_size & (page_size - 1)) != 0) {
-      throw Error(k_name,
-                  "page_size (dimension 1) " + std::to_string(page_size) + " must be a power of two in [16, 256]");
-    }
-    if (num_pages > std::numeric_limits<std::int32_t>::max()) throw Error(k_name, "num_pages must fit in int32");
-    if (t.max_pages < 1 || t.max_pages > std::numeric_limits<std::int32_t>::max())
-      throw Error("max_pages", "must be in [1, 2^31 - 1]");
-    check_pointer("page_table", t.page_table, alignof(std::int32_t));
-    check_pointer("seq_lens_k", t.seq_lens_k, alignof(std::int32_t));
+    if (t.tables != Memory::host)
+      throw Error("page_table",
+                  backend.name() + " reads the page table and seq_lens_k in host memory (PagedKv::tables)");
+    check_pages(t, k_pages, v_pages, backend, k_name, v_name, num_pages, page_size);
     length.resize(std::size_t(batch));
     for (std::int64_t b = 0; b < batch; ++b) {
       const std::int64_t n = t.seq_lens_k[b];
@@ -92,9 +103,44 @@ struct Gathered {
 
 }  // namespace
 
+// A table in the backend's memory: one call whose k and v are the pages, validated as a contiguous call of the
+// longest length the table allows (the kernel reads each sequence's own).
+ForwardCall validate_on_device(const Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
+  const PagedKv& t = *params.paged;
+  if (t.tables != backend.memory()) {
+    throw Error("page_table", backend.name() +
+                                  " reads the page table and seq_lens_k in its own memory: put them there and say so "
+                                  "in PagedKv::tables");
+  }
+  std::int64_t num_pages = 0, page_size = 0;
+  check_pages(t, a.k, a.v, backend, "k", "v", num_pages, page_size);
+  for (const auto& [name, ptr] : {std::pair{"page_table", t.page_table}, std::pair{"seq_lens_k", t.seq_lens_k}})
+    if (auto why = backend.foreign_pointer(ptr)) throw Error(name, *why);
+  const std::int64_t longest = t.max_pages * page_size;
+  if (longest > std::numeric_limits<std::int32_t>::max())
+    throw Error("max_pages", "max_pages * page_size must fit in int32");
+  const std::int64_t B = a.q.shape[0], Hkv = a.k.shape[2], D = a.k.shape[3];
+  ForwardArgs longest_call = a;
+  for (TensorView* x : {&longest_call.k, &longest_call.v}) {
+    x->shape = {B, longest, Hkv, D};
+    x->strides = {longest * Hkv * D, Hkv * D, D, 1};
+  }
+  ForwardCall c = validate_forward(backend, longest_call, params);
+  c.k = a.k;
+  c.v = a.v;
+  c.table = {t.page_table, t.seq_lens_k, t.max_pages, page_size, num_pages, !params.causal_offset.has_value()};
+  return c;
+}
+
 void paged_forward(Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
   const PagedKv& t = *params.paged;
   if (params.varlen) throw Error("paged", "paged keys with a ragged batch of queries are not implemented yet");
+  if (backend.memory() != Memory::host) {
+    backend.forward(validate_on_device(backend, a, params));
+    return;
+  }
+  if (t.tables != Memory::host)
+    throw Error("page_table", backend.name() + " reads the page table and seq_lens_k in host memory (PagedKv::tables)");
   check_view("q", a.q, backend);
   check_view("out", a.out, backend);
   const std::int64_t B = a.q.shape[0], H = a.q.shape[2], Sq = a.q.shape[1];

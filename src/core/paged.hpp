@@ -10,6 +10,8 @@
 namespace flashtq::core {
 
 void paged_forward(Backend& backend, const ForwardArgs& args, const AttentionParams& params);
+// The one call a device backend gets for a paged forward whose table lives in its memory (docs/spec.md §1.7).
+ForwardCall validate_on_device(const Backend& backend, const ForwardArgs& args, const AttentionParams& params);
 void paged_append(Backend& backend, const PagedAppendArgs& args);
 
 }  // namespace flashtq::core

@@ -16,4 +16,12 @@ inline std::optional<std::string> varlen_unbuilt(const DenseProblem& p, const st
   return std::nullopt;
 }
 
+// Paged keys with the table in device memory (docs/spec.md §1.7): a backend without a kernel that reads the table.
+inline std::optional<std::string> paged_unbuilt(const DenseProblem& p, const std::string& backend) {
+  if (p.paged)
+    return "paged keys and values are not implemented on the " + backend +
+           " backend yet (reference and cpu with host tables, cuda's decode with device tables have them)";
+  return std::nullopt;
+}
+
 }  // namespace flashtq::core

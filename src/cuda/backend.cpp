@@ -31,7 +31,12 @@ class CudaBackend final : public Backend {
     return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
   }
   std::optional<std::string> unsupported(const DenseProblem& p) const override {
-    return core::varlen_unbuilt(p, name());
+    if (auto why = core::varlen_unbuilt(p, name())) return why;
+    if (p.paged && !paged_decode_serves(p))
+      return "paged keys and values run the decode kernel, which takes f16/bf16 at head_dim 64, 128 or 256, up to " +
+             std::to_string(tiles::decode_columns(p.D)) +
+             " query rows times query heads per kv head, no mask and no dropout";
+    return std::nullopt;
   }
   std::optional<std::string> unsupported(const TqLayout& l) const override {
     std::string why = tq_unsupported(l);
@@ -69,6 +74,10 @@ class CudaBackend final : public Backend {
 
   void forward(const ForwardCall& c) override {
     const DenseForwardKernel k = choose_dense_forward(c, current_device_traits());
+    if (c.p.paged && k != DenseForwardKernel::decode)
+      throw Error("k",
+                  "cuda: paged keys and values need page rows on 16 bytes (strides multiples of 8 elements, "
+                  "the pages' start aligned)");
     last_kernel_ = kernel_name(k);
     launch_dense_forward(c, k);
   }

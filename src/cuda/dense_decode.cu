@@ -74,6 +74,7 @@ struct DecodeArgs {
   float* partials;  // [B, H, Sq][splits][partial_floats(D)], with splits > 1
   int splits, split_keys;
   unsigned* unfinished;
+  PagedTable table;  // page_table null: k and v are [B, Sk, Hkv, D]
 };
 
 // Row (i, h)'s end: O / l to out and the LSE, from its maximum M (log2 units), sum L and unnormalised O (x(d)),
@@ -106,10 +107,18 @@ __global__ void __launch_bounds__(kThreads, Shape<D, NT>::kBlocksPerSm < 4 ? Sha
   using S = Shape<D, NT>;
   constexpr int kColumns = S::kColumns, KS = D / 16;
   extern __shared__ __align__(16) unsigned char smem[];
-  const DenseProblem& p = a.p;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, r = lane / 4, c = lane % 4;
-  const std::int64_t b = blockIdx.z, hk = blockIdx.y, G = p.group(), columns = p.Sq * G;
+  const std::int64_t b = blockIdx.z, hk = blockIdx.y, G = a.p.group(), columns = a.p.Sq * G;
   const int split = blockIdx.x;
+  const PagedTable& pt = a.table;
+  const bool paged = pt.page_table != nullptr;
+  // With pages: this sequence's own length (clamped: a device table is the caller's word) and causal offset.
+  DenseProblem p = a.p;
+  if (paged) {
+    const std::int64_t n = pt.seq_lens_k[b];
+    p.Sk = n < 0 ? 0 : n > a.p.Sk ? a.p.Sk : n;
+    if (pt.offset_from_end) p.causal_offset = p.Sk - p.Sq;
+  }
 
   // The keys any row of the block sees, this split's share, and this warp's (multiples of 16: no tile straddles).
   const core::KeyRange range = core::key_range(p, 0, p.Sq);
@@ -136,20 +145,36 @@ __global__ void __launch_bounds__(kThreads, Shape<D, NT>::kBlocksPerSm < 4 ? Sha
   const int lane_row = lane / kChunksPerRow, lane_chunk = lane % kChunksPerRow;
   const unsigned stages = shared_address(smem) + unsigned(warp * S::kWarpBytes);
   const unsigned lane_dst = unsigned(lane_row * S::kRowBytes + 16 * lane_chunk);
-  const T* k_head = static_cast<const T*>(a.k.data) + row_offset(a.k, b, 0, hk) + 8 * lane_chunk;
-  const T* v_head = static_cast<const T*>(a.v.data) + row_offset(a.v, b, 0, hk) + 8 * lane_chunk;
+  const T* k_head = static_cast<const T*>(a.k.data) + hk * a.k.strides[2] + 8 * lane_chunk;
+  const T* v_head = static_cast<const T*>(a.v.data) + hk * a.v.strides[2] + 8 * lane_chunk;
   const std::int64_t k_row = a.k.strides[1], v_row = a.v.strides[1];
+  // A tile's page (a tile lies in one page: pages hold at least 16 keys), clamped into the pages.
+  auto page_of = [&](int j0) -> std::int64_t {
+    const std::int64_t page = pt.page_table[b * pt.max_pages + j0 / pt.page_size];
+    return page < 0 ? 0 : page >= pt.num_pages ? pt.num_pages - 1 : page;
+  };
   // Rows before the visible range or past it are zero-filled: they get weight 0 and must not bring a NaN along.
   const int fill_begin = int(range.begin), fill_end = w_end;
   auto fill = [&](int j0, int stage) {
     const unsigned st = stages + unsigned(stage * S::kStageBytes) + lane_dst;
+    // Element offsets of key j0 (readable: j0 < Sk) in its batch or page; the tile's rows a row stride apart.
+    std::int64_t k_tile, v_tile;
+    if (paged) {
+      const std::int64_t page = page_of(j0), in_page = j0 & (pt.page_size - 1);
+      k_tile = page * a.k.strides[0] + in_page * k_row;
+      v_tile = page * a.v.strides[0] + in_page * v_row;
+    } else {
+      k_tile = b * a.k.strides[0] + std::int64_t(j0) * k_row;
+      v_tile = b * a.v.strides[0] + std::int64_t(j0) * v_row;
+    }
 #pragma unroll
     for (int x = 0; x < kPasses; ++x) {
-      const int j = j0 + lane_row + x * kRowsPerPass;
+      const int row = lane_row + x * kRowsPerPass, j = j0 + row;
       const bool in = j >= fill_begin && j < fill_end;
-      const int js = in ? j : fill_begin;  // a readable address even when nothing is read
-      cp_async16_zfill(st + unsigned(x * kRowsPerPass * S::kRowBytes), k_head + js * k_row, in);
-      cp_async16_zfill(st + unsigned(S::kTileBytes + x * kRowsPerPass * S::kRowBytes), v_head + js * v_row, in);
+      const int rs = in ? row : 0;  // a readable address even when nothing is read
+      cp_async16_zfill(st + unsigned(x * kRowsPerPass * S::kRowBytes), k_head + k_tile + rs * k_row, in);
+      cp_async16_zfill(st + unsigned(S::kTileBytes + x * kRowsPerPass * S::kRowBytes), v_head + v_tile + rs * v_row,
+                       in);
     }
     cp_async_commit();
   };
@@ -321,6 +346,9 @@ __device__ __forceinline__ float block_reduce(float x, float* scratch, bool max)
   return y;
 }
 
+// The merge's factor slots: the splits rounded up to the sum's unrolling, and as many again.
+__host__ __device__ constexpr int merge_factor_slots(int splits) { return (splits + 7) / 8 * 8 + 8; }
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) merge_kernel(const DecodeArgs a) {
   const DenseProblem& p = a.p;
@@ -332,12 +360,16 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const DecodeArgs a) {
   float m = -INFINITY;
   for (int s = tid; s < a.splits; s += kThreads) m = fmaxf(m, parts[s * partial_floats(D)]);
   const float M = block_reduce(m, scratch, true);
+  // The factors past the last split are 0, up to merge_factor_slots: the unrolled sum below may read a few ahead.
   float l = 0.0f;
-  for (int s = tid; s < a.splits; s += kThreads) {
-    const float ls = parts[s * partial_floats(D) + 1];
-    const float f = ls == 0.0f ? 0.0f : exp2_approx(parts[s * partial_floats(D)] - M);
+  for (int s = tid; s < merge_factor_slots(a.splits); s += kThreads) {
+    float f = 0.0f;
+    if (s < a.splits) {
+      const float ls = parts[s * partial_floats(D) + 1];
+      f = ls == 0.0f ? 0.0f : exp2_approx(parts[s * partial_floats(D)] - M);
+      l = fmaf(ls, f, l);
+    }
     factor[s] = f;
-    l = fmaf(ls, f, l);
   }
   const float L = block_reduce(l, scratch, false);  // its barriers also publish `factor`
   auto x = [&](int d) {
@@ -445,7 +477,8 @@ void launch_dense_decode(const ForwardCall& c) {
                static_cast<float*>(c.workspace),
                plan.splits,
                plan.split_keys,
-               unfinished_rows_flag()};
+               unfinished_rows_flag(),
+               c.p.paged ? c.table : PagedTable{}};
   auto stream = static_cast<cudaStream_t>(c.stream);
   by_shape(p, [&](auto t, auto d, auto nt) {
     using T = decltype(t);
@@ -456,7 +489,7 @@ void launch_dense_decode(const ForwardCall& c) {
     FLASHTQ_CUDA_CHECK_LAUNCH("dense decode");
     if (plan.splits > 1) {
       const std::int64_t rows = p.B * p.H * p.Sq;
-      merge_kernel<T, D><<<unsigned(rows), kThreads, plan.splits * sizeof(float), stream>>>(a);
+      merge_kernel<T, D><<<unsigned(rows), kThreads, merge_factor_slots(plan.splits) * sizeof(float), stream>>>(a);
       FLASHTQ_CUDA_CHECK_LAUNCH("dense decode merge");
     }
   });

@@ -154,10 +154,14 @@ DenseForwardKernel choose_dense_forward(const ForwardCall& c, const DeviceTraits
   return DenseForwardKernel::warp_per_row;
 }
 
+bool paged_decode_serves(const DenseProblem& p) {
+  return half_precision(p.dtype) && built_for(tiles::kDecodeDims, p.D) &&
+         p.Sq * p.group() <= tiles::decode_columns(p.D) && p.mask == nullptr && p.dropout_p == 0.0f;
+}
+
 bool dense_decode_serves(const ForwardCall& c) {
   const DenseProblem& p = c.p;
-  if (!half_precision(p.dtype) || !built_for(tiles::kDecodeDims, p.D)) return false;
-  if (p.Sq * p.group() > tiles::decode_columns(p.D) || p.mask != nullptr || p.dropout_p > 0.0f) return false;
+  if (!paged_decode_serves(p)) return false;
   for (const TensorView* t : {&c.q, &c.k, &c.v, &c.out})
     if (t->strides[3] != 1) return false;
   return p.B <= 65535 && p.Hkv <= 65535 && p.Sk < kInt31 && all_rows_aligned16({&c.k, &c.v});

@@ -116,6 +116,8 @@ DenseForwardKernel choose_dense_forward(const ForwardCall& c, const DeviceTraits
 // The decode kernel's own conditions: f16/bf16 at tiles::kDecodeDims, Sq * group within
 // tiles::decode_columns, no mask and no dropout, contiguous head dims and a grid that fits.
 bool dense_decode_serves(const ForwardCall& c);
+// Its conditions on the problem alone (what Backend::unsupported sees of a paged call).
+bool paged_decode_serves(const DenseProblem& p);
 DenseBackwardKernel choose_dense_backward(const BackwardCall& c, const DeviceTraits& device);
 TqAttendKernel choose_tq_attend(const TqAttendCall& c, const DeviceTraits& device);
 // The TurboQuant decision on the layout alone (the tensor-core decode also needs window 0).

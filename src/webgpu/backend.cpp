@@ -181,6 +181,7 @@ class WebGpuBackend final : public Backend {
   std::optional<std::string> unsupported(const DenseProblem& p) const override {
     if (p.D % 4 != 0) return "the webgpu kernels need head_dim a multiple of 4";
     if (auto why = core::varlen_unbuilt(p, name())) return why;
+    if (auto why = core::paged_unbuilt(p, name())) return why;
     // Mesa's llvmpipe (lavapipe) ends every loop of a shader invocation once that invocation has run
     // 65535 loop iterations in all (gallivm's loop limiter): past it the dense kernels would leave
     // outputs silently unwritten, so such problems are refused there. An invocation walks one query
