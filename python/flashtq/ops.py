@@ -48,6 +48,19 @@ def _new_out(q: Tensor, bhsd: bool) -> Tensor:
     return q.new_empty((B, S, H, D))
 
 
+def _workspace_for(x: Tensor):
+    """An allocator for a forward's workspace on x's device (None on the CPU, where none is used): the bytes come
+    from torch's caching allocator on the current stream, kept alive by the returned list until the call is made."""
+    if not x.is_cuda:
+        return None, []
+    keep = []
+
+    def allocate(nbytes: int) -> int:
+        keep.append(torch.empty(nbytes, dtype=torch.uint8, device=x.device))
+        return keep[-1].data_ptr()
+    return allocate, keep
+
+
 @torch.library.custom_op("flashtq::attention_forward", mutates_args=())
 def _forward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: Optional[float], causal: bool,
              causal_offset: Optional[int], window: int, dropout_p: float, seed: int, softcap: float,
@@ -56,11 +69,12 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: Opt
     out = _new_out(q, bhsd)
     B, Sq, H, _ = q.shape
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)  # a ragged batch's [H, Tq] when B = 1
+    allocate, _keep = _workspace_for(q)
     with _device_scope(q):
         _ext.forward(backend_for(q, backend or None), view(q, "q"), view(k, "k"), view(v, "v"), view(out, "out"),
                      lse.data_ptr(), scale, causal, causal_offset, window, *_mask_args(mask), dropout_p, seed,
                      softcap, _pointer(sinks), *_ragged_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                     0, 0, 0, stream_of(q))
+                     0, 0, 0, stream_of(q), False, allocate)
     return out, lse
 
 
@@ -297,26 +311,40 @@ def attention_paged(q, k_pages, v_pages, page_table, seq_lens_k, *, causal: bool
                     scale: Optional[float] = None, softcap: float = 0.0, sinks=None, return_lse: bool = False,
                     backend: Optional[str] = None):
     """Attention over keys and values in pages (SPEC §1.7), forward only: q [B, Sq, H, D]; k_pages / v_pages
-    [num_pages, page_size, Hkv, D]; page_table int32 cpu [B, max_pages]; seq_lens_k int32 cpu [B]. Key j of sequence
-    b is row j % page_size of page page_table[b, j // page_size]; causal alignment is bottom-right per sequence.
-    Host backends (reference, cpu) today."""
+    [num_pages, page_size, Hkv, D]; page_table int32 [B, max_pages]; seq_lens_k int32 [B]. Key j of sequence b is
+    row j % page_size of page page_table[b, j // page_size]; causal alignment is bottom-right per sequence. CPU
+    tensors: the table is checked whole. CUDA tensors: the table and lengths are read on the device (moved there if
+    given on the CPU), unchecked and clamped (SPEC §1.7); cuda serves decode shapes (a few query rows per kv head)."""
     q, k_pages, v_pages = _as_tensor(q, "q"), _as_tensor(k_pages, "k_pages"), _as_tensor(v_pages, "v_pages")
     for name, t in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages)):
         if t.dim() != 4:
             raise error(name, f"must be 4-D, got shape {tuple(t.shape)}")
     B, Sq, H, _ = q.shape
     table = _as_tensor(page_table, "page_table")
-    table = _host_int32(table, "page_table", (B, table.shape[-1] if table.dim() == 2 else 0))
-    lengths = _host_int32(seq_lens_k, "seq_lens_k", (B,))
+    on_device = q.is_cuda
+    if on_device:
+        for name, t in (("page_table", table), ("seq_lens_k", _as_tensor(seq_lens_k, "seq_lens_k"))):
+            if t.dtype != torch.int32:
+                raise error(name, f"must be int32, got {t.dtype}")
+        table = table.to(q.device).contiguous()
+        lengths = _as_tensor(seq_lens_k, "seq_lens_k").to(q.device).contiguous()
+        if table.dim() != 2 or table.shape[0] != B:
+            raise error("page_table", f"must be [B = {B}, max_pages], got shape {tuple(table.shape)}")
+        if tuple(lengths.shape) != (B,):
+            raise error("seq_lens_k", f"must be [B = {B}], got shape {tuple(lengths.shape)}")
+    else:
+        table = _host_int32(table, "page_table", (B, table.shape[-1] if table.dim() == 2 else 0))
+        lengths = _host_int32(seq_lens_k, "seq_lens_k", (B,))
     _check_softcap(softcap)
     sinks = _prepare_sinks(sinks, H, q.device)
     out = q.new_empty(q.shape)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    allocate, _keep = _workspace_for(q)
     with _device_scope(q):
         _ext.forward(backend_for(q, backend or None), view(q, "q"), view(k_pages, "k_pages"), view(v_pages, "v_pages"),
                      view(out, "out"), lse.data_ptr(), None if scale is None else float(scale), bool(causal), None,
                      window, 0, (0, 0, 0, 0), 0, 0.0, 0, float(softcap), _pointer(sinks), 0, 0, 0, 0, 0,
-                     table.data_ptr(), table.shape[1], lengths.data_ptr(), stream_of(q))
+                     table.data_ptr(), table.shape[1], lengths.data_ptr(), stream_of(q), on_device, allocate)
     return (out, lse) if return_lse else out
 
 

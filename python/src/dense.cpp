@@ -38,7 +38,8 @@ AttentionParams make_params(std::optional<float> scale, bool causal, std::option
 
 // A ragged batch (batch > 0) and paged keys (page_table != 0), as pointers to host int32 arrays.
 void add_layout(AttentionParams& p, std::int64_t batch, std::uintptr_t cu_q, std::uintptr_t cu_k, std::int64_t max_q,
-                std::int64_t max_k, std::uintptr_t page_table, std::int64_t max_pages, std::uintptr_t seq_lens_k) {
+                std::int64_t max_k, std::uintptr_t page_table, std::int64_t max_pages, std::uintptr_t seq_lens_k,
+                Memory tables = Memory::host) {
   if (batch > 0) {
     p.varlen = Varlen{
         batch,  reinterpret_cast<const std::int32_t*>(cu_q), reinterpret_cast<const std::int32_t*>(cu_k), max_q, max_k,
@@ -46,7 +47,7 @@ void add_layout(AttentionParams& p, std::int64_t batch, std::uintptr_t cu_q, std
   }
   if (page_table != 0) {
     p.paged = PagedKv{reinterpret_cast<const std::int32_t*>(page_table), max_pages,
-                      reinterpret_cast<const std::int32_t*>(seq_lens_k)};
+                      reinterpret_cast<const std::int32_t*>(seq_lens_k), tables};
   }
 }
 
@@ -61,19 +62,30 @@ void bind_dense(nb::module_& m) {
          std::array<std::int64_t, 4> mask_strides, std::int64_t mask_elements, float dropout_p, std::uint32_t seed,
          float softcap, std::uintptr_t sinks, std::int64_t batch, std::uintptr_t cu_q, std::uintptr_t cu_k,
          std::int64_t max_q, std::int64_t max_k, std::uintptr_t page_table, std::int64_t max_pages,
-         std::uintptr_t seq_lens_k, std::uintptr_t stream) {
+         std::uintptr_t seq_lens_k, std::uintptr_t stream, bool tables_on_device,
+         std::optional<nb::callable> workspace) {
         Backend& be = flashtq::backend(backend);
         AttentionParams p = make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements,
                                         dropout_p, seed, softcap, sinks);
-        add_layout(p, batch, cu_q, cu_k, max_q, max_k, page_table, max_pages, seq_lens_k);
+        add_layout(p, batch, cu_q, cu_k, max_q, max_k, page_table, max_pages, seq_lens_k,
+                   tables_on_device ? be.memory() : Memory::host);
+        ForwardArgs args{q, k, v, out, reinterpret_cast<float*>(lse), reinterpret_cast<void*>(stream)};
+        // The workspace the fastest plan asks for (a decode's split keys), from the caller's allocator: workspace(n)
+        // returns the address of n bytes in the tensors' memory that stay alive until the call has run.
+        if (workspace) {
+          args.workspace_bytes = attention_forward_workspace_bytes(be, args, p);
+          if (args.workspace_bytes > 0)
+            args.workspace = reinterpret_cast<void*>(nb::cast<std::uintptr_t>((*workspace)(args.workspace_bytes)));
+        }
         nb::gil_scoped_release release;
-        attention_forward(be, {q, k, v, out, reinterpret_cast<float*>(lse), reinterpret_cast<void*>(stream)}, p);
+        attention_forward(be, args, p);
       },
       nb::arg("backend"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
       nb::arg("scale").none(), nb::arg("causal"), nb::arg("causal_offset").none(), nb::arg("window"), nb::arg("mask"),
       nb::arg("mask_strides"), nb::arg("mask_elements"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("softcap"),
       nb::arg("sinks"), nb::arg("batch"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
-      nb::arg("max_seqlen_k"), nb::arg("page_table"), nb::arg("max_pages"), nb::arg("seq_lens_k"), nb::arg("stream"));
+      nb::arg("max_seqlen_k"), nb::arg("page_table"), nb::arg("max_pages"), nb::arg("seq_lens_k"), nb::arg("stream"),
+      nb::arg("tables_on_device") = false, nb::arg("workspace").none() = nb::none());
   m.def(
       "backward",
       [](const std::string& backend, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -106,7 +118,7 @@ void bind_dense(nb::module_& m) {
          std::uintptr_t stream) {
         Backend& be = flashtq::backend(backend);
         const PagedKv pages{reinterpret_cast<const std::int32_t*>(page_table), max_pages,
-                            reinterpret_cast<const std::int32_t*>(seq_lens_k)};
+                            reinterpret_cast<const std::int32_t*>(seq_lens_k), tables};
         nb::gil_scoped_release release;
         paged_kv_append(be, {k_pages, v_pages, pages, k, v, reinterpret_cast<void*>(stream)});
       },

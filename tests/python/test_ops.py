@@ -337,6 +337,35 @@ def test_paged_forward_and_append_equal_the_contiguous_forward(gen):
         assert rel_err(out[b:b + 1], want) <= 1e-5
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_decode_step_through_pages_equals_the_oracle(device, seed):
+    """A decode step (one query row, a GQA group of 4) over 3000 keys, contiguous and through a shuffled page table
+    on the tensors' device (on cuda: the decode kernel, its keys split across the GPU with the workspace the op
+    allocates), against the oracle in double."""
+    B, H, Hkv, D, page_size, n = 2, 8, 2, 128, 16, 3000
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    tol = 1e-2 if device == "cuda" else 1e-5
+    k, v = torch.randn(B, n, Hkv, D), torch.randn(B, n, Hkv, D)
+    q = torch.randn(B, 1, H, D)
+    rounded = [x.to(dtype).double() for x in (q, k, v)]
+    want = oracle(*rounded, causal=True)[0]
+    out = flashtq.attention(*(x.to(device, dtype) for x in (q, k, v)), causal=True)
+    assert rel_err(out.double().cpu(), want) <= tol
+    per_sequence = n // page_size + 1
+    table = torch.randperm(B * per_sequence, dtype=torch.int32).view(B, per_sequence)
+    k_pages = torch.zeros(B * per_sequence, page_size, Hkv, D)
+    v_pages = torch.zeros_like(k_pages)
+    for b in range(B):
+        for j in range(0, n, page_size):
+            rows = slice(j, min(j + page_size, n))
+            k_pages[table[b, j // page_size], : rows.stop - j] = k[b, rows]
+            v_pages[table[b, j // page_size], : rows.stop - j] = v[b, rows]
+    lengths = torch.full((B,), n, dtype=torch.int32)
+    paged = flashtq.attention_paged(q.to(device, dtype), k_pages.to(device, dtype), v_pages.to(device, dtype),
+                                    table, lengths, causal=True)
+    assert rel_err(paged.double().cpu(), want) <= tol
+
+
 @pytest.mark.parametrize("call, argument", [
     (lambda q, k, v: flashtq.attention_varlen(q[0], k[0], v[0], torch.tensor([0, 4]), torch.tensor([0, 6])),
      "cu_seqlens_q"),  # int64 offsets
