@@ -247,8 +247,8 @@ AttendTimes dense_decode_ms(std::int64_t batch, std::int64_t ctx, std::int64_t h
 }  // namespace
 
 // `cuda_turboquant_bench --decode B CTX [PRESET]` times that one decode shape (the seed layout unless a preset is
-// named) and prints its time only (for profilers and quick comparisons); without arguments, the whole benchmark
-// as JSON.
+// named), `--dense B CTX [PAGE]` flashtq's bf16 decode of that shape (through pages of PAGE keys when given), and
+// prints its time only (for profilers and quick comparisons); without arguments, the whole benchmark as JSON.
 int main(int argc, char** argv) {
   if ((argc == 4 || argc == 5) && std::string(argv[1]) == "--decode") {
     std::mt19937_64 rng(7);
@@ -257,6 +257,15 @@ int main(int argc, char** argv) {
     const AttendTimes t = attend_ms(s, 32, 1, rng());
     std::printf("decode B=%lld ctx=%lld: graph %.4f ms, eager %.4f ms\n", (long long)batch, (long long)ctx, t.graph_ms,
                 t.eager_ms);
+    return 0;
+  }
+  if ((argc == 4 || argc == 5) && std::string(argv[1]) == "--dense") {  // `--dense B CTX [PAGE]`: the bf16 decode
+    std::mt19937_64 rng(7);
+    const std::int64_t batch = std::atoll(argv[2]), ctx = std::atoll(argv[3]),
+                       page = argc == 5 ? std::atoll(argv[4]) : 0;
+    const AttendTimes t = dense_decode_ms(batch, ctx, 32, 8, 128, page, rng);
+    std::printf("dense decode B=%lld ctx=%lld page %lld: graph %.4f ms, eager %.4f ms\n", (long long)batch,
+                (long long)ctx, (long long)page, t.graph_ms, t.eager_ms);
     return 0;
   }
   cudaDeviceProp prop{};

@@ -35,6 +35,7 @@ constexpr int kTile = 16;  // keys per warp tile
 #endif
 constexpr int kStages = FLASHTQ_DECODE_STAGES;  // tiles a warp has in shared memory: kStages - 1 in flight
 constexpr int kSplitMultiple = 4 * kTile;       // a split's keys: a multiple of its warps' tiles
+constexpr int kMaxSplits = 2048;                // the merge holds a factor per split in shared memory
 
 template <int D, int NT>
 struct Shape {
@@ -352,8 +353,9 @@ __host__ __device__ constexpr int merge_factor_slots(int splits) { return (split
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) merge_kernel(const DecodeArgs a) {
   const DenseProblem& p = a.p;
-  extern __shared__ float factor[];  // [splits]
+  __shared__ float factor[merge_factor_slots(kMaxSplits)];
   __shared__ float scratch[kWarps];
+  wait_for_previous_grid();  // launched while the decode kernel drains: its partials are complete after this
   const int tid = threadIdx.x;
   const std::int64_t row = blockIdx.x, i = row % p.Sq, h = row / p.Sq % p.H, b = row / p.Sq / p.H;
   const float* parts = a.partials + row * a.splits * partial_floats(D);
@@ -376,8 +378,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const DecodeArgs a) {
     float y = 0.0f;
 #pragma unroll 8
     for (int s = 0; s < a.splits; ++s) {
-      const float f = factor[s];
-      if (f != 0.0f) y = fmaf(parts[s * partial_floats(D) + 2 + d], f, y);
+      // Unconditional, so that the unrolled loads issue together: a split without keys has a finite part of 0.
+      y = fmaf(parts[s * partial_floats(D) + 2 + d], factor[s], y);
     }
     return y;
   };
@@ -406,7 +408,8 @@ struct Plan {
 Plan plan_splits(const DenseProblem& p, int resident, std::int64_t most) {
   const std::int64_t units = p.B * p.Hkv, keys = std::max<std::int64_t>(p.Sk, 1);
   const std::int64_t top =
-      std::min<std::int64_t>({most, (keys + kSplitMultiple - 1) / kSplitMultiple, 4 * (resident + units - 1) / units});
+      std::min<std::int64_t>({most, std::int64_t(kMaxSplits), (keys + kSplitMultiple - 1) / kSplitMultiple,
+                              4 * (resident + units - 1) / units});
   Plan best{1, int((keys + kSplitMultiple - 1) / kSplitMultiple * kSplitMultiple)};
   double best_cost = 1e300;
   for (std::int64_t s = 1; s <= std::max<std::int64_t>(top, 1); ++s) {
@@ -489,8 +492,7 @@ void launch_dense_decode(const ForwardCall& c) {
     FLASHTQ_CUDA_CHECK_LAUNCH("dense decode");
     if (plan.splits > 1) {
       const std::int64_t rows = p.B * p.H * p.Sq;
-      merge_kernel<T, D><<<unsigned(rows), kThreads, merge_factor_slots(plan.splits) * sizeof(float), stream>>>(a);
-      FLASHTQ_CUDA_CHECK_LAUNCH("dense decode merge");
+      launch_dependent(merge_kernel<T, D>, dim3(unsigned(rows)), dim3(kThreads), stream, "dense decode merge", a);
     }
   });
 }
