@@ -118,7 +118,7 @@ void bind_dense(nb::module_& m) {
          std::uintptr_t stream) {
         Backend& be = flashtq::backend(backend);
         const PagedKv pages{reinterpret_cast<const std::int32_t*>(page_table), max_pages,
-                            reinterpret_cast<const std::int32_t*>(seq_lens_k), tables};
+                            reinterpret_cast<const std::int32_t*>(seq_lens_k)};
         nb::gil_scoped_release release;
         paged_kv_append(be, {k_pages, v_pages, pages, k, v, reinterpret_cast<void*>(stream)});
       },
