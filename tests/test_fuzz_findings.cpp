@@ -3,12 +3,15 @@
 // fuzz run replays. The sanitize preset runs these under ASan + UBSan, where most of them failed.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "flashtq/flashtq.hpp"
+#include "seeded.hpp"
 
 namespace flashtq {
 namespace {
@@ -120,6 +123,58 @@ TEST(FuzzFindings, EncodeAtTheLargestStartPositionIsRefusedWithoutOverflow) {
     EXPECT_NE(std::string(e.what()).find("cache full: 2 timesteps from 9223372036854775807"), std::string::npos)
         << e.what();
   }
+}
+
+// fuzz_dense: a subnormal softcap (1e-40 here) made the cpu backend's SIMD softcap multiply by its
+// reciprocal, +inf, so a score of exactly 0 became 0 * inf = NaN after the finiteness check: the row
+// lost its only visible key (out 0, lse -inf where the oracle has a finite lse). The softcap now
+// divides and keeps tanh's argument finite. Rows of zeros among random ones, forward and backward
+// (causal, a mask), cpu against the oracle.
+TEST(FuzzFindings, ASubnormalSoftcapKeepsZeroScoresFinite) {
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  constexpr std::int64_t B = 1, S = 35, H = 2, D = 40;
+  const std::size_t n = std::size_t(B * S * H * D);
+  std::vector<float> q(n), k(n), v(n), dout(n), mask(1, 4.8f);
+  for (auto* x : {&q, &k, &v, &dout})
+    for (float& e : *x) e = normal(rng);
+  for (std::int64_t i = 0; i < S; i += 3)  // every third query row is zero: all its scores are exactly 0
+    std::fill(q.begin() + i * H * D, q.begin() + (i + 1) * H * D, 0.0f);
+  AttentionParams p;
+  p.causal = true;
+  p.causal_offset = 0;
+  p.softcap = 1e-40f;
+  p.mask = mask.data();
+  p.mask_strides = {0, 0, 0, 0};
+  p.mask_elements = 1;
+  auto view = [&](std::vector<float>& x) { return TensorView::bshd(x.data(), DType::f32, B, S, H, D); };
+  struct Result {
+    std::vector<float> out, lse, dq, dk, dv;
+  };
+  auto run = [&](const char* name) {
+    const float poison = std::numeric_limits<float>::quiet_NaN();
+    Result r{std::vector<float>(n, poison), std::vector<float>(std::size_t(B * H * S), poison),
+             std::vector<float>(n, poison), std::vector<float>(n, poison), std::vector<float>(n, poison)};
+    attention_forward(backend(name), {view(q), view(k), view(v), view(r.out), r.lse.data(), nullptr}, p);
+    attention_backward(backend(name),
+                       {view(q), view(k), view(v), view(r.out), view(dout), r.lse.data(), view(r.dq), view(r.dk),
+                        view(r.dv), nullptr},
+                       p);
+    return r;
+  };
+  const Result want = run("reference"), got = run("cpu");
+  auto expect_near = [&](const std::vector<float>& w, const std::vector<float>& g, const char* what) {
+    for (std::size_t e = 0; e < w.size(); ++e) {
+      ASSERT_TRUE(std::isfinite(w[e])) << what << "[" << e << "] of the oracle; input seed " << seed;
+      ASSERT_NEAR(g[e], w[e], 1e-5 * (1.0 + std::abs(w[e]))) << what << "[" << e << "]; seed " << seed;
+    }
+  };
+  expect_near(want.lse, got.lse, "lse");
+  expect_near(want.out, got.out, "out");
+  expect_near(want.dq, got.dq, "dq");
+  expect_near(want.dk, got.dk, "dk");
+  expect_near(want.dv, got.dv, "dv");
 }
 
 }  // namespace

@@ -181,9 +181,16 @@ void Scale(float* x, size_t n, float factor) {
 void SoftCap(float* x, size_t n, float cap) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
-  const auto c = hn::Set(d, cap), inv = hn::Set(d, 1.0f / cap);
+  // x / cap, not x * (1 / cap): a subnormal cap has an infinite reciprocal, and 0 * inf is a NaN where the score
+  // is 0. Tanh's argument is clamped at +-20 (f32's tanh is +-1 there): Highway's Tanh takes finite values only.
+  // A NaN stays a NaN (the clamp would make it a number), so the callers' checks still see it.
+  const auto c = hn::Set(d, cap), lo = hn::Set(d, -20.0f), hi = hn::Set(d, 20.0f);
   size_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(c, hn::Tanh(d, hn::Mul(hn::LoadU(d, x + i), inv))), d, x + i);
+  for (; i + N <= n; i += N) {
+    const auto y = hn::Div(hn::LoadU(d, x + i), c);
+    const auto capped = hn::Mul(c, hn::Tanh(d, hn::Min(hn::Max(y, lo), hi)));
+    hn::StoreU(hn::IfThenElse(hn::IsNaN(y), y, capped), d, x + i);
+  }
   for (; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
 }
 

@@ -135,14 +135,14 @@ std::string describe(const Problem& pr, bool backward) {
   for (int i = 0; i <= (backward ? DV : OUT); ++i)
     s += std::string(" ") + kNames[i] + " " + fuzz::describe(pr.t[i].view);
   const AttentionParams& p = pr.params;
-  s += "; scale " + (p.scale ? std::to_string(*p.scale) : "default") + ", causal " + std::to_string(p.causal) +
+  s += "; scale " + (p.scale ? fuzz::exact(*p.scale) : "default") + ", causal " + std::to_string(p.causal) +
        ", causal_offset " + (p.causal_offset ? std::to_string(*p.causal_offset) : "default") + ", window " +
-       std::to_string(p.window) + ", dropout_p " + std::to_string(p.dropout_p) + ", seed " + std::to_string(p.seed);
+       std::to_string(p.window) + ", dropout_p " + fuzz::exact(p.dropout_p) + ", seed " + std::to_string(p.seed);
   if (p.mask)
     s += ", mask strides [" + std::to_string(p.mask_strides[0]) + ", " + std::to_string(p.mask_strides[1]) + ", " +
          std::to_string(p.mask_strides[2]) + ", " + std::to_string(p.mask_strides[3]) + "] of " +
          std::to_string(p.mask_elements);
-  if (p.softcap != 0.0f) s += ", softcap " + std::to_string(p.softcap);
+  if (p.softcap != 0.0f) s += ", softcap " + fuzz::exact(p.softcap);
   if (p.sinks) s += ", sinks";
   s += pr.lse ? ", lse" : ", no lse";
   return s;

@@ -45,6 +45,13 @@ inline std::string context;
   std::abort();
 }
 
+// A float as its shortest exact decimal (std::to_string's six decimals print a tiny value as 0).
+inline std::string exact(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", double(x));
+  return buf;
+}
+
 inline std::string describe(const TensorView& t) {
   auto list = [](const std::array<std::int64_t, 4>& a) {
     return std::to_string(a[0]) + ", " + std::to_string(a[1]) + ", " + std::to_string(a[2]) + ", " +
