@@ -157,10 +157,10 @@ TEST(FuzzFindings, ASubnormalSoftcapKeepsZeroScoresFinite) {
     Result r{std::vector<float>(n, poison), std::vector<float>(std::size_t(B * H * S), poison),
              std::vector<float>(n, poison), std::vector<float>(n, poison), std::vector<float>(n, poison)};
     attention_forward(backend(name), {view(q), view(k), view(v), view(r.out), r.lse.data(), nullptr}, p);
-    attention_backward(backend(name),
-                       {view(q), view(k), view(v), view(r.out), view(dout), r.lse.data(), view(r.dq), view(r.dk),
-                        view(r.dv), nullptr},
-                       p);
+    attention_backward(
+        backend(name),
+        {view(q), view(k), view(v), view(r.out), view(dout), r.lse.data(), view(r.dq), view(r.dk), view(r.dv), nullptr},
+        p);
     return r;
   };
   const Result want = run("reference"), got = run("cpu");
