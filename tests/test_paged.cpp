@@ -1,15 +1,17 @@
-// Paged keys and values (docs/spec.md §1.7) through the public API on the host backends: each sequence's
+// Paged keys and values (docs/spec.md §1.7) through the public API on the host backends and webgpu: each sequence's
 // output against the brute-force formula on its keys gathered by plain loops, with every feature drawn; a
 // decode loop of appends and paged forwards against the contiguous forward; bad tables refused by name.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#include "backend_mirror.hpp"
 #include "brute_force.hpp"
 #include "conformance/device_buffer.hpp"
 #include "conformance/host_tensor.hpp"
@@ -59,7 +61,10 @@ std::vector<double> gathered(const HostTensor& pages, const Table& t, std::int64
 class PagedOn : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(PagedOn, EverySequenceEqualsTheFormulaOnItsGatheredKeys) {
-  Backend& be = backend(GetParam());
+  std::string why;
+  Backend* found = testing::usable(GetParam(), why);
+  if (found == nullptr) GTEST_SKIP() << why;
+  Backend& be = *found;
   std::mt19937_64 rng = test_rng();
   auto range = [&](std::int64_t lo, std::int64_t hi) {
     return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
@@ -91,7 +96,11 @@ TEST_P(PagedOn, EverySequenceEqualsTheFormulaOnItsGatheredKeys) {
     HostTensor out(q);
     out.poison();
     std::vector<float> lse(std::size_t(B * H * Sq), std::numeric_limits<float>::quiet_NaN());
-    attention_forward(be, {q.view, kp.view, vp.view, out.view, lse.data(), nullptr}, params);
+    testing::Mirror on(be);  // the table stays on the host (every backend here reads it there)
+    params.sinks = on.in(sinks);
+    attention_forward(be, {on.in(q), on.in(kp), on.in(vp), on.out(out), on.out(lse), nullptr}, params);
+    on.read_back();
+    params.sinks = sinks.empty() ? nullptr : sinks.data();
 
     const std::vector<double> qd = q.values();
     std::vector<double> want_out(qd.size(), 0.0), want_lse(lse.size());
@@ -126,9 +135,12 @@ TEST_P(PagedOn, EverySequenceEqualsTheFormulaOnItsGatheredKeys) {
 }
 
 // Prefill of 37 rows, then decode steps of one, each an append and a paged forward: the same outputs as the
-// forward over the contiguous keys so far.
+// forward over the contiguous keys so far. On a device backend the pages live there through the whole loop.
 TEST_P(PagedOn, ADecodeLoopOfAppendsEqualsTheContiguousForward) {
-  Backend& be = backend(GetParam());
+  std::string why;
+  Backend* found = testing::usable(GetParam(), why);
+  if (found == nullptr) GTEST_SKIP() << why;
+  Backend& be = *found;
   std::mt19937_64 rng = test_rng();
   const std::int64_t B = 2, H = 4, Hkv = 2, D = 32, steps = 6, prefill = 37, total = prefill + steps;
   Table t = draw_table(rng, B, 16, total);
@@ -139,34 +151,39 @@ TEST_P(PagedOn, ADecodeLoopOfAppendsEqualsTheContiguousForward) {
   vp.poison();
   k.fill_normal(rng);
   v.fill_normal(rng);
-  auto rows = [](const HostTensor& x, std::int64_t first, std::int64_t n) {
-    TensorView s = x.view;
+  auto rows = [](TensorView s, std::int64_t first, std::int64_t n) {
     s.data = static_cast<char*>(s.data) + first * s.strides[1] * 4;
     s.shape[1] = n;
     return s;
   };
-  paged_kv_append(be, {kp.view, vp.view, t.kv(), rows(k, 0, prefill), rows(v, 0, prefill), nullptr});
+  testing::Mirror on(be);
+  const TensorView k_pages = on.in(kp), v_pages = on.in(vp), keys = on.in(k), values = on.in(v);
+  paged_kv_append(be, {k_pages, v_pages, t.kv(), rows(keys, 0, prefill), rows(values, 0, prefill), nullptr});
   for (auto& n : t.lengths) n = prefill;
   for (std::int64_t s = 0; s < steps; ++s) {
-    paged_kv_append(be, {kp.view, vp.view, t.kv(), rows(k, prefill + s, 1), rows(v, prefill + s, 1), nullptr});
+    paged_kv_append(be, {k_pages, v_pages, t.kv(), rows(keys, prefill + s, 1), rows(values, prefill + s, 1), nullptr});
     for (auto& n : t.lengths) n += 1;
     HostTensor q({B, 1, H, D}, DType::f32, false);
     q.fill_normal(rng);
     HostTensor got(q), want(q);
     got.poison();
     want.poison();
+    testing::Mirror step(be);
+    const TensorView q_on = step.in(q);
     AttentionParams params;
     params.causal = true;
     attention_forward(
-        be, {q.view, rows(k, 0, prefill + s + 1), rows(v, 0, prefill + s + 1), want.view, nullptr, nullptr}, params);
+        be, {q_on, rows(keys, 0, prefill + s + 1), rows(values, 0, prefill + s + 1), step.out(want), nullptr, nullptr},
+        params);
     params.paged = t.kv();
-    attention_forward(be, {q.view, kp.view, vp.view, got.view, nullptr, nullptr}, params);
+    attention_forward(be, {q_on, k_pages, v_pages, step.out(got), nullptr, nullptr}, params);
+    step.read_back();
     std::string detail;  // the same keys, perhaps split across threads differently: f32 rounding apart
     EXPECT_LE(relative_error(want.values(), got.values(), detail), 1e-6) << "step " << s << ": " << detail;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(HostBackends, PagedOn, ::testing::Values("reference", "cpu"));
+INSTANTIATE_TEST_SUITE_P(Backends, PagedOn, ::testing::ValuesIn(testing::compiled({"reference", "cpu", "webgpu"})));
 
 Backend* cuda_gpu() {
   for (Backend* b : all_backends())
@@ -253,6 +270,61 @@ TEST(PagedOnCuda, DecodeThroughADeviceTableEqualsTheReference) {
   }
 }
 
+// cuda appends rows through a table in device memory: the pages it writes equal, byte for byte, the pages plain
+// loops write through the same table on the host (f32, f16, bf16; other pages' bytes untouched). The last case's
+// table holds a length past its reach (the sequence writes nothing) and a page index past num_pages (clamped to the
+// last page, which no sequence maps here, so no two rows land in one place).
+TEST(PagedOnCuda, AppendThroughADeviceTableEqualsTheHostAppend) {
+  Backend* gpu = cuda_gpu();
+  if (!gpu) GTEST_SKIP() << "no CUDA device here: the paged append on cuda is checked on the GPU machine";
+  std::mt19937_64 rng = test_rng();
+  for (int index = 0; index < 4; ++index) {
+    const bool clamped = index == 3;
+    const std::int64_t B = 3, Hkv = 2, D = index == 1 ? 96 : 64, T = index == 2 ? 20 : 3;
+    const DType dtype = std::array<DType, 3>{DType::f32, DType::f16, DType::bf16}[std::size_t(index % 3)];
+    Table t = draw_table(rng, B, 16, 60);
+    for (auto& n : t.lengths) n = std::min<std::int32_t>(n, std::int32_t(t.max_pages * t.page_size - T));
+    SCOPED_TRACE("case " + std::to_string(index) + ", " + dtype_name(dtype) + ", T " + std::to_string(T));
+    HostTensor kp({t.num_pages, t.page_size, Hkv, D}, dtype, false), vp(kp), k({B, T, Hkv, D}, dtype, false), v(k);
+    kp.fill_normal(rng);
+    vp.fill_normal(rng);
+    k.fill_normal(rng);
+    v.fill_normal(rng);
+    std::vector<bool> mapped(std::size_t(t.num_pages), false);
+    for (std::int32_t page : t.pages) mapped[std::size_t(page)] = true;
+    const auto spare = std::int32_t(std::find(mapped.begin(), mapped.end() - 1, false) - mapped.begin());
+    for (std::int32_t& page : t.pages)  // the last page mapped by nobody
+      if (page == t.num_pages - 1) page = spare;
+    Table device_table = t;
+    if (clamped) {
+      device_table.lengths[0] = std::int32_t(t.max_pages * t.page_size + 7);
+      device_table.pages[std::size_t(1 * t.max_pages + t.lengths[1] / t.page_size)] = std::int32_t(t.num_pages + 5);
+    }
+    conformance::DeviceBuffer dkp(*gpu, kp.bytes), dvp(*gpu, vp.bytes), dk(*gpu, k.bytes), dv(*gpu, v.bytes),
+        dtable(*gpu, device_table.pages), dlengths(*gpu, device_table.lengths);
+    const PagedKv device{static_cast<const std::int32_t*>(dtable.get()), t.max_pages,
+                         static_cast<const std::int32_t*>(dlengths.get()), Memory::cuda};
+    paged_kv_append(*gpu, {kp.on(dkp.get(), Memory::cuda), vp.on(dvp.get(), Memory::cuda), device,
+                           k.on(dk.get(), Memory::cuda), v.on(dv.get(), Memory::cuda), nullptr});
+    // The host, by plain loops over the device table as the kernel reads it: a length clamped to the reach, a page
+    // index to [0, num_pages), a row past the reach not written.
+    const std::int64_t reach = t.max_pages * t.page_size, esize = std::int64_t(dtype_size(dtype));
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t r = 0; r < T; ++r)
+        for (std::int64_t h = 0; h < Hkv; ++h) {
+          const std::int64_t j = std::clamp<std::int64_t>(device_table.lengths[std::size_t(b)], 0, reach) + r;
+          if (j >= reach) continue;
+          const std::int64_t page = std::clamp<std::int64_t>(
+              device_table.pages[std::size_t(b * t.max_pages + j / t.page_size)], 0, t.num_pages - 1);
+          for (auto [pages, rows] : {std::pair{&kp, &k}, std::pair{&vp, &v}})
+            std::memcpy(pages->bytes.data() + ((page * t.page_size + j % t.page_size) * Hkv + h) * D * esize,
+                        rows->bytes.data() + ((b * T + r) * Hkv + h) * D * esize, std::size_t(D * esize));
+        }
+    EXPECT_EQ(dkp.read<std::uint8_t>(), kp.bytes) << "k_pages";
+    EXPECT_EQ(dvp.read<std::uint8_t>(), vp.bytes) << "v_pages";
+  }
+}
+
 TEST(PagedBadInput, RefusedNamingTheArgument) {
   Table t{16, 4, 2, {0, 1, 2, 3}, {20, 5}};
   HostTensor q({2, 1, 2, 32}, DType::f32, false), kp({4, 16, 1, 32}, DType::f32, false), vp(kp), out(q);
@@ -309,6 +381,54 @@ TEST(PagedBadInput, RefusedNamingTheArgument) {
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "paged");
   }
+}
+
+// webgpu reads the table in host memory and checks it whole, as the host backends do: a bad entry is refused by
+// name before the kernel runs (out stays poisoned), a table said to be in device memory is refused, and an append
+// whose page does not exist writes nothing.
+TEST(PagedBadInput, RefusedOnWebgpuBeforeAnyWrite) {
+  std::string why;
+  Backend* found = testing::usable("webgpu", why);
+  if (found == nullptr) GTEST_SKIP() << why;
+  Backend& be = *found;
+  const Table t{16, 4, 2, {0, 1, 2, 3}, {20, 5}};
+  HostTensor q({2, 1, 2, 32}, DType::f32, false), kp({4, 16, 1, 32}, DType::f32, false), vp(kp), out(q);
+  kp.fill(std::vector<double>(std::size_t(kp.numel()), 0.5));
+  vp.fill(std::vector<double>(std::size_t(vp.numel()), 0.5));
+  auto expect = [&](const std::string& argument, Table bad, Memory tables) {
+    out.poison();
+    testing::Mirror on(be);
+    AttentionParams p;
+    p.paged = bad.kv();
+    p.paged->tables = tables;
+    try {
+      attention_forward(be, {on.in(q), on.in(kp), on.in(vp), on.out(out), nullptr, nullptr}, p);
+      ADD_FAILURE() << "accepted: " << argument;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+    on.read_back();
+    for (double x : out.values()) ASSERT_TRUE(std::isnan(x)) << argument << ": output written by a refused call";
+  };
+  Table bad = t;
+  bad.pages[1] = 4;  // past num_pages, in use
+  expect("page_table", bad, Memory::host);
+  bad = t;
+  bad.lengths[1] = 33;  // past max_pages * page_size
+  expect("seq_lens_k", bad, Memory::host);
+  expect("page_table", t, Memory::webgpu);
+  // An append past a sequence's pages is refused before any row is written.
+  testing::Mirror on(be);
+  HostTensor new_rows({2, 13, 1, 32}, DType::f32, false), pages_before(kp);
+  const TensorView k_pages = on.out(kp), rows = on.in(new_rows);
+  try {
+    paged_kv_append(be, {k_pages, on.in(vp), t.kv(), rows, rows, nullptr});
+    ADD_FAILURE() << "an append past max_pages * page_size was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "seq_lens_k") << e.what();
+  }
+  on.read_back();
+  EXPECT_EQ(kp.bytes, pages_before.bytes);
 }
 
 }  // namespace

@@ -39,6 +39,14 @@ class Backend {
   // Why `ptr`, which a view says is in this backend's memory, is not (a host pointer handed to a
   // device backend); empty when it is, or when the backend cannot tell.
   virtual std::optional<std::string> foreign_pointer(const void*) const { return std::nullopt; }
+  // Where a device backend reads the page table and lengths of a paged forward it runs as one call
+  // (docs/spec.md §1.7): its own memory (cuda: a table a serving engine updates on the device) or host memory
+  // (webgpu: checked whole, then uploaded with the call). Host backends gather each sequence's pages instead.
+  virtual Memory page_table_memory() const { return memory(); }
+  // Whether a device backend writes appended rows into pages itself (paged_append); host backends' pages are
+  // written by core.
+  virtual bool appends_pages() const { return false; }
+  virtual void paged_append(const PagedAppendCall&) {}
   // Threads a host backend uses (0 = all cores); device backends ignore it.
   virtual void set_threads(int) {}
   virtual int threads() const { return 1; }

@@ -43,9 +43,12 @@ struct DenseProblem {
   // batch index `batch0` (bh = batch0 * H + h), as in the padded layout.
   bool varlen = false;
   std::int64_t batch0 = 0;
-  // Keys in pages read through a table in the backend's memory (ForwardCall::paged): Sk is then the longest
-  // sequence the table allows, each sequence's own length read by the kernel.
+  // Keys in pages read through a table (ForwardCall::table): Sk is then the longest sequence the table allows, each
+  // sequence's own length read by the kernel.
   bool paged = false;
+  // A whole ragged batch in one call (ForwardCall::ragged, BackwardCall::ragged; docs/spec.md §1.6): B sequences, Sq
+  // and Sk the longest of them, the views packed [1, T, heads, D], lse [H, Tq].
+  bool packed = false;
 
   FLASHTQ_HOST_DEVICE std::int64_t group() const { return H / Hkv; }  // query heads per kv head
 };
@@ -61,6 +64,18 @@ struct PagedTable {
   bool offset_from_end = true;
 };
 
+// A ragged batch run as one call (p.packed): sequence b's query rows are [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of the
+// packed views, its keys likewise; its causal offset is its keys minus its rows (offset_from_end) or p.causal_offset;
+// its mask element (local row 0, local key 0) is p.mask + mask_offsets[b] (none: 0; mask_elements in all); its dropout
+// decisions are those of batch index b. The arrays are in host memory, checked whole by the validator (so far).
+struct RaggedTable {
+  const std::int32_t* cu_seqlens_q = nullptr;  // [B + 1]
+  const std::int32_t* cu_seqlens_k = nullptr;  // [B + 1]
+  const std::int64_t* mask_offsets = nullptr;  // [B] or null
+  std::int64_t total_q = 0, total_k = 0, mask_elements = 0;
+  bool offset_from_end = true;
+};
+
 struct ForwardCall {
   explicit ForwardCall(Validated) {}
   DenseProblem p;
@@ -69,7 +84,8 @@ struct ForwardCall {
   void* stream = nullptr;
   void* workspace = nullptr;  // ForwardArgs::workspace: null, or 16-byte aligned in the backend's memory
   std::size_t workspace_bytes = 0;
-  PagedTable table;  // with p.paged
+  PagedTable table;    // with p.paged
+  RaggedTable ragged;  // with p.packed
 };
 
 struct BackwardCall {
@@ -78,6 +94,18 @@ struct BackwardCall {
   TensorView q, k, v, out, dout, dq, dk, dv;
   const float* lse = nullptr;
   float* dsinks = nullptr;  // [H], only with p.sinks; null = not wanted
+  void* stream = nullptr;
+  RaggedTable ragged;  // with p.packed
+};
+
+// Rows appended into pages on a device backend (docs/spec.md §1.7; host backends are written by core): row t of
+// sequence b (k, v [B, T, Hkv, D]) to key seq_lens_k[b] + t of its pages. With a table in the backend's memory the
+// kernel clamps as the paged forward does (a length to [0, max_pages * page_size], a page index to [0, num_pages))
+// and skips rows past the table's reach; a host table was checked whole before.
+struct PagedAppendCall {
+  explicit PagedAppendCall(Validated) {}
+  TensorView k_pages, v_pages, k, v;
+  PagedTable table;
   void* stream = nullptr;
 };
 

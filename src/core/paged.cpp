@@ -44,11 +44,6 @@ struct Pages {
   Pages(const PagedKv& t, const TensorView& k_pages, const TensorView& v_pages, std::int64_t batch_size,
         std::int64_t extra, const Backend& backend, const char* k_name, const char* v_name)
       : batch(batch_size) {
-    if (backend.memory() != Memory::host) {
-      throw Error("paged", backend.name() +
-                               ": appending rows to pages runs on host backends only so far (reference, cpu); a "
-                               "device table is read by cuda's paged forward");
-    }
     if (t.tables != Memory::host)
       throw Error("page_table",
                   backend.name() + " reads the page table and seq_lens_k in host memory (PagedKv::tables)");
@@ -107,15 +102,21 @@ struct Gathered {
 // longest length the table allows (the kernel reads each sequence's own).
 ForwardCall validate_on_device(const Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
   const PagedKv& t = *params.paged;
-  if (t.tables != backend.memory()) {
-    throw Error("page_table", backend.name() +
-                                  " reads the page table and seq_lens_k in its own memory: put them there and say so "
-                                  "in PagedKv::tables");
+  const Memory tables = backend.page_table_memory();
+  if (t.tables != tables) {
+    throw Error("page_table",
+                backend.name() + " reads the page table and seq_lens_k in " +
+                    (tables == Memory::host ? "host memory" : "its own memory: put them there and say so") +
+                    " (PagedKv::tables)");
   }
   std::int64_t num_pages = 0, page_size = 0;
   check_pages(t, a.k, a.v, backend, "k", "v", num_pages, page_size);
-  for (const auto& [name, ptr] : {std::pair{"page_table", t.page_table}, std::pair{"seq_lens_k", t.seq_lens_k}})
-    if (auto why = backend.foreign_pointer(ptr)) throw Error(name, *why);
+  if (tables == Memory::host) {
+    [[maybe_unused]] const Pages checked(t, a.k, a.v, a.q.shape[0], 0, backend, "k", "v");  // whole, as on hosts
+  } else {
+    for (const auto& [name, ptr] : {std::pair{"page_table", t.page_table}, std::pair{"seq_lens_k", t.seq_lens_k}})
+      if (auto why = backend.foreign_pointer(ptr)) throw Error(name, *why);
+  }
   const std::int64_t longest = t.max_pages * page_size;
   if (longest > std::numeric_limits<std::int32_t>::max())
     throw Error("max_pages", "max_pages * page_size must fit in int32");
@@ -186,18 +187,60 @@ void paged_forward(Backend& backend, const ForwardArgs& a, const AttentionParams
   }
 }
 
-void paged_append(Backend& backend, const PagedAppendArgs& a) {
-  check_view("k", a.k, backend);
-  check_view("v", a.v, backend);
-  const std::int64_t B = a.k.shape[0], T = a.k.shape[1];
-  if (a.v.shape != a.k.shape) throw Error("v", "must have the shape of k");
-  const Pages pages(a.pages, a.k_pages, a.v_pages, B, T, backend, "k_pages", "v_pages");
+namespace {
+
+// The rows' views against the pages' (checked after the pages).
+void check_appended_rows(const PagedAppendArgs& a) {
   for (const auto* x : {&a.k, &a.v}) {
     const char* name = x == &a.k ? "k" : "v";
     if (x->dtype != a.k_pages.dtype) throw Error(name, "must have the pages' dtype");
     if (x->shape[2] != a.k_pages.shape[2] || x->shape[3] != a.k_pages.shape[3])
       throw Error(name, "kv heads and head_dim must be the pages'");
   }
+}
+
+// A device backend's append: one call its kernel runs, the table checked whole first where it is host memory.
+void append_on_device(Backend& backend, const PagedAppendArgs& a) {
+  if (!backend.appends_pages()) {
+    throw Error("paged", backend.name() +
+                             ": appending rows to pages is not implemented on this backend yet (host "
+                             "backends and cuda have it)");
+  }
+  const PagedKv& t = a.pages;
+  const Memory tables = backend.page_table_memory();
+  if (t.tables != tables)
+    throw Error("page_table", backend.name() + " reads the page table and seq_lens_k in " +
+                                  (tables == Memory::host ? "host memory" : "its own memory") + " (PagedKv::tables)");
+  std::int64_t num_pages = 0, page_size = 0;
+  check_pages(t, a.k_pages, a.v_pages, backend, "k_pages", "v_pages", num_pages, page_size);
+  if (tables == Memory::host) {
+    [[maybe_unused]] const Pages checked(t, a.k_pages, a.v_pages, a.k.shape[0], a.k.shape[1], backend, "k_pages",
+                                         "v_pages");
+  } else {
+    for (const auto& [name, ptr] : {std::pair{"page_table", t.page_table}, std::pair{"seq_lens_k", t.seq_lens_k}})
+      if (auto why = backend.foreign_pointer(ptr)) throw Error(name, *why);
+  }
+  check_appended_rows(a);
+  PagedAppendCall c(Validator::stamp());
+  c.k_pages = a.k_pages;
+  c.v_pages = a.v_pages;
+  c.k = a.k;
+  c.v = a.v;
+  c.table = {t.page_table, t.seq_lens_k, t.max_pages, page_size, num_pages, true};
+  c.stream = a.stream;
+  backend.paged_append(c);
+}
+
+}  // namespace
+
+void paged_append(Backend& backend, const PagedAppendArgs& a) {
+  check_view("k", a.k, backend);
+  check_view("v", a.v, backend);
+  const std::int64_t B = a.k.shape[0], T = a.k.shape[1];
+  if (a.v.shape != a.k.shape) throw Error("v", "must have the shape of k");
+  if (backend.memory() != Memory::host) return append_on_device(backend, a);
+  const Pages pages(a.pages, a.k_pages, a.v_pages, B, T, backend, "k_pages", "v_pages");
+  check_appended_rows(a);
   const std::size_t row = std::size_t(a.k.shape[3]) * dtype_size(a.k.dtype);
   const std::int64_t esize = std::int64_t(dtype_size(a.k.dtype));
   for (std::int64_t b = 0; b < B; ++b)

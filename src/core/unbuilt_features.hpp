@@ -10,9 +10,9 @@
 namespace flashtq::core {
 
 inline std::optional<std::string> varlen_unbuilt(const DenseProblem& p, const std::string& backend) {
-  if (p.varlen)
+  if (p.varlen || p.packed)
     return "ragged batches (varlen) are not implemented on the " + backend +
-           " backend yet (reference and cpu have them)";
+           " backend yet (reference, cpu and webgpu have them)";
   return std::nullopt;
 }
 
@@ -20,7 +20,7 @@ inline std::optional<std::string> varlen_unbuilt(const DenseProblem& p, const st
 inline std::optional<std::string> paged_unbuilt(const DenseProblem& p, const std::string& backend) {
   if (p.paged)
     return "paged keys and values are not implemented on the " + backend +
-           " backend yet (reference and cpu with host tables, cuda's decode with device tables have them)";
+           " backend yet (reference, cpu and webgpu with host tables, cuda's decode with device tables have them)";
   return std::nullopt;
 }
 

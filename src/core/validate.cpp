@@ -183,6 +183,7 @@ DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const 
     p.mask_strides = params.mask_strides;
   }
   p.paged = params.paged.has_value();
+  p.packed = params.varlen.has_value();  // the ragged batch as one call (core/varlen.cpp, device backends)
   p.softcap = checked_softcap(params.softcap);
   p.sinks = checked_sinks(backend, params.sinks, p.H, "H");
   if (auto why = backend.unsupported(p)) throw Error("backend", backend.name() + ": " + *why);

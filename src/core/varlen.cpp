@@ -1,5 +1,7 @@
 #include "core/varlen.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -47,11 +49,8 @@ struct Batch {
   std::vector<std::int64_t> mask_offset;  // per sequence, with a mask
   std::int64_t H = 0;
 
-  Batch(const TensorView& qv, const TensorView& kv, const AttentionParams& params, const Backend& backend) {
+  Batch(const TensorView& qv, const TensorView& kv, const AttentionParams& params) {
     const Varlen& v = *params.varlen;
-    if (backend.memory() != Memory::host) {
-      throw Error("varlen", backend.name() + ": ragged batches run on host backends only so far (reference, cpu)");
-    }
     if (v.batch < 1 || v.batch > kInt32Max) throw Error("varlen", "batch must be in [1, 2^31 - 1]");
     if (qv.shape[0] != 1) throw Error("q", "a ragged batch's q is [1, Tq, H, D] (the sequences packed along dim 1)");
     if (kv.shape[0] != 1) throw Error("k", "a ragged batch's k is [1, Tk, Hkv, D] (the sequences packed along dim 1)");
@@ -86,13 +85,35 @@ struct Batch {
     return p;
   }
   // The whole batch as one sequence, without what is per sequence (mask, causal offset): the views, dtypes and
-  // every other parameter are checked here once.
-  static AttentionParams whole(const AttentionParams& params) {
+  // every other parameter are checked here once. `packed`: as the one call a device backend runs.
+  static AttentionParams whole(const AttentionParams& params, bool packed = false) {
     AttentionParams p = params;
-    p.varlen.reset();
+    if (!packed) p.varlen.reset();
     p.mask = nullptr;
     p.causal_offset.reset();
     return p;
+  }
+  std::int64_t longest(const std::vector<std::int64_t>& at) const {
+    std::int64_t n = 0;
+    for (std::size_t b = 0; b + 1 < at.size(); ++b) n = std::max(n, at[b + 1] - at[b]);
+    return n;
+  }
+  // The one call's problem: B sequences, the longest rows and keys, the caller's mask and causal offset.
+  void pack(DenseProblem& p, RaggedTable& t, const AttentionParams& params) const {
+    const Varlen& v = *params.varlen;
+    p.B = batch();
+    p.Sq = longest(q);
+    p.Sk = longest(k);
+    p.mask = params.mask;
+    p.mask_strides = params.mask != nullptr ? params.mask_strides : std::array<std::int64_t, 4>{};
+    p.causal_offset = params.causal_offset.value_or(0);
+    t = {v.cu_seqlens_q,
+         v.cu_seqlens_k,
+         params.mask != nullptr ? v.mask_offsets : nullptr,
+         q.back(),
+         k.back(),
+         params.mask != nullptr ? params.mask_elements : 0,
+         !params.causal_offset.has_value()};
   }
 };
 
@@ -104,12 +125,33 @@ void mark(Call& c, std::int64_t b) {
 
 }  // namespace
 
+// A device backend runs the batch as one call (p.packed): each sequence is validated as its own call first (its
+// views, mask reach and positions), none of which is run.
+void packed_forward(Backend& backend, const Batch& batch, const ForwardArgs& a, const AttentionParams& params) {
+  for (std::int64_t b = 0; b < batch.batch(); ++b) {
+    const std::int64_t q0 = batch.q[std::size_t(b)], k0 = batch.k[std::size_t(b)];
+    if (batch.rows(b) == 0 || batch.keys(b) == 0) continue;
+    validate_forward(backend,
+                     {rows_of(a.q, q0, batch.rows(b)), rows_of(a.k, k0, batch.keys(b)), rows_of(a.v, k0, batch.keys(b)),
+                      rows_of(a.out, q0, batch.rows(b)), nullptr, a.stream},
+                     batch.params_of(params, b));
+  }
+  ForwardArgs whole_args = a;
+  whole_args.lse = nullptr;
+  whole_args.workspace = nullptr;
+  ForwardCall c = validate_forward(backend, whole_args, Batch::whole(params, /*packed=*/true));
+  batch.pack(c.p, c.ragged, params);
+  c.lse = a.lse;
+  backend.forward(c);
+}
+
 void varlen_forward(Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
-  const Batch batch(a.q, a.k, params, backend);
+  const Batch batch(a.q, a.k, params);
+  if (a.lse != nullptr) check_pointer("lse", a.lse, alignof(float));
+  if (backend.memory() != Memory::host) return packed_forward(backend, batch, a, params);
   ForwardArgs whole_args = a;
   whole_args.lse = nullptr;
   validate_forward(backend, whole_args, Batch::whole(params));
-  if (a.lse != nullptr) check_pointer("lse", a.lse, alignof(float));
   const std::int64_t H = batch.H, Tq = a.q.shape[1];
   // Each sequence's lse as its call writes it, [H, Sq_b] at H * (its first row); scattered to [H, Tq] after.
   std::vector<float> lse(a.lse != nullptr ? std::size_t(H * Tq) : 0);
@@ -140,8 +182,24 @@ void varlen_forward(Backend& backend, const ForwardArgs& a, const AttentionParam
   }
 }
 
+void packed_backward(Backend& backend, const Batch& batch, const BackwardArgs& a, const AttentionParams& params) {
+  for (std::int64_t b = 0; b < batch.batch(); ++b) {
+    const std::int64_t q0 = batch.q[std::size_t(b)], k0 = batch.k[std::size_t(b)], n = batch.rows(b), m = batch.keys(b);
+    if (n == 0 || m == 0) continue;
+    validate_backward(
+        backend,
+        {rows_of(a.q, q0, n), rows_of(a.k, k0, m), rows_of(a.v, k0, m), rows_of(a.out, q0, n), rows_of(a.dout, q0, n),
+         a.lse, rows_of(a.dq, q0, n), rows_of(a.dk, k0, m), rows_of(a.dv, k0, m), a.stream, a.dsinks},
+        batch.params_of(params, b));
+  }
+  BackwardCall c = validate_backward(backend, a, Batch::whole(params, /*packed=*/true));
+  batch.pack(c.p, c.ragged, params);
+  backend.backward(c);
+}
+
 void varlen_backward(Backend& backend, const BackwardArgs& a, const AttentionParams& params) {
-  const Batch batch(a.q, a.k, params, backend);
+  const Batch batch(a.q, a.k, params);
+  if (backend.memory() != Memory::host) return packed_backward(backend, batch, a, params);
   validate_backward(backend, a, Batch::whole(params));
   const std::int64_t H = batch.H, Tq = a.q.shape[1];
   // lse from [H, Tq] into each sequence's [H, Sq_b]; each sequence's sink gradient apart, summed after.

@@ -1,7 +1,8 @@
-// Ragged batches (docs/spec.md §1.6) on host backends: the batch is checked whole, then run as one call
-// per sequence (B = 1, its dropout decisions those of its batch index), with lse gathered to and from
-// the [H, Tq] layout and the sinks' gradient summed over the sequences. Nothing is written until
-// every sequence's call has been validated.
+// Ragged batches (docs/spec.md §1.6). Host backends: the batch is checked whole, then run as one call per
+// sequence (B = 1, its dropout decisions those of its batch index), with lse gathered to and from the [H, Tq]
+// layout and the sinks' gradient summed over the sequences. Device backends: every sequence is validated as its
+// own call, then the batch runs as one (DenseProblem::packed, the offsets in RaggedTable). Nothing is written
+// until every sequence's call has been validated.
 #pragma once
 
 #include "flashtq/attention.hpp"

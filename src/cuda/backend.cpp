@@ -90,6 +90,8 @@ class CudaBackend final : public Backend {
     last_kernel_ = kernel_name(k);
     launch_dense_backward(c, k);
   }
+  bool appends_pages() const override { return true; }
+  void paged_append(const PagedAppendCall& c) override { launch_paged_append(c); }
   void tq_encode(const TqEncodeCall& c) override { launch_tq_encode(c); }
   // The check runs on the device; the row it finds is then copied back and described on the host, with
   // the oracle's arithmetic (an error path only).

@@ -35,6 +35,9 @@ void repair_dense_forward(const ForwardCall& call);
 void repair_dense_dq(const BackwardCall& call);
 unsigned* unfinished_rows_flag();
 
+// Rows appended into pages through a device table (paged_append.cu).
+void launch_paged_append(const PagedAppendCall& call);
+
 void launch_tq_encode(const TqEncodeCall& call);
 // Keys with outlier channels (tq_outliers.cu): launch_tq_encode and launch_tq_rotate send them there.
 void launch_tq_encode_parts(const TqEncodeCall& call);

@@ -153,12 +153,63 @@ Placed place_sinks(const DenseProblem& p) {
   return place(p.sinks, p.H, 4, "sinks");
 }
 
-Placed place_mask(const DenseProblem& p) {
+Placed place_mask(const DenseProblem& p, const RaggedTable& r) {
   if (!p.mask) return {Context::get().dummy_buffer(0), 0};
+  if (p.packed) return place(p.mask, r.mask_elements, 4, "mask");  // each sequence's reach was checked
   std::int64_t last = 0;
   const std::int64_t dims[4] = {p.B, p.H, p.Sq, p.Sk};
   for (int d = 0; d < 4; ++d) last += (dims[d] - 1) * p.mask_strides[std::size_t(d)];
   return place(p.mask, last + 1, 4, "mask");
+}
+
+// Where the dense kernels find each sequence (binding TABLE, docs/spec.md §1.6-§1.7): layout 0 is the padded
+// [B, S, heads, D] batch (no table); 1 a ragged batch, words [cu_seqlens_q | cu_seqlens_k | mask offsets]; 2 paged
+// keys, words [page_table | seq_lens_k]. The host tables were checked whole by the validator.
+struct SequenceTable {
+  std::uint32_t layout = 0;
+  std::vector<std::uint32_t> words;
+};
+
+SequenceTable sequence_table(const DenseProblem& p, const RaggedTable& r, const PagedTable& t) {
+  SequenceTable s;
+  if (p.packed) {
+    s.layout = 1;
+    for (const std::int32_t* cu : {r.cu_seqlens_q, r.cu_seqlens_k})
+      for (std::int64_t b = 0; b <= p.B; ++b) s.words.push_back(std::uint32_t(cu[b]));
+    for (std::int64_t b = 0; b < p.B; ++b) {
+      const std::int64_t at = r.mask_offsets != nullptr ? r.mask_offsets[b] : 0;
+      if (at > std::int64_t(std::numeric_limits<std::uint32_t>::max()))
+        throw Error("mask_offsets", std::to_string(at) + " does not fit the webgpu kernels' 32-bit indices");
+      s.words.push_back(std::uint32_t(at));
+    }
+  } else if (p.paged) {
+    s.layout = 2;
+    for (std::int64_t e = 0; e < p.B * t.max_pages; ++e) s.words.push_back(std::uint32_t(t.page_table[e]));
+    for (std::int64_t b = 0; b < p.B; ++b) s.words.push_back(std::uint32_t(t.seq_lens_k[b]));
+  }
+  return s;
+}
+
+// The table's buffer (scratch slot 2), or the read-only dummy without one.
+void* place_table(const SequenceTable& s) {
+  return s.layout == 0 ? Context::get().dummy_buffer(0) : Context::get().scratch_holding(2, s.words);
+}
+
+// The table's fields of the dense kernels' parameters: layout, whether causal offsets count from each sequence's
+// end, page size, the table's row length (max_pages), and the packed rows (lse is [H, Tq] in a ragged batch).
+void add_table(Params& P, const SequenceTable& s, const DenseProblem& p, const RaggedTable& r, const PagedTable& t) {
+  P.u(s.layout)
+      .u(p.packed  ? r.offset_from_end
+         : p.paged ? t.offset_from_end
+                   : false)
+      .u(p.paged ? t.page_size : 1, "page_size")
+      .u(p.paged ? t.max_pages : 0, "max_pages")
+      .u(p.packed ? r.total_q : 0, "cu_seqlens_q");
+}
+
+// Elements of the lse: [B, H, Sq], or [H, Tq] for a ragged batch.
+std::int64_t lse_elements(const DenseProblem& p, const RaggedTable& r) {
+  return p.packed ? p.H * r.total_q : p.B * p.H * p.Sq;
 }
 
 void add_mask(Params& P, const DenseProblem& p, const Placed& mask) {
@@ -176,18 +227,18 @@ class WebGpuBackend final : public Backend {
     return Context::usable() ? Context::get().adapter_description() : "no adapter";
   }
   Memory memory() const override { return Memory::webgpu; }
+  Memory page_table_memory() const override { return Memory::host; }
   bool available() const override { return Context::usable(); }
   std::string unavailable_reason() const override { return Context::unusable_reason(); }
   std::optional<std::string> unsupported(const DenseProblem& p) const override {
     if (p.D % 4 != 0) return "the webgpu kernels need head_dim a multiple of 4";
-    if (auto why = core::varlen_unbuilt(p, name())) return why;
-    if (auto why = core::paged_unbuilt(p, name())) return why;
     // Mesa's llvmpipe (lavapipe) ends every loop of a shader invocation once that invocation has run
     // 65535 loop iterations in all (gallivm's loop limiter): past it the dense kernels would leave
     // outputs silently unwritten, so such problems are refused there. An invocation walks one query
     // row's keys (forward, dq) or one key's rows of every head of its group (dk, dv), about 2 D/4 + 4
     // iterations each, plus its tiles' loads.
-    if (Context::usable() && Context::get().adapter_description().find("llvmpipe") != std::string::npos) {
+    // A ragged batch's sequences were each checked as a call of their own (core/varlen.cpp).
+    if (!p.packed && Context::usable() && Context::get().adapter_description().find("llvmpipe") != std::string::npos) {
       const std::int64_t iterations = std::max(p.Sk, p.group() * p.Sq) * (2 * (p.D / 4) + 4) + 4096;
       if (iterations > 65535) {
         return "on llvmpipe (lavapipe), which stops a shader invocation's loops after 65535 iterations, the dense "
@@ -214,12 +265,15 @@ class WebGpuBackend final : public Backend {
   void forward(const ForwardCall& c) override {
     const DenseProblem& p = c.p;
     Context& ctx = Context::get();
-    const Placed q = place(c.q, "q"), k = place(c.k, "k"), v = place(c.v, "v"), mask = place_mask(p),
+    const Placed q = place(c.q, "q"), k = place(c.k, "k"), v = place(c.v, "v"), mask = place_mask(p, c.ragged),
                  sinks = place_sinks(p);
-    Outputs outputs({q.buffer, k.buffer, v.buffer, mask.buffer, sinks.buffer});
+    const SequenceTable table = sequence_table(p, c.ragged, c.table);
+    void* table_buffer = place_table(table);
+    Outputs outputs({q.buffer, k.buffer, v.buffer, mask.buffer, sinks.buffer, table_buffer});
     const Placed out = outputs.add(place(c.out, "out"), extent_elements(c.out), dtype_size(c.out.dtype));
     Placed lse{ctx.dummy_buffer(1), 0};
-    if (c.lse) lse = outputs.add(place(c.lse, p.B * p.H * p.Sq, 4, "lse"), p.B * p.H * p.Sq, 4);
+    const std::int64_t lse_n = lse_elements(p, c.ragged);
+    if (c.lse) lse = outputs.add(place(c.lse, lse_n, 4, "lse"), lse_n, 4);
     Params P = dense_params(p);
     P.u(c.lse ? 1 : 0).u(tile_rows(p.D));
     add_view(P, q, c.q, "q");
@@ -229,10 +283,12 @@ class WebGpuBackend final : public Backend {
     add_mask(P, p, mask);
     P.u(lse.offset, "lse").f(p.softcap).u(p.sinks ? 1 : 0).u(sinks.offset, "sinks");
     const std::size_t y0 = P.size();
-    P.u(0).u(0).u(0);
-    dispatch_chunked(wide_rows("dense_forward", p), P, y0,
-                     {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}, {sinks.buffer}},
-                     {groups(p.Sq, 64), p.B * p.H, 1}, 1);
+    P.u(0);
+    add_table(P, table, p, c.ragged, c.table);
+    dispatch_chunked(
+        wide_rows("dense_forward", p), P, y0,
+        {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}, {sinks.buffer}, {table_buffer}},
+        {groups(p.Sq, 64), p.B * p.H, 1}, 1);
     outputs.finish();
   }
 
@@ -240,12 +296,15 @@ class WebGpuBackend final : public Backend {
     const DenseProblem& p = c.p;
     Context& ctx = Context::get();
     const Placed q = place(c.q, "q"), k = place(c.k, "k"), v = place(c.v, "v"), out = place(c.out, "out"),
-                 dout = place(c.dout, "dout"), mask = place_mask(p), sinks = place_sinks(p);
-    const Placed lse = place(c.lse, p.B * p.H * p.Sq, 4, "lse");
-    // delta_i = <dout_i, out_i> per row, computed by the dq kernel for the dk/dv kernel.
-    void* delta = ctx.scratch(0, std::uint64_t(p.B * p.H * p.Sq) * 4);
-    Outputs outputs(
-        {q.buffer, k.buffer, v.buffer, out.buffer, dout.buffer, lse.buffer, mask.buffer, delta, sinks.buffer});
+                 dout = place(c.dout, "dout"), mask = place_mask(p, c.ragged), sinks = place_sinks(p);
+    const std::int64_t lse_n = lse_elements(p, c.ragged);
+    const Placed lse = place(c.lse, lse_n, 4, "lse");
+    // delta_i = <dout_i, out_i> per row (laid out as lse), computed by the dq kernel for the dk/dv kernel.
+    void* delta = ctx.scratch(0, std::uint64_t(lse_n) * 4);
+    const SequenceTable table = sequence_table(p, c.ragged, PagedTable{});
+    void* table_buffer = place_table(table);
+    Outputs outputs({q.buffer, k.buffer, v.buffer, out.buffer, dout.buffer, lse.buffer, mask.buffer, delta,
+                     sinks.buffer, table_buffer});
     const Placed dq = outputs.add(place(c.dq, "dq"), extent_elements(c.dq), dtype_size(c.dq.dtype));
     const Placed dk = outputs.add(place(c.dk, "dk"), extent_elements(c.dk), dtype_size(c.dk.dtype));
     const Placed dv = outputs.add(place(c.dv, "dv"), extent_elements(c.dv), dtype_size(c.dv.dtype));
@@ -261,28 +320,61 @@ class WebGpuBackend final : public Backend {
     add_view(P, dv, c.dv, "dv");
     add_mask(P, p, mask);
     const std::size_t y0 = P.size();
-    P.u(0).f(p.softcap).u(0);
-    // Both entry points bind the same inputs (bindings 0-7), then their own outputs.
+    P.u(0).f(p.softcap);
+    add_table(P, table, p, c.ragged, PagedTable{});
+    // Both entry points bind the same inputs (bindings 1-8), then their own outputs (9, 10), then the table (11).
     const std::vector<Binding> inputs = {{q.buffer},    {k.buffer},   {v.buffer},    {out.buffer},
                                          {dout.buffer}, {lse.buffer}, {mask.buffer}, {delta}};
     auto with = [&](std::initializer_list<Binding> outs) {
       std::vector<Binding> all = inputs;
       all.insert(all.end(), outs);
+      if (all.size() == inputs.size() + 1) all.push_back({nullptr});  // dq leaves binding 10 out
+      all.push_back({table_buffer});
       return all;
     };
     dispatch_chunked(wide_rows("dense_backward", p) + "#dq", P, y0, with({{dq.buffer}}),
                      {groups(p.Sq, 64), p.B * p.H, 1}, 1);
     dispatch_chunked(wide_rows("dense_backward", p) + "#dkdv", P, y0, with({{dk.buffer}, {dv.buffer}}),
                      {groups(p.Sk, 64), p.B * p.Hkv, 1}, 1);
-    if (c.dsinks) {  // from the delta the dq kernel wrote
+    if (c.dsinks) {  // from the delta the dq kernel wrote; a ragged batch's [H, Tq] rows as one sequence
       const Placed dsinks = outputs.add(place(c.dsinks, p.H, 4, "dsinks"), p.H, 4);
       Params S;
-      S.u(p.B).u(p.Sq).u(p.H).u(lse.offset, "lse").u(sinks.offset, "sinks").u(dsinks.offset, "dsinks");
+      S.u(p.packed ? 1 : p.B)
+          .u(p.packed ? c.ragged.total_q : p.Sq)
+          .u(p.H)
+          .u(lse.offset, "lse")
+          .u(sinks.offset, "sinks")
+          .u(dsinks.offset, "dsinks");
       const std::size_t h0 = S.size();
       S.u(0).u(0);
       dispatch_chunked("dense_sinks_grad", S, h0, {{lse.buffer}, {delta}, {sinks.buffer}, {dsinks.buffer}}, {p.H, 1, 1},
                        0);
     }
+    outputs.finish();
+  }
+
+  bool appends_pages() const override { return true; }
+  void paged_append(const PagedAppendCall& c) override {
+    const PagedTable& t = c.table;
+    const std::int64_t B = c.k.shape[0], T = c.k.shape[1], Hkv = c.k.shape[2];
+    const Placed k = place(c.k, "k"), v = place(c.v, "v");
+    DenseProblem p;  // the table's words, as the forward's
+    p.B = B;
+    p.paged = true;
+    void* table = place_table(sequence_table(p, RaggedTable{}, t));
+    Outputs outputs({k.buffer, v.buffer, table});
+    const Placed kp = outputs.add(place(c.k_pages, "k_pages"), extent_elements(c.k_pages), dtype_size(c.k.dtype));
+    const Placed vp = outputs.add(place(c.v_pages, "v_pages"), extent_elements(c.v_pages), dtype_size(c.k.dtype));
+    Params P;
+    P.u(B).u(T).u(Hkv).u(c.k.shape[3]).u(dtype_code(c.k.dtype)).u(t.page_size).u(t.max_pages, "max_pages");
+    const std::size_t y0 = P.size();
+    P.u(0);
+    add_view(P, kp, c.k_pages, "k_pages");
+    add_view(P, vp, c.v_pages, "v_pages");
+    add_view(P, k, c.k, "k");
+    add_view(P, v, c.v, "v");
+    dispatch_chunked("paged_append", P, y0, {{k.buffer}, {v.buffer}, {table}, {kp.buffer}, {vp.buffer}},
+                     {B * T * Hkv, 1, 1}, 0);
     outputs.finish();
   }
 

@@ -339,6 +339,16 @@ void* Context::scratch(int slot, std::uint64_t bytes) {
   return s.first;
 }
 
+void* Context::scratch_holding(int slot, const std::vector<std::uint32_t>& words) {
+  void* buffer = scratch(slot, std::max<std::uint64_t>(words.size(), 1) * 4);
+  if (words.empty()) return buffer;
+  std::lock_guard<std::mutex> lock(mutex_);
+  ErrorScopes scopes(*api_, dev_->device);
+  api_->QueueWriteBuffer(dev_->queue, static_cast<WGPUBuffer>(buffer), 0, words.data(), words.size() * 4);
+  check_errors("scratch_holding");
+  return buffer;
+}
+
 void Context::upload(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   const Location at = locate(dst, bytes, "dst");

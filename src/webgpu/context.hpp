@@ -57,6 +57,8 @@ class Context {
   void* dummy_buffer(int slot);
   // A device-only scratch buffer of at least `bytes`, valid until the next call with the same slot.
   void* scratch(int slot, std::uint64_t bytes);
+  // scratch(slot, ...) holding `words` (written in queue order, so the next dispatch reads them).
+  void* scratch_holding(int slot, const std::vector<std::uint32_t>& words);
 
   // Runs `kernel` ("shader" for entry point main of shader.wgsl, or "shader#entry") over `groups`
   // workgroups; binding 0 is a uniform buffer holding `params`, bindings 1.. are `buffers`.

@@ -5,6 +5,7 @@
 //         streamed); sums over every query head of the group, so no atomics and a fixed order.
 // With P = exp(s - lse), f the dropout factor, dP = f <dout_i, v_j>, dS = P (dP - delta_i):
 // dq_i = scale sum_j dS k_j, dk_j = scale sum_i dS q_i, dv_j = sum_i P f dout_i.
+// A ragged batch (docs/spec.md §1.6) reads its sequences from TABLE (P.kv_layout 1); lse and delta are then [H, Tq].
 
 struct Params {
   B: u32, Sq: u32, Sk: u32, H: u32,
@@ -20,7 +21,9 @@ struct Params {
   dk_off: u32, dk_sb: u32, dk_ss: u32, dk_sh: u32,
   dv_off: u32, dv_sb: u32, dv_ss: u32, dv_sh: u32,
   m_off: u32, m_sb: u32, m_sh: u32, m_sq: u32,
-  m_sk: u32, y0: u32, softcap: f32, pad2: u32,  // y0: first (batch, head) of this dispatch
+  m_sk: u32, y0: u32, softcap: f32,  // y0: first (batch, head) of this dispatch
+  // The sequence table (webgpu/backend.cpp's SequenceTable): layout 0 padded, 1 ragged.
+  kv_layout: u32, from_end: u32, page_size: u32, max_pages: u32, total_q: u32,
 };
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -34,6 +37,7 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> DELTA: array<f32>;
 @group(0) @binding(9) var<storage, read_write> G1: array<atomic<u32>>;  // dq, or dk
 @group(0) @binding(10) var<storage, read_write> G2: array<atomic<u32>>; // dv (dkdv only)
+@group(0) @binding(11) var<storage, read> TABLE: array<u32>;
 
 const ROWS: u32 = 64u;
 // head_dim / 4 at most: what a thread holds of a row; the "wide" variant (head_dim up to 512) has 128.
@@ -74,14 +78,52 @@ fn capped(qk: f32) -> vec2<f32> {
   return vec2<f32>(P.softcap * t, 1.0 - t * t);
 }
 
-fn score(x: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-  var s = x;
-  if (P.has_mask != 0u) {
-    let m = MASK[P.m_off + b * P.m_sb + h * P.m_sh + i * P.m_sq + j * P.m_sk];
-    if (m == bitcast<f32>(NEG_INF_BITS)) { return m; }  // masked whatever the key holds (NaN + -inf is NaN)
-    s += m;
+// Sequence b (docs/spec.md §1.6): first packed row and key, rows, keys, causal offset, first mask element; read by
+// one invocation and shared, so that the loops with barriers have uniform bounds.
+struct Sequence {
+  q0: u32, n_q: u32, k0: u32, n_k: u32, offset: i32, mask0: u32,
+};
+var<workgroup> seq_shared: array<u32, 6>;
+
+fn sequence_of(b: u32) -> Sequence {
+  if (P.kv_layout == 1u) {  // ragged: [cu_seqlens_q | cu_seqlens_k | mask offsets]
+    let q0 = TABLE[b];
+    let k0 = TABLE[P.B + 1u + b];
+    let n_q = TABLE[b + 1u] - q0;
+    let n_k = TABLE[P.B + 2u + b] - k0;
+    let offset = select(P.causal_offset, i32(n_k) - i32(n_q), P.from_end != 0u);
+    return Sequence(q0, n_q, k0, n_k, offset, TABLE[2u * P.B + 2u + b]);
   }
-  return s;
+  return Sequence(0u, P.Sq, 0u, P.Sk, P.causal_offset, b * P.m_sb);
+}
+
+fn shared_sequence(b: u32, lid: u32) -> Sequence {
+  if (lid == 0u) {
+    let s = sequence_of(b);
+    seq_shared = array<u32, 6>(s.q0, s.n_q, s.k0, s.n_k, bitcast<u32>(s.offset), s.mask0);
+  }
+  let w = workgroupUniformLoad(&seq_shared);
+  return Sequence(w[0], w[1], w[2], w[3], bitcast<i32>(w[4]), w[5]);
+}
+
+// Where row `row` of sequence b, head h, has its lse and delta: [B, H, Sq], or [H, Tq] in a ragged batch.
+fn stat_at(b: u32, h: u32, s: Sequence, row: u32) -> u32 {
+  return select((b * P.H + h) * P.Sq + row, h * P.total_q + s.q0 + row, P.kv_layout == 1u);
+}
+
+// Element offset of row r (packed row s0 + r in a ragged batch) of a [B, S, heads, D] view.
+fn row_at(b: u32, s0: u32, r: u32, head: u32, off: u32, sb: u32, ss: u32, sh: u32) -> u32 {
+  return off + select(b * sb, 0u, P.kv_layout == 1u) + (s0 + r) * ss + head * sh;
+}
+
+fn score(x: f32, s: Sequence, h: u32, i: u32, j: u32) -> f32 {
+  var sc = x;
+  if (P.has_mask != 0u) {
+    let m = MASK[P.m_off + s.mask0 + h * P.m_sh + i * P.m_sq + j * P.m_sk];
+    if (m == bitcast<f32>(NEG_INF_BITS)) { return m; }  // masked whatever the key holds (NaN + -inf is NaN)
+    sc += m;
+  }
+  return sc;
 }
 
 // exp(s - lse) is a probability: held at 1 where an lse a little below the f32 score would scale the
@@ -102,8 +144,11 @@ fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
   let b = (P.y0 + wid.y) / P.H;
   let h = (P.y0 + wid.y) % P.H;
   let hk = h / (P.H / P.Hkv);
+  let sq = shared_sequence(b, lid.x);
+  let n_k = sq.n_k;
+  if (wid.x * ROWS >= sq.n_q) { return; }  // a shorter sequence of a ragged batch (the whole workgroup)
   let row = wid.x * ROWS + lid.x;
-  let valid = row < P.Sq;
+  let valid = row < sq.n_q;
   let bh = b * P.H + h;
   var q: array<vec4<f32>, MAX_D4>;
   var dout: array<vec4<f32>, MAX_D4>;
@@ -112,9 +157,9 @@ fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
   var lse = 0.0;
   var live = false;  // the row sees at least one key
   if (valid) {
-    let q_base = P.q_off + b * P.q_sb + row * P.q_ss + h * P.q_sh;
-    let o_base = P.o_off + b * P.o_sb + row * P.o_ss + h * P.o_sh;
-    let do_base = P.do_off + b * P.do_sb + row * P.do_ss + h * P.do_sh;
+    let q_base = row_at(b, sq.q0, row, h, P.q_off, P.q_sb, P.q_ss, P.q_sh);
+    let o_base = row_at(b, sq.q0, row, h, P.o_off, P.o_sb, P.o_ss, P.o_sh);
+    let do_base = row_at(b, sq.q0, row, h, P.do_off, P.do_sb, P.do_ss, P.do_sh);
     var d4acc = vec4<f32>(0.0);
     for (var c = 0u; c < d4; c++) {
       q[c] = ld4(0u, q_base + 4u * c);
@@ -123,21 +168,21 @@ fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
       acc[c] = vec4<f32>(0.0);
     }
     delta = d4acc.x + d4acc.y + d4acc.z + d4acc.w;
-    DELTA[bh * P.Sq + row] = delta;
-    lse = LSE[P.lse_off + bh * P.Sq + row];
+    DELTA[stat_at(b, h, sq, row)] = delta;
+    lse = LSE[P.lse_off + stat_at(b, h, sq, row)];
     live = lse > MASKED;
   }
-  let pos = i32(row) + P.causal_offset;
+  let pos = i32(row) + sq.offset;
   let tile = P.tile;
-  for (var ks = 0u; ks < P.Sk; ks += tile) {
+  for (var ks = 0u; ks < n_k; ks += tile) {
     for (var i = lid.x; i < tile * d4; i += ROWS) {
       let j = ks + i / d4;
       let c = i % d4;
       var kv = vec4<f32>(0.0);
       var vv = vec4<f32>(0.0);
-      if (j < P.Sk) {
-        kv = ld4(1u, P.k_off + b * P.k_sb + j * P.k_ss + hk * P.k_sh + 4u * c);
-        vv = ld4(2u, P.v_off + b * P.v_sb + j * P.v_ss + hk * P.v_sh + 4u * c);
+      if (j < n_k) {
+        kv = ld4(1u, row_at(b, sq.k0, j, hk, P.k_off, P.k_sb, P.k_ss, P.k_sh) + 4u * c);
+        vv = ld4(2u, row_at(b, sq.k0, j, hk, P.v_off, P.v_sb, P.v_ss, P.v_sh) + 4u * c);
       }
       tile_a[i] = kv;
       tile_b[i] = vv;
@@ -146,7 +191,7 @@ fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
     if (live) {
       for (var r = 0u; r < tile; r++) {
         let j = ks + r;
-        if (!key_visible(i32(j), pos, i32(P.Sk), P.causal, P.window)) { continue; }
+        if (!key_visible(i32(j), pos, i32(n_k), P.causal, P.window)) { continue; }
         var qk = vec4<f32>(0.0);
         var dv = vec4<f32>(0.0);
         for (var c = 0u; c < d4; c++) {
@@ -154,7 +199,7 @@ fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
           dv = fma(dout[c], tile_b[r * d4 + c], dv);
         }
         let cs = capped(qk.x + qk.y + qk.z + qk.w);
-        let s = score(cs.x, b, h, row, j);
+        let s = score(cs.x, sq, h, row, j);
         if (s <= MASKED) { continue; }
         let p = probability(s, lse);
         let dp = dropout_factor(P.dropout_p, P.seed, bh, row, j) * (dv.x + dv.y + dv.z + dv.w);
@@ -165,7 +210,7 @@ fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
     workgroupBarrier();
   }
   if (valid) {
-    let dq_base = P.dq_off + b * P.dq_sb + row * P.dq_ss + h * P.dq_sh;
+    let dq_base = row_at(b, sq.q0, row, h, P.dq_off, P.dq_sb, P.dq_ss, P.dq_sh);
     for (var c = 0u; c < d4; c++) {
       let g = acc[c] * P.scale;
       store_g1(dq_base + 4u * c, g.x);
@@ -182,8 +227,12 @@ fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   let b = (P.y0 + wid.y) / P.Hkv;
   let hk = (P.y0 + wid.y) % P.Hkv;
   let group = P.H / P.Hkv;
+  let sq = shared_sequence(b, lid.x);
+  let n_q = sq.n_q;
+  let n_k = sq.n_k;
+  if (wid.x * ROWS >= n_k) { return; }  // a shorter sequence of a ragged batch (the whole workgroup)
   let j = wid.x * ROWS + lid.x;
-  let valid = j < P.Sk;
+  let valid = j < n_k;
   var k: array<vec4<f32>, MAX_D4>;
   var v: array<vec4<f32>, MAX_D4>;
   var dk: array<vec4<f32>, MAX_D4>;
@@ -192,8 +241,8 @@ fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     k[c] = vec4<f32>(0.0);
     v[c] = vec4<f32>(0.0);
     if (valid) {
-      k[c] = ld4(1u, P.k_off + b * P.k_sb + j * P.k_ss + hk * P.k_sh + 4u * c);
-      v[c] = ld4(2u, P.v_off + b * P.v_sb + j * P.v_ss + hk * P.v_sh + 4u * c);
+      k[c] = ld4(1u, row_at(b, sq.k0, j, hk, P.k_off, P.k_sb, P.k_ss, P.k_sh) + 4u * c);
+      v[c] = ld4(2u, row_at(b, sq.k0, j, hk, P.v_off, P.v_sb, P.v_ss, P.v_sh) + 4u * c);
     }
     dk[c] = vec4<f32>(0.0);
     dv[c] = vec4<f32>(0.0);
@@ -202,15 +251,15 @@ fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   for (var g = 0u; g < group; g++) {
     let h = hk * group + g;
     let bh = b * P.H + h;
-    for (var is = 0u; is < P.Sq; is += tile) {
+    for (var is = 0u; is < n_q; is += tile) {
       for (var i = lid.x; i < tile * d4; i += ROWS) {
         let row = is + i / d4;
         let c = i % d4;
         var qv = vec4<f32>(0.0);
         var dov = vec4<f32>(0.0);
-        if (row < P.Sq) {
-          qv = ld4(0u, P.q_off + b * P.q_sb + row * P.q_ss + h * P.q_sh + 4u * c);
-          dov = ld4(4u, P.do_off + b * P.do_sb + row * P.do_ss + h * P.do_sh + 4u * c);
+        if (row < n_q) {
+          qv = ld4(0u, row_at(b, sq.q0, row, h, P.q_off, P.q_sb, P.q_ss, P.q_sh) + 4u * c);
+          dov = ld4(4u, row_at(b, sq.q0, row, h, P.do_off, P.do_sb, P.do_ss, P.do_sh) + 4u * c);
         }
         tile_a[i] = qv;
         tile_b[i] = dov;
@@ -219,9 +268,9 @@ fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let row = is + lid.x;
         var l = bitcast<f32>(NEG_INF_BITS);
         var dl = 0.0;
-        if (row < P.Sq) {
-          l = LSE[P.lse_off + bh * P.Sq + row];
-          dl = DELTA[bh * P.Sq + row];
+        if (row < n_q) {
+          l = LSE[P.lse_off + stat_at(b, h, sq, row)];
+          dl = DELTA[stat_at(b, h, sq, row)];
         }
         tile_lse[lid.x] = l;
         tile_delta[lid.x] = dl;
@@ -230,9 +279,9 @@ fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
       if (valid) {
         for (var r = 0u; r < tile; r++) {
           let row = is + r;
-          if (row >= P.Sq || tile_lse[r] <= MASKED) { continue; }
-          let pos = i32(row) + P.causal_offset;
-          if (!key_visible(i32(j), pos, i32(P.Sk), P.causal, P.window)) { continue; }
+          if (row >= n_q || tile_lse[r] <= MASKED) { continue; }
+          let pos = i32(row) + sq.offset;
+          if (!key_visible(i32(j), pos, i32(n_k), P.causal, P.window)) { continue; }
           var qk = vec4<f32>(0.0);
           var dov = vec4<f32>(0.0);
           for (var c = 0u; c < d4; c++) {
@@ -240,7 +289,7 @@ fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             dov = fma(tile_b[r * d4 + c], v[c], dov);
           }
           let cs = capped(qk.x + qk.y + qk.z + qk.w);
-          let s = score(cs.x, b, h, row, j);
+          let s = score(cs.x, sq, h, row, j);
           if (s <= MASKED) { continue; }
           let p = probability(s, tile_lse[r]);
           let f = dropout_factor(P.dropout_p, P.seed, bh, row, j);
@@ -256,8 +305,8 @@ fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     }
   }
   if (valid) {
-    let dk_base = P.dk_off + b * P.dk_sb + j * P.dk_ss + hk * P.dk_sh;
-    let dv_base = P.dv_off + b * P.dv_sb + j * P.dv_ss + hk * P.dv_sh;
+    let dk_base = row_at(b, sq.k0, j, hk, P.dk_off, P.dk_sb, P.dk_ss, P.dk_sh);
+    let dv_base = row_at(b, sq.k0, j, hk, P.dv_off, P.dv_sb, P.dv_ss, P.dv_sh);
     for (var c = 0u; c < d4; c++) {
       let gk = dk[c] * P.scale;
       let gv = dv[c];

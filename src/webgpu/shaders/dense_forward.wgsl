@@ -1,7 +1,8 @@
 // Dense attention forward (docs/spec.md §1), after the seed 000: one invocation per query row; a workgroup
 // covers 64 rows of one (batch, head) and streams K/V through workgroup memory a tile of keys at a
 // time, with a running max and sum (online softmax). Strided views, GQA, causal with offset,
-// window, additive mask with broadcast strides, dropout by hash3, LSE, softcap and attention sinks.
+// window, additive mask with broadcast strides, dropout by hash3, LSE, softcap and attention sinks;
+// ragged batches (§1.6) and paged keys (§1.7) through the sequence table (TABLE, P.kv_layout).
 
 struct Params {
   B: u32, Sq: u32, Sk: u32, H: u32,
@@ -14,7 +15,10 @@ struct Params {
   o_off: u32, o_sb: u32, o_ss: u32, o_sh: u32,
   m_off: u32, m_sb: u32, m_sh: u32, m_sq: u32,
   m_sk: u32, lse_off: u32, softcap: f32, has_sinks: u32,
-  sinks_off: u32, y0: u32, pad1: u32, pad2: u32,  // y0: first (batch, head) of this dispatch
+  sinks_off: u32, y0: u32,  // y0: first (batch, head) of this dispatch
+  // The sequence table (webgpu/backend.cpp's SequenceTable): layout 0 padded, 1 ragged, 2 paged.
+  kv_layout: u32, from_end: u32, page_size: u32, max_pages: u32,
+  total_q: u32,
 };
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -25,6 +29,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> OUT: array<atomic<u32>>;
 @group(0) @binding(6) var<storage, read_write> LSE: array<f32>;
 @group(0) @binding(7) var<storage, read> SINKS: array<f32>;
+@group(0) @binding(8) var<storage, read> TABLE: array<u32>;
 
 const ROWS: u32 = 64u;
 // head_dim / 4 at most: what a thread holds of a row; the "wide" variant (head_dim up to 512) has 128.
@@ -64,36 +69,84 @@ fn store_out(i: u32, x: f32) {
 var<workgroup> k_tile: array<vec4<f32>, 512>;  // tile_k keys x D / 4
 var<workgroup> v_tile: array<vec4<f32>, 512>;
 
+// Sequence b of the call (docs/spec.md §1.6-§1.7): its first packed query row and key, its rows and keys, its
+// causal offset and its mask's first element. Read by one invocation and shared, so that the loops over keys
+// (with barriers) have uniform bounds.
+struct Sequence {
+  q0: u32, n_q: u32, k0: u32, n_k: u32, offset: i32, mask0: u32,
+};
+var<workgroup> seq_shared: array<u32, 6>;
+
+fn sequence_of(b: u32) -> Sequence {
+  if (P.kv_layout == 1u) {  // ragged: [cu_seqlens_q | cu_seqlens_k | mask offsets]
+    let q0 = TABLE[b];
+    let k0 = TABLE[P.B + 1u + b];
+    let n_q = TABLE[b + 1u] - q0;
+    let n_k = TABLE[P.B + 2u + b] - k0;
+    let offset = select(P.causal_offset, i32(n_k) - i32(n_q), P.from_end != 0u);
+    return Sequence(q0, n_q, k0, n_k, offset, TABLE[2u * P.B + 2u + b]);
+  }
+  if (P.kv_layout == 2u) {  // paged: [page_table | seq_lens_k], lengths clamped to the table's reach
+    let n_k = u32(clamp(i32(TABLE[P.B * P.max_pages + b]), 0, i32(P.Sk)));
+    let offset = select(P.causal_offset, i32(n_k) - i32(P.Sq), P.from_end != 0u);
+    return Sequence(0u, P.Sq, 0u, n_k, offset, b * P.m_sb);
+  }
+  return Sequence(0u, P.Sq, 0u, P.Sk, P.causal_offset, b * P.m_sb);
+}
+
+fn shared_sequence(b: u32, lid: u32) -> Sequence {
+  if (lid == 0u) {
+    let s = sequence_of(b);
+    seq_shared = array<u32, 6>(s.q0, s.n_q, s.k0, s.n_k, bitcast<u32>(s.offset), s.mask0);
+  }
+  let w = workgroupUniformLoad(&seq_shared);
+  return Sequence(w[0], w[1], w[2], w[3], bitcast<i32>(w[4]), w[5]);
+}
+
+// Element offset of key j's row (kv head hk) in K or V, given the view's offset and strides.
+fn key_row(b: u32, s: Sequence, j: u32, hk: u32, off: u32, sb: u32, ss: u32, sh: u32) -> u32 {
+  if (P.kv_layout == 2u) {
+    let page = TABLE[b * P.max_pages + j / P.page_size];  // checked on the host
+    return off + page * sb + (j % P.page_size) * ss + hk * sh;
+  }
+  return off + select(b * sb, 0u, P.kv_layout == 1u) + (s.k0 + j) * ss + hk * sh;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   let d4 = P.D / 4u;
   let b = (P.y0 + wid.y) / P.H;
   let h = (P.y0 + wid.y) % P.H;
   let hk = h / (P.H / P.Hkv);
+  let sq = shared_sequence(b, lid.x);
+  let n_q = sq.n_q;
+  let n_k = sq.n_k;
   let row0 = wid.x * ROWS;
+  if (row0 >= n_q) { return; }  // a shorter sequence of a ragged batch (uniform: the whole workgroup)
   let row = row0 + lid.x;
-  let valid = row < P.Sq;
+  let valid = row < n_q;
   var q: array<vec4<f32>, MAX_D4>;
   var acc: array<vec4<f32>, MAX_D4>;
-  let q_base = P.q_off + b * P.q_sb + row * P.q_ss + h * P.q_sh;
+  let b_q = select(b, 0u, P.kv_layout == 1u);  // a ragged batch's rows are packed along dimension 1
+  let q_base = P.q_off + b_q * P.q_sb + (sq.q0 + row) * P.q_ss + h * P.q_sh;
   for (var c = 0u; c < d4; c++) {
     acc[c] = vec4<f32>(0.0);
     q[c] = vec4<f32>(0.0);
     if (valid) { q[c] = ld4_q(q_base + 4u * c) * UNIT; }
   }
   // The keys any row of this workgroup can see (uniform across the workgroup).
-  let pos = i32(row) + P.causal_offset;
-  let pos_first = i32(row0) + P.causal_offset;
-  let pos_last = i32(min(row0 + ROWS, P.Sq) - 1u) + P.causal_offset;
+  let pos = i32(row) + sq.offset;
+  let pos_first = i32(row0) + sq.offset;
+  let pos_last = i32(min(row0 + ROWS, n_q) - 1u) + sq.offset;
   var k_begin = 0;
-  var k_end = i32(P.Sk);
+  var k_end = i32(n_k);
   if (P.causal != 0u && pos_last < k_end) { k_end = max(pos_last + 1, 0); }
   if (P.window > 0) {
     if (pos_first >= P.window) { k_begin = pos_first - P.window + 1; }
     if (P.causal == 0u && pos_last < k_end - P.window) { k_end = max(pos_last + P.window, 0); }
   }
   let bh = b * P.H + h;
-  let m_base = P.m_off + b * P.m_sb + h * P.m_sh + row * P.m_sq;
+  let m_base = P.m_off + sq.mask0 + h * P.m_sh + row * P.m_sq;
   var m_run = MASKED_UNITS;
   var l_run = 0.0;
   let tile_k = i32(P.tile_k);
@@ -104,9 +157,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
       let j = u32(ks) + r;
       var kv = vec4<f32>(0.0);
       var vv = vec4<f32>(0.0);
-      if (j < P.Sk) {
-        kv = ld4_k(P.k_off + b * P.k_sb + j * P.k_ss + hk * P.k_sh + 4u * c);
-        vv = ld4_v(P.v_off + b * P.v_sb + j * P.v_ss + hk * P.v_sh + 4u * c);
+      if (j < n_k) {
+        kv = ld4_k(key_row(b, sq, j, hk, P.k_off, P.k_sb, P.k_ss, P.k_sh) + 4u * c);
+        vv = ld4_v(key_row(b, sq, j, hk, P.v_off, P.v_sb, P.v_ss, P.v_sh) + 4u * c);
       }
       k_tile[i] = kv;
       v_tile[i] = vv;
@@ -118,7 +171,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
       for (var r = 0; r < tile_k; r++) {
         let j = ks + r;
         var sc = MASKED_UNITS;
-        if (key_visible(j, pos, i32(P.Sk), P.causal, P.window)) {
+        if (key_visible(j, pos, i32(n_k), P.causal, P.window)) {
           var dot4 = vec4<f32>(0.0);
           for (var c = 0u; c < d4; c++) { dot4 = fma(q[c], k_tile[u32(r) * d4 + c], dot4); }
           sc = P.scale * (dot4.x + dot4.y + dot4.z + dot4.w);
@@ -166,7 +219,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
       }
     }
     let inv = select(0.0, o_scale / l_run, l_run > 0.0);
-    let o_base = P.o_off + b * P.o_sb + row * P.o_ss + h * P.o_sh;
+    let o_base = P.o_off + b_q * P.o_sb + (sq.q0 + row) * P.o_ss + h * P.o_sh;
     for (var c = 0u; c < d4; c++) {
       let o = acc[c] * inv;
       store_out(o_base + 4u * c, o.x);
@@ -175,7 +228,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
       store_out(o_base + 4u * c + 3u, o.w);
     }
     if (P.has_lse != 0u) {
-      LSE[P.lse_off + bh * P.Sq + row] = select(bitcast<f32>(NEG_INF_BITS), m_run * PER_UNIT + log(l_run), l_run > 0.0);
+      // [B, H, Sq], or [H, Tq] in a ragged batch
+      let at = select(bh * P.Sq + row, h * P.total_q + sq.q0 + row, P.kv_layout == 1u);
+      LSE[P.lse_off + at] = select(bitcast<f32>(NEG_INF_BITS), m_run * PER_UNIT + log(l_run), l_run > 0.0);
     }
   }
 }
