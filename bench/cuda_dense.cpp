@@ -2,7 +2,7 @@
 // the default error-compensated TF32, pedantic f32 FMAs and the opt-in TF32, each with its error
 // against a double reference on sampled rows — and backward bf16), D = 128, H = 16, B*S = 16k with
 // S = 1k, 4k, 16k, timed with CUDA events (median). Prints JSON; bench/cuda_dense.sh runs it beside
-// PyTorch SDPA in one run.
+// PyTorch SDPA in one run. `--varlen`: a ragged batch against its padded batch (varlen_rows).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -72,9 +72,71 @@ double sampled_error(const Inputs& in, const void* device_out) {
 }  // namespace
 
 // `cuda_dense_bench --half` runs the f16/bf16 rows only, `--f32` the f32 ones (quick comparisons while tuning).
+// `--varlen`: a ragged batch of 16 causal bf16 sequences of mixed lengths (256 to 4096 tokens, a fixed draw), H 16,
+// D 128, forward and backward, against the padded batch of the same sequences ([16, longest, H, D]: what a caller
+// without ragged batches runs). Both hold the same real tokens, so the per-token ratio is the ratio of the times.
+nlohmann::json varlen_rows(flashtq::Backend& cuda) {
+  const std::int64_t H = 16, D = 128, B = 16;
+  std::mt19937 rng(7);
+  std::vector<std::int32_t> cu{0};
+  std::int64_t longest = 0;
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t n = std::int64_t(256 * (1 + rng() % 16));
+    cu.push_back(cu.back() + std::int32_t(n));
+    longest = std::max(longest, n);
+  }
+  const std::int64_t T = cu.back(), padded = B * longest;
+  const std::size_t bytes = std::size_t(padded * H * D) * 2;
+  std::vector<std::uint8_t> host(bytes);
+  for (std::size_t i = 0; i < bytes; ++i) host[i] = std::uint8_t((i * 2654435761u) >> 24) & 0x3B;
+  void *q, *k, *v, *o, *dq, *dk, *dv, *dout;
+  float* lse;
+  for (void** p : {&q, &k, &v, &o, &dq, &dk, &dv, &dout}) {
+    cudaMalloc(p, bytes);
+    cudaMemcpy(*p, host.data(), bytes, cudaMemcpyHostToDevice);
+  }
+  cudaMalloc(&lse, std::size_t(B * H * longest) * 4);
+  double flops = 0;  // causal
+  for (std::int64_t b = 0; b < B; ++b)
+    flops += 2.0 * double(H) * double(cu[b + 1] - cu[b]) * double(cu[b + 1] - cu[b]) * double(D);
+  auto time = [&](std::int64_t batch, std::int64_t S, const flashtq::AttentionParams& params) {
+    auto view = [&](void* p) { return TensorView::bshd(p, DType::bf16, batch, S, H, D, Memory::cuda); };
+    const double fwd = median_ms([&] {
+      flashtq::attention_forward(cuda, {view(q), view(k), view(v), view(o), lse}, params);
+    });
+    const std::string fwd_kernel = cuda.last_kernel();
+    const double bwd = median_ms([&] {
+      flashtq::attention_backward(
+          cuda, {view(q), view(k), view(v), view(o), view(dout), lse, view(dq), view(dk), view(dv)}, params);
+    });
+    return nlohmann::json{{"fwd_ms", fwd},
+                          {"bwd_ms", bwd},
+                          {"fwd_kernel", fwd_kernel},
+                          {"bwd_kernel", cuda.last_kernel()},
+                          {"fwd_tflops", flops / (fwd * 1e-3) / 1e12},
+                          {"bwd_tflops", 2.5 * flops / (bwd * 1e-3) / 1e12}};
+  };
+  flashtq::AttentionParams ragged, pad;
+  ragged.causal = pad.causal = true;
+  ragged.varlen = flashtq::Varlen{B, cu.data(), cu.data(), longest, longest, nullptr};
+  nlohmann::json row = {{"sequences", B}, {"tokens", T}, {"padded_tokens", padded},
+                        {"H", H},         {"D", D},      {"lengths", std::vector<std::int32_t>(cu.begin(), cu.end())}};
+  row["ragged"] = time(1, T, ragged);
+  row["padded"] = time(B, longest, pad);
+  row["fwd_ratio_vs_padded"] = row["padded"]["fwd_ms"].get<double>() / row["ragged"]["fwd_ms"].get<double>();
+  row["bwd_ratio_vs_padded"] = row["padded"]["bwd_ms"].get<double>() / row["ragged"]["bwd_ms"].get<double>();
+  for (void* p : {q, k, v, o, dq, dk, dv, dout}) cudaFree(p);
+  cudaFree(lse);
+  return row;
+}
+
 int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "";
   flashtq::Backend& cuda = flashtq::backend("cuda");
+  if (only == "--varlen") {
+    std::printf("%s\n", nlohmann::json{{"varlen", varlen_rows(cuda)}}.dump(2).c_str());
+    return cudaGetLastError() == cudaSuccess ? 0 : 1;
+  }
   nlohmann::json report;
   const std::int64_t H = 16, D = 128;
   const std::vector<DType> dtypes = only == "--half"  ? std::vector<DType>{DType::bf16, DType::f16}

@@ -225,7 +225,8 @@ TEST_P(VarlenOn, EverySequenceEqualsTheFormulaAndTheOracleOnItsOwn) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, VarlenOn, ::testing::ValuesIn(testing::compiled({"reference", "cpu", "webgpu"})));
+INSTANTIATE_TEST_SUITE_P(Backends, VarlenOn,
+                         ::testing::ValuesIn(testing::compiled({"reference", "cpu", "webgpu", "cuda"})));
 
 TEST(VarlenBadInput, RefusedNamingTheArgumentBeforeWriting) {
   std::vector<std::int32_t> cu_q{0, 2, 4}, cu_k{0, 3, 6};
@@ -288,26 +289,54 @@ TEST(VarlenBadInput, RefusedNamingTheArgumentBeforeWriting) {
   }
 }
 
-// cuda has no ragged kernels yet: a ragged batch is refused naming the backend, before anything runs.
-TEST(VarlenOnCuda, RefusedNamingTheBackend) {
+// cuda runs a ragged batch as one launch per sequence of the kernel its kernel choice gives that sequence: on
+// Hopper, sequences of bf16 rows at head_dim 128 run the wgmma forward and backward (the last launch's kernel is
+// recorded), with out, lse and the gradients those of the reference backend on the same batch.
+TEST(VarlenOnCuda, EachSequenceRunsTheTensorCoreKernels) {
   std::string why;
   Backend* gpu = testing::usable("cuda", why);
   if (gpu == nullptr) GTEST_SKIP() << why << " (a ragged batch on cuda is checked on the GPU machine)";
-  std::vector<std::int32_t> cu{0, 3, 5};
-  HostTensor q({1, 5, 2, 64}, DType::bf16, false), out(q);
-  q.fill(std::vector<double>(std::size_t(q.numel()), 0.25));
-  testing::Mirror on(*gpu);
+  std::mt19937_64 rng = test_rng();
+  const std::int64_t H = 8, Hkv = 2, D = 128;
+  std::vector<std::int32_t> cu_q{0, 300, 300, 517, 1541}, cu_k{0, 300, 700, 917, 1941};  // one sequence without rows
   AttentionParams p;
-  p.varlen = Varlen{2, cu.data(), cu.data(), 0, 0, nullptr};
-  out.poison();
-  try {
-    attention_forward(*gpu, {on.in(q), on.in(q), on.in(q), on.out(out), nullptr, nullptr}, p);
-    ADD_FAILURE() << "a ragged batch ran on cuda";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "backend") << e.what();
-  }
-  on.read_back();
-  for (double x : out.values()) ASSERT_TRUE(std::isnan(x)) << "output written by a refused call";
+  p.causal = true;
+  p.varlen = Varlen{4, cu_q.data(), cu_k.data(), 0, 0, nullptr};
+  HostTensor q({1, cu_q.back(), H, D}, DType::bf16, false), k({1, cu_k.back(), Hkv, D}, DType::bf16, false), v(k);
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  HostTensor dout(q);
+  dout.fill_normal(rng);
+  struct Result {
+    HostTensor out, dq, dk, dv;
+    std::vector<float> lse;
+  };
+  auto run = [&](Backend& be, bool check_kernels) {
+    Result r{HostTensor(q), HostTensor(q), HostTensor(k), HostTensor(k),
+             std::vector<float>(std::size_t(H * cu_q.back()), std::numeric_limits<float>::quiet_NaN())};
+    for (HostTensor* t : {&r.out, &r.dq, &r.dk, &r.dv}) t->poison();
+    testing::Mirror on(be);
+    const TensorView qv = on.in(q), kv = on.in(k), vv = on.in(v), out = on.out(r.out);
+    float* lse = on.out(r.lse);
+    attention_forward(be, {qv, kv, vv, out, lse, nullptr}, p);
+    if (check_kernels) EXPECT_EQ(be.last_kernel(), "dense_forward_wgmma");
+    attention_backward(be, {qv, kv, vv, out, on.in(dout), lse, on.out(r.dq), on.out(r.dk), on.out(r.dv), nullptr}, p);
+    if (check_kernels) EXPECT_EQ(be.last_kernel(), "dense_backward_wgmma");
+    on.read_back();
+    return r;
+  };
+  const Result want = run(backend("reference"), false), got = run(*gpu, true);
+  std::string detail;
+  EXPECT_LE(relative_error(want.out.values(), got.out.values(), detail), 1e-2) << "out " << detail;
+  EXPECT_LE(relative_error(std::vector<double>(want.lse.begin(), want.lse.end()),
+                           std::vector<double>(got.lse.begin(), got.lse.end()), detail, 1.0),
+            1e-3)
+      << "lse " << detail;
+  const double floor = 0.1 * std::sqrt(double(D));
+  EXPECT_LE(relative_error(want.dq.values(), got.dq.values(), detail, floor), 2e-2) << "dq " << detail;
+  EXPECT_LE(relative_error(want.dk.values(), got.dk.values(), detail, floor), 2e-2) << "dk " << detail;
+  EXPECT_LE(relative_error(want.dv.values(), got.dv.values(), detail, floor), 2e-2) << "dv " << detail;
 }
 
 }  // namespace

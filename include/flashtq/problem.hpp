@@ -50,7 +50,18 @@ struct DenseProblem {
   // and Sk the longest of them, the views packed [1, T, heads, D], lse [H, Tq].
   bool packed = false;
 
+  // Rows of lse per (batch, head): 0 means Sq; a sequence of a ragged batch run on its own (cuda) writes the
+  // batch's [H, Tq] lse, its pointer at the sequence's first row, with lse_rows = Tq.
+  std::int64_t lse_rows = 0;
+
   FLASHTQ_HOST_DEVICE std::int64_t group() const { return H / Hkv; }  // query heads per kv head
+  FLASHTQ_HOST_DEVICE std::int64_t lse_at(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return (b * H + h) * (lse_rows > 0 ? lse_rows : Sq) + i;
+  }
+  // The dropout hash's (batch, head) index of batch b, head h (docs/spec.md §1; §1.6: a sequence's batch index).
+  FLASHTQ_HOST_DEVICE std::uint32_t dropout_bh(std::int64_t b, std::int64_t h) const {
+    return std::uint32_t((batch0 + b) * H + h);
+  }
 };
 
 // A paged forward with the table in the backend's memory (docs/spec.md §1.7): the call's k and v are the pages

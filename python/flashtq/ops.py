@@ -285,7 +285,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int =
     """A ragged batch (SPEC §1.6), as flash_attn_varlen_func takes it: q [Tq, H, D], k/v [Tk, Hkv, D] with the
     sequences packed along dimension 0, cu_seqlens_q / cu_seqlens_k int32 cpu tensors of B + 1 offsets. Every rule of
     flashtq.attention holds within each sequence; returns out [Tq, H, D] and lse [H, Tq] with return_lse=True.
-    Differentiable; host backends (reference, cpu) today."""
+    Differentiable; every backend (cuda: one launch per sequence of the kernel its shape gets)."""
     q, k, v = _as_tensor(q, "q"), _as_tensor(k, "k"), _as_tensor(v, "v")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:

@@ -8,7 +8,6 @@
 
 #include "core/elements.hpp"
 #include "core/tq_norm_rule.hpp"
-#include "core/unbuilt_features.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernel_choice.hpp"
 #include "cuda/kernels.hpp"
@@ -31,7 +30,6 @@ class CudaBackend final : public Backend {
     return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
   }
   std::optional<std::string> unsupported(const DenseProblem& p) const override {
-    if (auto why = core::varlen_unbuilt(p, name())) return why;
     if (p.paged && !paged_decode_serves(p))
       return "paged keys and values run the decode kernel, which takes f16/bf16 at head_dim 64, 128 or 256, up to " +
              std::to_string(tiles::decode_columns(p.D)) +
@@ -73,6 +71,7 @@ class CudaBackend final : public Backend {
   void synchronize() override { FLASHTQ_CUDA_CHECK(cudaDeviceSynchronize()); }
 
   void forward(const ForwardCall& c) override {
+    if (c.p.packed) return ragged_forward(c, [&](const ForwardCall& one) { forward(one); });
     const DenseForwardKernel k = choose_dense_forward(c, current_device_traits());
     if (c.p.paged && k != DenseForwardKernel::decode)
       throw Error("k",
@@ -86,6 +85,7 @@ class CudaBackend final : public Backend {
                                                                                           : 0;
   }
   void backward(const BackwardCall& c) override {
+    if (c.p.packed) return ragged_backward(c, [&](const BackwardCall& one) { backward(one); });
     const DenseBackwardKernel k = choose_dense_backward(c, current_device_traits());
     last_kernel_ = kernel_name(k);
     launch_dense_backward(c, k);

@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(32 * kWarps)
       if (d < D) acc[x] = repair::output<T>(p, qv, kv, vv, exact, b, h, i, d);
     }
     store_row(static_cast<T*>(ov.data) + row_offset(ov, b, i, h), acc, 1.0f, D, lane);
-    if (lse != nullptr && lane == 0) lse[(b * p.H + h) * p.Sq + i] = float(exact.lse());
+    if (lse != nullptr && lane == 0) lse[p.lse_at(b, h, i)] = float(exact.lse());
     return;
   }
   // Head h's sink logit joins the sum and the maximum (docs/spec.md §1.9); it has no value.
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
   const float inv = l > 0.0f ? weight / l : 0.0f;
   store_row(static_cast<T*>(ov.data) + row_offset(ov, b, i, h), acc, inv, D, lane);
-  if (lse != nullptr && lane == 0) lse[(b * p.H + h) * p.Sq + i] = l > 0.0f ? m + logf(l) : -INFINITY;
+  if (lse != nullptr && lane == 0) lse[p.lse_at(b, h, i)] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
 // dq for one query row: sum_j dS_ij k_j with dS = P (dP - D_i) scale.
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(32 * kWarps) dq_kernel(BackwardCall c) {
   load_row(q, static_cast<const T*>(c.q.data) + row_offset(c.q, b, i, h), D, lane);
   load_row(dout, static_cast<const T*>(c.dout.data) + row_offset(c.dout, b, i, h), D, lane);
   const float delta = dot_row(dout, static_cast<const T*>(c.out.data) + row_offset(c.out, b, i, h), D, lane);
-  const float row_lse = c.lse[(b * p.H + h) * p.Sq + i];
+  const float row_lse = c.lse[p.lse_at(b, h, i)];
   const core::KeyRange range = core::key_range(p, i, i + 1);
   for (std::int64_t j = range.begin; row_lse != -INFINITY && j < range.end; ++j) {
     if (!core::key_visible(p, i, j)) continue;
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(32 * kWarps) dkdv_kernel(BackwardCall c) {
     const std::int64_t h = hk * p.group() + g;
     for (std::int64_t i = lo; i < hi; ++i) {
       if (!core::key_visible(p, i, j)) continue;
-      const float row_lse = c.lse[(b * p.H + h) * p.Sq + i];
+      const float row_lse = c.lse[p.lse_at(b, h, i)];
       if (row_lse == -INFINITY) continue;
       const T* qrow = static_cast<const T*>(c.q.data) + row_offset(c.q, b, i, h);
       const Score s = score_of(p, dot_row(k, qrow, D, lane), b, h, i, j);

@@ -67,7 +67,7 @@ __global__ void stash_row_stats_kernel(BackwardCall c) {
 #pragma unroll
   for (int m = 1; m < kParts; m <<= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, m);
   if (valid && part == 0) {
-    const float lse = c.lse[(b * p.H + h) * p.Sq + i];
+    const float lse = c.lse[p.lse_at(b, h, i)];
     *stash_of(c, b, i, h) = make_float2(lse == -INFINITY ? INFINITY : lse * kLog2e, acc);
   }
 }
@@ -104,7 +104,7 @@ __device__ __forceinline__ ScoreGrads score_grads(const DenseProblem& p, float s
   const float pr = fminf(exp2_approx(x - lse2), 1.0f);  // a probability (docs/spec.md §3)
   float z = 1.0f;
   if (p.dropout_p > 0.0f) {
-    z = core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j))
+    z = core::dropout_keep(p.dropout_p, p.seed, p.dropout_bh(b, h), std::uint32_t(i), std::uint32_t(j))
             ? keep_scale
             : 0.0f;
   }

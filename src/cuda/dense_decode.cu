@@ -98,7 +98,7 @@ __device__ __forceinline__ bool finish_row(const DecodeArgs& a, std::int64_t b, 
     out[d] = from_float<T>(y);
   }
   if (a.lse != nullptr && d0 == 0)
-    a.lse[(b * p.H + h) * p.Sq + i] = finished ? total.m * kLn2 + logf(total.l) : empty ? -INFINITY : NAN;
+    a.lse[p.lse_at(b, h, i)] = finished ? total.m * kLn2 + logf(total.l) : empty ? -INFINITY : NAN;
   return bad;
 }
 

@@ -72,13 +72,13 @@ __global__ void __launch_bounds__(32 * kWarps) repair_forward_rows(ForwardCall c
     std::int64_t b, i, h;
     row_of(row, p, b, i, h);
     bool finite = row_is_finite<T>(c.out, b, i, h, p.D, lane);
-    if (c.lse != nullptr && lane == 0) finite &= !isnan(c.lse[(b * p.H + h) * p.Sq + i]);
+    if (c.lse != nullptr && lane == 0) finite &= !isnan(c.lse[p.lse_at(b, h, i)]);
     if (__all_sync(0xFFFFFFFFu, finite)) continue;
     const repair::RowStats stats = repair::row_stats<T>(p, c.q, c.k, b, h, i);
     T* out = static_cast<T*>(c.out.data) + row_offset(c.out, b, i, h);
     for (std::int64_t d = lane; d < p.D; d += 32)
       out[d] = from_float<T>(repair::output<T>(p, c.q, c.k, c.v, stats, b, h, i, d));
-    if (c.lse != nullptr && lane == 0) c.lse[(b * p.H + h) * p.Sq + i] = float(stats.lse());
+    if (c.lse != nullptr && lane == 0) c.lse[p.lse_at(b, h, i)] = float(stats.lse());
   }
 }
 

@@ -60,7 +60,7 @@ __device__ __forceinline__ Real dropout_factor(const DenseProblem& p, std::int64
                                                std::int64_t j) {
   if (p.dropout_p <= 0.0f) return Real(1);
   const bool keep =
-      core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(b * p.H + h), std::uint32_t(i), std::uint32_t(j));
+      core::dropout_keep(p.dropout_p, p.seed, p.dropout_bh(b, h), std::uint32_t(i), std::uint32_t(j));
   return keep ? Real(1) / (Real(1) - Real(p.dropout_p)) : Real(0);
 }
 
@@ -103,7 +103,7 @@ template <typename T>
 __device__ __noinline__ float dq(const BackwardCall& c, std::int64_t b, std::int64_t h, std::int64_t i,
                                  std::int64_t d) {
   const DenseProblem& p = c.p;
-  const double lse = c.lse[(b * p.H + h) * p.Sq + i];
+  const double lse = c.lse[p.lse_at(b, h, i)];
   if (lse == -INFINITY) return 0.0f;
   const double delta = dot<T>(c.dout, b, i, h, c.out, b, i, h, p.D);
   double acc = 0;

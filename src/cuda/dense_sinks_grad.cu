@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(32 * kWarps) sinks_grad_kernel(BackwardCall c)
   double acc = 0.0;
   for (std::int64_t row = warp; sink != -INFINITY && row < p.B * p.Sq; row += kWarps) {
     const std::int64_t b = row / p.Sq, i = row % p.Sq;
-    const float lse = c.lse[(b * p.H + h) * p.Sq + i];
+    const float lse = c.lse[p.lse_at(b, h, i)];
     if (lse == -INFINITY) continue;
     const T* dout = static_cast<const T*>(c.dout.data) + row_offset(c.dout, b, i, h);
     const T* out = static_cast<const T*>(c.out.data) + row_offset(c.out, b, i, h);

@@ -172,7 +172,7 @@ __device__ __forceinline__ void softmax_tile(const Tile& t, std::int64_t j0, boo
         l[a][e / 2] += pr;
         const std::int64_t i = t.row_of(a, e / 2), j = j0 + t.key_of(nt, e & 1);
         const bool keep =
-            core::dropout_keep(p.dropout_p, p.seed, std::uint32_t(t.b * p.H + t.h), std::uint32_t(i), std::uint32_t(j));
+            core::dropout_keep(p.dropout_p, p.seed, p.dropout_bh(t.b, t.h), std::uint32_t(i), std::uint32_t(j));
         s[a][nt][e] = keep ? pr * t.keep_scale : 0.0f;
       }
     }
@@ -215,7 +215,7 @@ __device__ __forceinline__ void store_rows(const Tile& t, const TensorView& ov, 
         out[t.dim_of(nt, 1)] = from_float<T>(x1);
       }
       if (lse != nullptr && threadIdx.x % Tile::kRowLanes == 0) {
-        lse[(t.b * p.H + t.h) * p.Sq + i] = finished ? mr * kLn2 + logf(sum) : empty ? -INFINITY : NAN;
+        lse[p.lse_at(t.b, t.h, i)] = finished ? mr * kLn2 + logf(sum) : empty ? -INFINITY : NAN;
       }
     }
   }

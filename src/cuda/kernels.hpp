@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "cuda/kernel_choice.hpp"
@@ -34,6 +35,13 @@ void launch_dense_sinks_grad(const BackwardCall& call);
 void repair_dense_forward(const ForwardCall& call);
 void repair_dense_dq(const BackwardCall& call);
 unsigned* unfinished_rows_flag();
+
+// A ragged batch (p.packed) as one call per sequence (ragged.cpp): `run` launches the kernel of a sequence that has
+// rows and keys; the rest are written here, and the sinks' gradient once over the whole batch.
+void ragged_forward(const ForwardCall& call, const std::function<void(const ForwardCall&)>& run);
+void ragged_backward(const BackwardCall& call, const std::function<void(const BackwardCall&)>& run);
+// Rows [0, n) of a [1, n, heads, D] view set to zero (zero_rows.cu), on the stream.
+void launch_zero_rows(const TensorView& rows, void* stream);
 
 // Rows appended into pages through a device table (paged_append.cu).
 void launch_paged_append(const PagedAppendCall& call);

@@ -13,7 +13,6 @@
 #include "core/tq_norm_rule.hpp"
 #include "core/tq_outliers.hpp"
 #include "core/tq_rows.hpp"
-#include "core/unbuilt_features.hpp"
 #include "core/validate.hpp"
 #include "flashtq/error.hpp"
 #include "webgpu/context.hpp"
