@@ -104,9 +104,8 @@ __device__ __forceinline__ ScoreGrads score_grads(const DenseProblem& p, float s
   const float pr = fminf(exp2_approx(x - lse2), 1.0f);  // a probability (docs/spec.md §3)
   float z = 1.0f;
   if (p.dropout_p > 0.0f) {
-    z = core::dropout_keep(p.dropout_p, p.seed, p.dropout_bh(b, h), std::uint32_t(i), std::uint32_t(j))
-            ? keep_scale
-            : 0.0f;
+    z = core::dropout_keep(p.dropout_p, p.seed, p.dropout_bh(b, h), std::uint32_t(i), std::uint32_t(j)) ? keep_scale
+                                                                                                        : 0.0f;
   }
   return {pr * z, pr * (dp * z - delta) * slope};
 }

@@ -59,8 +59,7 @@ template <typename Real = double>
 __device__ __forceinline__ Real dropout_factor(const DenseProblem& p, std::int64_t b, std::int64_t h, std::int64_t i,
                                                std::int64_t j) {
   if (p.dropout_p <= 0.0f) return Real(1);
-  const bool keep =
-      core::dropout_keep(p.dropout_p, p.seed, p.dropout_bh(b, h), std::uint32_t(i), std::uint32_t(j));
+  const bool keep = core::dropout_keep(p.dropout_p, p.seed, p.dropout_bh(b, h), std::uint32_t(i), std::uint32_t(j));
   return keep ? Real(1) / (Real(1) - Real(p.dropout_p)) : Real(0);
 }
 
