@@ -22,19 +22,28 @@ Sequence sequence(const RaggedTable& t, std::int64_t b) {
           t.cu_seqlens_k[b + 1] - t.cu_seqlens_k[b]};
 }
 
-// Sequence b's problem, as a batch of one.
-DenseProblem sequence_problem(const DenseProblem& whole, const RaggedTable& t, std::int64_t b, const Sequence& s) {
-  DenseProblem p = whole;
+// Sequence b of a ragged call as a call of its own (ForwardCall or BackwardCall): a batch of one, its rows and keys
+// views into the packed tensors, its lse at its first row.
+template <typename Call>
+Call sequence_call(const Call& c, std::int64_t b, const Sequence& s) {
+  const RaggedTable& t = c.ragged;
+  Call one = c;
+  DenseProblem& p = one.p;
   p.packed = false;
   p.varlen = true;
   p.B = 1;
   p.Sq = s.n_q;
   p.Sk = s.n_k;
   p.batch0 = b;
-  p.causal_offset = t.offset_from_end ? s.n_k - s.n_q : whole.causal_offset;
+  p.causal_offset = t.offset_from_end ? s.n_k - s.n_q : c.p.causal_offset;
   if (p.mask != nullptr && t.mask_offsets != nullptr) p.mask += t.mask_offsets[b];
   p.lse_rows = t.total_q;
-  return p;
+  one.q = core::rows_of(c.q, s.q0, s.n_q);
+  one.out = core::rows_of(c.out, s.q0, s.n_q);
+  one.k = core::rows_of(c.k, s.k0, s.n_k);
+  one.v = core::rows_of(c.v, s.k0, s.n_k);
+  one.lse = c.lse != nullptr ? c.lse + s.q0 : nullptr;
+  return one;
 }
 
 }  // namespace
@@ -43,13 +52,7 @@ void ragged_forward(const ForwardCall& c, const std::function<void(const Forward
   for (std::int64_t b = 0; b < c.p.B; ++b) {
     const Sequence s = sequence(c.ragged, b);
     if (s.n_q == 0) continue;
-    ForwardCall one = c;
-    one.p = sequence_problem(c.p, c.ragged, b, s);
-    one.q = core::rows_of(c.q, s.q0, s.n_q);
-    one.out = core::rows_of(c.out, s.q0, s.n_q);
-    one.k = core::rows_of(c.k, s.k0, s.n_k);
-    one.v = core::rows_of(c.v, s.k0, s.n_k);
-    one.lse = c.lse != nullptr ? c.lse + s.q0 : nullptr;
+    ForwardCall one = sequence_call(c, b, s);
     one.workspace = nullptr;  // the decode runs one split per sequence without one (docs/api.md)
     one.workspace_bytes = 0;
     // No keys: out = 0 and lse = the sink or -inf, which the warp-per-row kernel writes for a key range that is empty.
@@ -73,17 +76,11 @@ void ragged_backward(const BackwardCall& c, const std::function<void(const Backw
   }
   for (std::int64_t b = 0; b < c.p.B; ++b) {
     const Sequence s = sequence(c.ragged, b);
-    BackwardCall one = c;
-    one.p = sequence_problem(c.p, c.ragged, b, s);
-    one.q = core::rows_of(c.q, s.q0, s.n_q);
-    one.out = core::rows_of(c.out, s.q0, s.n_q);
+    BackwardCall one = sequence_call(c, b, s);
     one.dout = core::rows_of(c.dout, s.q0, s.n_q);
     one.dq = core::rows_of(c.dq, s.q0, s.n_q);
-    one.k = core::rows_of(c.k, s.k0, s.n_k);
-    one.v = core::rows_of(c.v, s.k0, s.n_k);
     one.dk = core::rows_of(c.dk, s.k0, s.n_k);
     one.dv = core::rows_of(c.dv, s.k0, s.n_k);
-    one.lse = c.lse + s.q0;
     one.dsinks = nullptr;
     if (s.n_q > 0 && s.n_k > 0) {
       run(one);

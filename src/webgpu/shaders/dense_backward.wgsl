@@ -78,32 +78,13 @@ fn capped(qk: f32) -> vec2<f32> {
   return vec2<f32>(P.softcap * t, 1.0 - t * t);
 }
 
-// Sequence b (docs/spec.md §1.6): first packed row and key, rows, keys, causal offset, first mask element; read by
-// one invocation and shared, so that the loops with barriers have uniform bounds.
-struct Sequence {
-  q0: u32, n_q: u32, k0: u32, n_k: u32, offset: i32, mask0: u32,
-};
-var<workgroup> seq_shared: array<u32, 6>;
-
+// Sequence b of the call (_sequences.wgsl): ragged [cu_seqlens_q | cu_seqlens_k | mask offsets] or the padded batch.
 fn sequence_of(b: u32) -> Sequence {
-  if (P.kv_layout == 1u) {  // ragged: [cu_seqlens_q | cu_seqlens_k | mask offsets]
-    let q0 = TABLE[b];
-    let k0 = TABLE[P.B + 1u + b];
-    let n_q = TABLE[b + 1u] - q0;
-    let n_k = TABLE[P.B + 2u + b] - k0;
-    let offset = select(P.causal_offset, i32(n_k) - i32(n_q), P.from_end != 0u);
-    return Sequence(q0, n_q, k0, n_k, offset, TABLE[2u * P.B + 2u + b]);
+  if (P.kv_layout == 1u) {
+    return ragged_sequence(TABLE[b], TABLE[b + 1u], TABLE[P.B + 1u + b], TABLE[P.B + 2u + b], TABLE[2u * P.B + 2u + b],
+                           P.causal_offset, P.from_end != 0u);
   }
   return Sequence(0u, P.Sq, 0u, P.Sk, P.causal_offset, b * P.m_sb);
-}
-
-fn shared_sequence(b: u32, lid: u32) -> Sequence {
-  if (lid == 0u) {
-    let s = sequence_of(b);
-    seq_shared = array<u32, 6>(s.q0, s.n_q, s.k0, s.n_k, bitcast<u32>(s.offset), s.mask0);
-  }
-  let w = workgroupUniformLoad(&seq_shared);
-  return Sequence(w[0], w[1], w[2], w[3], bitcast<i32>(w[4]), w[5]);
 }
 
 // Where row `row` of sequence b, head h, has its lse and delta: [B, H, Sq], or [H, Tq] in a ragged batch.
@@ -144,7 +125,7 @@ fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
   let b = (P.y0 + wid.y) / P.H;
   let h = (P.y0 + wid.y) % P.H;
   let hk = h / (P.H / P.Hkv);
-  let sq = shared_sequence(b, lid.x);
+  let sq = shared_sequence(sequence_of(b), lid.x);
   let n_k = sq.n_k;
   if (wid.x * ROWS >= sq.n_q) { return; }  // a shorter sequence of a ragged batch (the whole workgroup)
   let row = wid.x * ROWS + lid.x;
@@ -227,7 +208,7 @@ fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   let b = (P.y0 + wid.y) / P.Hkv;
   let hk = (P.y0 + wid.y) % P.Hkv;
   let group = P.H / P.Hkv;
-  let sq = shared_sequence(b, lid.x);
+  let sq = shared_sequence(sequence_of(b), lid.x);
   let n_q = sq.n_q;
   let n_k = sq.n_k;
   if (wid.x * ROWS >= n_k) { return; }  // a shorter sequence of a ragged batch (the whole workgroup)

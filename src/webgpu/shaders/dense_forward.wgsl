@@ -69,38 +69,19 @@ fn store_out(i: u32, x: f32) {
 var<workgroup> k_tile: array<vec4<f32>, 512>;  // tile_k keys x D / 4
 var<workgroup> v_tile: array<vec4<f32>, 512>;
 
-// Sequence b of the call (docs/spec.md §1.6-§1.7): its first packed query row and key, its rows and keys, its
-// causal offset and its mask's first element. Read by one invocation and shared, so that the loops over keys
-// (with barriers) have uniform bounds.
-struct Sequence {
-  q0: u32, n_q: u32, k0: u32, n_k: u32, offset: i32, mask0: u32,
-};
-var<workgroup> seq_shared: array<u32, 6>;
-
+// Sequence b of the call (_sequences.wgsl) from the table: ragged [cu_seqlens_q | cu_seqlens_k | mask offsets],
+// paged [page_table | seq_lens_k] (lengths clamped to the table's reach), or the padded batch.
 fn sequence_of(b: u32) -> Sequence {
-  if (P.kv_layout == 1u) {  // ragged: [cu_seqlens_q | cu_seqlens_k | mask offsets]
-    let q0 = TABLE[b];
-    let k0 = TABLE[P.B + 1u + b];
-    let n_q = TABLE[b + 1u] - q0;
-    let n_k = TABLE[P.B + 2u + b] - k0;
-    let offset = select(P.causal_offset, i32(n_k) - i32(n_q), P.from_end != 0u);
-    return Sequence(q0, n_q, k0, n_k, offset, TABLE[2u * P.B + 2u + b]);
+  if (P.kv_layout == 1u) {
+    return ragged_sequence(TABLE[b], TABLE[b + 1u], TABLE[P.B + 1u + b], TABLE[P.B + 2u + b], TABLE[2u * P.B + 2u + b],
+                           P.causal_offset, P.from_end != 0u);
   }
-  if (P.kv_layout == 2u) {  // paged: [page_table | seq_lens_k], lengths clamped to the table's reach
+  if (P.kv_layout == 2u) {
     let n_k = u32(clamp(i32(TABLE[P.B * P.max_pages + b]), 0, i32(P.Sk)));
     let offset = select(P.causal_offset, i32(n_k) - i32(P.Sq), P.from_end != 0u);
     return Sequence(0u, P.Sq, 0u, n_k, offset, b * P.m_sb);
   }
   return Sequence(0u, P.Sq, 0u, P.Sk, P.causal_offset, b * P.m_sb);
-}
-
-fn shared_sequence(b: u32, lid: u32) -> Sequence {
-  if (lid == 0u) {
-    let s = sequence_of(b);
-    seq_shared = array<u32, 6>(s.q0, s.n_q, s.k0, s.n_k, bitcast<u32>(s.offset), s.mask0);
-  }
-  let w = workgroupUniformLoad(&seq_shared);
-  return Sequence(w[0], w[1], w[2], w[3], bitcast<i32>(w[4]), w[5]);
 }
 
 // Element offset of key j's row (kv head hk) in K or V, given the view's offset and strides.
@@ -118,7 +99,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   let b = (P.y0 + wid.y) / P.H;
   let h = (P.y0 + wid.y) % P.H;
   let hk = h / (P.H / P.Hkv);
-  let sq = shared_sequence(b, lid.x);
+  let sq = shared_sequence(sequence_of(b), lid.x);
   let n_q = sq.n_q;
   let n_k = sq.n_k;
   let row0 = wid.x * ROWS;
