@@ -283,17 +283,18 @@ def test_gradients_through_lse_with_sinks_and_softcap(softcap, gen):
         assert rel_err(a.grad, b.grad) <= 1e-5
 
 
-def test_varlen_equals_each_sequence_alone_with_gradients(gen):
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen_equals_each_sequence_alone_with_gradients(gen, device):
     """SPEC §1.6: a packed ragged batch against flashtq.attention (itself held to the oracle above) on each
-    sequence alone, forward and backward, sinks included."""
+    sequence alone, forward and backward, sinks included; the offsets stay on the CPU for every device."""
     H, Hkv, D = 4, 2, 32
     lens_q, lens_k = [3, 0, 7, 5], [6, 4, 7, 1]
     cu_q = torch.tensor([0] + list(np.cumsum(lens_q)), dtype=torch.int32)
     cu_k = torch.tensor([0] + list(np.cumsum(lens_k)), dtype=torch.int32)
-    q = torch.randn(sum(lens_q), H, D, requires_grad=True)
-    k = torch.randn(sum(lens_k), Hkv, D, requires_grad=True)
-    v = torch.randn(sum(lens_k), Hkv, D, requires_grad=True)
-    sinks = torch.randn(H, requires_grad=True)
+    q = torch.randn(sum(lens_q), H, D).to(device).requires_grad_()
+    k = torch.randn(sum(lens_k), Hkv, D).to(device).requires_grad_()
+    v = torch.randn(sum(lens_k), Hkv, D).to(device).requires_grad_()
+    sinks = torch.randn(H).to(device).requires_grad_()
     out, lse = flashtq.attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=7, causal=True, sinks=sinks,
                                         return_lse=True)
     assert out.shape == q.shape and lse.shape == (H, q.shape[0])
