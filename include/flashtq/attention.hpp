@@ -30,13 +30,14 @@ struct Varlen {
 // pages (page_size a power of two in [16, 256]); key j of sequence b is row j mod page_size of page
 // page_table[b * max_pages + j / page_size]. The queries are [B, Sq, H, D] as in §1.
 //
-// The table and lengths live in host memory (checked before any work) or, with `tables` set to the backend's
-// memory, beside the pages (cuda: a serving engine's table, updated on the device and read by the kernel, so that a
-// decode step can be captured in a CUDA graph). A device table is the caller's contract, not checked: the kernel
+// The table and lengths live where the backend reads them (Backend::page_table_memory): host memory for reference,
+// cpu and webgpu (checked before any work), the device's memory for cuda, with `tables` set to it (a serving
+// engine's table, updated on the device and read by the kernel, so that a decode step can be captured in a CUDA
+// graph). A device table is the caller's contract, not checked: the kernel
 // clamps each length to [0, max_pages * page_size] and each page index to [0, num_pages), so a bad entry gives
-// wrong numbers for its sequence but never reads outside the pages. On cuda the paged forward runs the decode
-// kernel: a few query rows per kv head (Sq x group within its columns), f16/bf16, head_dim 64/128/256, no mask or
-// dropout, page rows on 16 bytes.
+// wrong numbers for its sequence but never reads (or, appending, writes) outside the pages. On cuda the paged forward
+// runs the decode kernel: a few query rows per kv head (Sq x group within its columns), f16/bf16, head_dim 64/128/256,
+// no mask or dropout, page rows on 16 bytes.
 struct PagedKv {
   const std::int32_t* page_table = nullptr;  // [B, max_pages] int32
   std::int64_t max_pages = 0;
@@ -77,10 +78,9 @@ struct AttentionParams {
   // Attention sinks (docs/spec.md §1.9, gpt-oss): optional f32 [H] logits in the backend's memory, one
   // per query head, that join every row's softmax denominator and carry no value; -inf = no sink.
   const float* sinks = nullptr;
-  // A ragged batch instead of the [B, S, H, D] one (docs/spec.md §1.6); its arrays in host memory. Host
-  // backends (reference, cpu) take it today.
+  // A ragged batch instead of the [B, S, H, D] one (docs/spec.md §1.6); its arrays in host memory. Every backend.
   std::optional<Varlen> varlen;
-  // Keys and values in pages (docs/spec.md §1.7), forward only; host backends (reference, cpu) take it today.
+  // Keys and values in pages (docs/spec.md §1.7), forward only; every backend (cuda: decode shapes).
   std::optional<PagedKv> paged;
 };
 
