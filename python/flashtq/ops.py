@@ -307,6 +307,26 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int =
     return (out[0], lse[0]) if return_lse else out[0]
 
 
+def _page_tables(page_table, seq_lens_k, B: int, like):
+    """The page table [B, max_pages] and lengths [B] (int32) where the backend of `like`'s device reads them: on the
+    device for CUDA tensors (moved there if given on the CPU; SPEC §1.7's device tables), on the CPU otherwise.
+    Returns (table, lengths, on_device)."""
+    table = _as_tensor(page_table, "page_table")
+    if not like.is_cuda:
+        table = _host_int32(table, "page_table", (B, table.shape[-1] if table.dim() == 2 else 0))
+        return table, _host_int32(seq_lens_k, "seq_lens_k", (B,)), False
+    lengths = _as_tensor(seq_lens_k, "seq_lens_k")
+    for name, t in (("page_table", table), ("seq_lens_k", lengths)):
+        if t.dtype != torch.int32:
+            raise error(name, f"must be int32, got {t.dtype}")
+    table, lengths = table.to(like.device).contiguous(), lengths.to(like.device).contiguous()
+    if table.dim() != 2 or table.shape[0] != B:
+        raise error("page_table", f"must be [B = {B}, max_pages], got shape {tuple(table.shape)}")
+    if tuple(lengths.shape) != (B,):
+        raise error("seq_lens_k", f"must be [B = {B}], got shape {tuple(lengths.shape)}")
+    return table, lengths, True
+
+
 def attention_paged(q, k_pages, v_pages, page_table, seq_lens_k, *, causal: bool = False, window: int = 0,
                     scale: Optional[float] = None, softcap: float = 0.0, sinks=None, return_lse: bool = False,
                     backend: Optional[str] = None):
@@ -320,21 +340,7 @@ def attention_paged(q, k_pages, v_pages, page_table, seq_lens_k, *, causal: bool
         if t.dim() != 4:
             raise error(name, f"must be 4-D, got shape {tuple(t.shape)}")
     B, Sq, H, _ = q.shape
-    table = _as_tensor(page_table, "page_table")
-    on_device = q.is_cuda
-    if on_device:
-        for name, t in (("page_table", table), ("seq_lens_k", _as_tensor(seq_lens_k, "seq_lens_k"))):
-            if t.dtype != torch.int32:
-                raise error(name, f"must be int32, got {t.dtype}")
-        table = table.to(q.device).contiguous()
-        lengths = _as_tensor(seq_lens_k, "seq_lens_k").to(q.device).contiguous()
-        if table.dim() != 2 or table.shape[0] != B:
-            raise error("page_table", f"must be [B = {B}, max_pages], got shape {tuple(table.shape)}")
-        if tuple(lengths.shape) != (B,):
-            raise error("seq_lens_k", f"must be [B = {B}], got shape {tuple(lengths.shape)}")
-    else:
-        table = _host_int32(table, "page_table", (B, table.shape[-1] if table.dim() == 2 else 0))
-        lengths = _host_int32(seq_lens_k, "seq_lens_k", (B,))
+    table, lengths, on_device = _page_tables(page_table, seq_lens_k, B, q)
     _check_softcap(softcap)
     sinks = _prepare_sinks(sinks, H, q.device)
     out = q.new_empty(q.shape)
@@ -350,14 +356,13 @@ def attention_paged(q, k_pages, v_pages, page_table, seq_lens_k, *, causal: bool
 
 def paged_kv_append(k_pages, v_pages, page_table, seq_lens_k, k, v, *, backend: Optional[str] = None) -> None:
     """Writes row t of k / v [B, T, Hkv, D] for sequence b at position seq_lens_k[b] + t of its pages (SPEC §1.7),
-    in place; the caller then adds T to seq_lens_k. Refused before any write when a row's page does not exist."""
+    in place; the caller then adds T to seq_lens_k. CPU tensors: refused before any write when a row's page does not
+    exist. CUDA tensors: the table and lengths are read on the device (moved there if given on the CPU), clamped as
+    attention_paged clamps them, and a row past the table's reach is not written."""
     k_pages, v_pages, k, v = (_as_tensor(x, n) for x, n in ((k_pages, "k_pages"), (v_pages, "v_pages"), (k, "k"),
                                                               (v, "v")))
-    B = k.shape[0]
-    table = _as_tensor(page_table, "page_table")
-    table = _host_int32(table, "page_table", (B, table.shape[-1] if table.dim() == 2 else 0))
-    lengths = _host_int32(seq_lens_k, "seq_lens_k", (B,))
+    table, lengths, on_device = _page_tables(page_table, seq_lens_k, k.shape[0], k_pages)
     with _device_scope(k_pages):
         _ext.paged_kv_append(backend_for(k_pages, backend or None), view(k_pages, "k_pages"), view(v_pages, "v_pages"),
                              table.data_ptr(), table.shape[1], lengths.data_ptr(), view(k, "k"), view(v, "v"),
-                             stream_of(k_pages))
+                             stream_of(k_pages), on_device)

@@ -115,15 +115,16 @@ void bind_dense(nb::module_& m) {
       "paged_kv_append",
       [](const std::string& backend, const TensorView& k_pages, const TensorView& v_pages, std::uintptr_t page_table,
          std::int64_t max_pages, std::uintptr_t seq_lens_k, const TensorView& k, const TensorView& v,
-         std::uintptr_t stream) {
+         std::uintptr_t stream, bool tables_on_device) {
         Backend& be = flashtq::backend(backend);
         const PagedKv pages{reinterpret_cast<const std::int32_t*>(page_table), max_pages,
-                            reinterpret_cast<const std::int32_t*>(seq_lens_k)};
+                            reinterpret_cast<const std::int32_t*>(seq_lens_k),
+                            tables_on_device ? be.memory() : Memory::host};
         nb::gil_scoped_release release;
         paged_kv_append(be, {k_pages, v_pages, pages, k, v, reinterpret_cast<void*>(stream)});
       },
       nb::arg("backend"), nb::arg("k_pages"), nb::arg("v_pages"), nb::arg("page_table"), nb::arg("max_pages"),
-      nb::arg("seq_lens_k"), nb::arg("k"), nb::arg("v"), nb::arg("stream"));
+      nb::arg("seq_lens_k"), nb::arg("k"), nb::arg("v"), nb::arg("stream"), nb::arg("tables_on_device") = false);
 }
 
 }  // namespace flashtq::python
