@@ -22,14 +22,13 @@ void attention_forward(Backend& backend, const ForwardArgs& args, const Attentio
 std::size_t attention_forward_workspace_bytes(Backend& backend, const ForwardArgs& args,
                                               const AttentionParams& params) try {
   // Ragged batches and host paging run as one call per sequence on host backends, which need none.
-  if (params.paged && backend.memory() != Memory::host) {
-    ForwardArgs without = args;
-    without.workspace = nullptr;
-    return backend.forward_workspace(core::validate_on_device(backend, without, params));
-  }
-  if (params.paged || params.varlen) return 0;
   ForwardArgs without = args;
   without.workspace = nullptr;
+  if (backend.memory() != Memory::host) {
+    if (params.paged) return backend.forward_workspace(core::validate_on_device(backend, without, params));
+    if (params.varlen) return backend.forward_workspace(core::validate_packed_forward(backend, without, params));
+  }
+  if (params.paged || params.varlen) return 0;
   return backend.forward_workspace(core::validate_forward(backend, without, params));
 } catch (...) {
   core::rethrow_as_error("backend");

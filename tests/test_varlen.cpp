@@ -339,5 +339,44 @@ TEST(VarlenOnCuda, EachSequenceRunsTheTensorCoreKernels) {
   EXPECT_LE(relative_error(want.dv.values(), got.dv.values(), detail, floor), 2e-2) << "dv " << detail;
 }
 
+// A decode step of a ragged batch (one query row per sequence, keys of very different lengths) on cuda: each
+// sequence runs the decode kernel, the call's workspace (its size from attention_forward_workspace_bytes, poisoned)
+// serving the sequences in turn so that the long ones split their keys; out and lse as the reference backend's.
+TEST(VarlenOnCuda, ADecodeStepSplitsEachSequencesKeysWithTheWorkspace) {
+  std::string why;
+  Backend* gpu = testing::usable("cuda", why);
+  if (gpu == nullptr) GTEST_SKIP() << why << " (a ragged batch on cuda is checked on the GPU machine)";
+  std::mt19937_64 rng = test_rng();
+  const std::int64_t H = 8, Hkv = 2, D = 128;
+  std::vector<std::int32_t> cu_q{0, 1, 2, 3}, cu_k{0, 3000, 3017, 8017};
+  AttentionParams p;
+  p.causal = true;
+  p.varlen = Varlen{3, cu_q.data(), cu_k.data(), 0, 0, nullptr};
+  HostTensor q({1, 3, H, D}, DType::bf16, false), k({1, cu_k.back(), Hkv, D}, DType::bf16, false), v(k);
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  HostTensor want(q), got(q);
+  std::vector<float> want_lse(std::size_t(H * 3)), got_lse(want_lse.size(), std::numeric_limits<float>::quiet_NaN());
+  attention_forward(backend("reference"), {q.view, k.view, v.view, want.view, want_lse.data(), nullptr}, p);
+  got.poison();
+  testing::Mirror on(*gpu);
+  ForwardArgs a{on.in(q), on.in(k), on.in(v), on.out(got), on.out(got_lse), nullptr};
+  const std::size_t bytes = attention_forward_workspace_bytes(*gpu, a, p);
+  EXPECT_GT(bytes, 0u) << "the 5000-key sequence should split its keys";
+  const std::vector<std::uint8_t> poison(bytes, 0xFF);
+  a.workspace = const_cast<std::uint8_t*>(on.in(poison));
+  a.workspace_bytes = bytes;
+  attention_forward(*gpu, a, p);
+  EXPECT_EQ(gpu->last_kernel(), "dense_forward_decode");
+  on.read_back();
+  std::string detail;
+  EXPECT_LE(relative_error(want.values(), got.values(), detail), 1e-2) << "out " << detail;
+  EXPECT_LE(relative_error(std::vector<double>(want_lse.begin(), want_lse.end()),
+                           std::vector<double>(got_lse.begin(), got_lse.end()), detail, 1.0),
+            1e-3)
+      << "lse " << detail;
+}
+
 }  // namespace
 }  // namespace flashtq

@@ -127,7 +127,8 @@ void mark(Call& c, std::int64_t b) {
 
 // A device backend runs the batch as one call (p.packed): each sequence is validated as its own call first (its
 // views, mask reach and positions), none of which is run.
-void packed_forward(Backend& backend, const Batch& batch, const ForwardArgs& a, const AttentionParams& params) {
+ForwardCall packed_forward(const Backend& backend, const Batch& batch, const ForwardArgs& a,
+                           const AttentionParams& params) {
   for (std::int64_t b = 0; b < batch.batch(); ++b) {
     const std::int64_t q0 = batch.q[std::size_t(b)], k0 = batch.k[std::size_t(b)];
     if (batch.rows(b) == 0 || batch.keys(b) == 0) continue;
@@ -138,17 +139,16 @@ void packed_forward(Backend& backend, const Batch& batch, const ForwardArgs& a, 
   }
   ForwardArgs whole_args = a;
   whole_args.lse = nullptr;
-  whole_args.workspace = nullptr;
   ForwardCall c = validate_forward(backend, whole_args, Batch::whole(params, /*packed=*/true));
   batch.pack(c.p, c.ragged, params);
   c.lse = a.lse;
-  backend.forward(c);
+  return c;
 }
 
 void varlen_forward(Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
   const Batch batch(a.q, a.k, params);
   if (a.lse != nullptr) check_pointer("lse", a.lse, alignof(float));
-  if (backend.memory() != Memory::host) return packed_forward(backend, batch, a, params);
+  if (backend.memory() != Memory::host) return backend.forward(packed_forward(backend, batch, a, params));
   ForwardArgs whole_args = a;
   whole_args.lse = nullptr;
   validate_forward(backend, whole_args, Batch::whole(params));
@@ -195,6 +195,11 @@ void packed_backward(Backend& backend, const Batch& batch, const BackwardArgs& a
   BackwardCall c = validate_backward(backend, a, Batch::whole(params, /*packed=*/true));
   batch.pack(c.p, c.ragged, params);
   backend.backward(c);
+}
+
+ForwardCall validate_packed_forward(const Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
+  if (a.lse != nullptr) check_pointer("lse", a.lse, alignof(float));
+  return packed_forward(backend, Batch(a.q, a.k, params), a, params);
 }
 
 void varlen_backward(Backend& backend, const BackwardArgs& a, const AttentionParams& params) {

@@ -81,6 +81,7 @@ class CudaBackend final : public Backend {
     launch_dense_forward(c, k);
   }
   std::size_t forward_workspace(const ForwardCall& c) const override {
+    if (c.p.packed) return ragged_forward_workspace(c, [&](const ForwardCall& one) { return forward_workspace(one); });
     return choose_dense_forward(c, current_device_traits()) == DenseForwardKernel::decode ? dense_decode_workspace(c)
                                                                                           : 0;
   }

@@ -39,6 +39,9 @@ unsigned* unfinished_rows_flag();
 // A ragged batch (p.packed) as one call per sequence (ragged.cpp): `run` launches the kernel of a sequence that has
 // rows and keys; the rest are written here, and the sinks' gradient once over the whole batch.
 void ragged_forward(const ForwardCall& call, const std::function<void(const ForwardCall&)>& run);
+// The largest workspace `each` asks for any of the batch's sequences (one workspace serves them in turn).
+std::size_t ragged_forward_workspace(const ForwardCall& call,
+                                     const std::function<std::size_t(const ForwardCall&)>& each);
 void ragged_backward(const BackwardCall& call, const std::function<void(const BackwardCall&)>& run);
 // Rows [0, n) of a [1, n, heads, D] view set to zero (zero_rows.cu), on the stream.
 void launch_zero_rows(const TensorView& rows, void* stream);

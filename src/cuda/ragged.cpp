@@ -5,6 +5,7 @@
 // graph. Sequences without keys or rows get their zeros (and a row's sink or -inf lse) from launch_zero_rows and the
 // warp-per-row forward.
 
+#include <algorithm>
 #include <functional>
 
 #include "core/sequence_rows.hpp"
@@ -53,8 +54,8 @@ void ragged_forward(const ForwardCall& c, const std::function<void(const Forward
     const Sequence s = sequence(c.ragged, b);
     if (s.n_q == 0) continue;
     ForwardCall one = sequence_call(c, b, s);
-    one.workspace = nullptr;  // the decode runs one split per sequence without one (docs/api.md)
-    one.workspace_bytes = 0;
+    // The call's workspace serves each sequence in turn (they run in stream order): a decode-shaped sequence
+    // splits its keys across the GPU as far as it holds.
     // No keys: out = 0 and lse = the sink or -inf, which the warp-per-row kernel writes for a key range that is empty.
     if (s.n_k == 0) {
       launch_dense_forward(one, DenseForwardKernel::warp_per_row);
@@ -62,6 +63,15 @@ void ragged_forward(const ForwardCall& c, const std::function<void(const Forward
       run(one);
     }
   }
+}
+
+std::size_t ragged_forward_workspace(const ForwardCall& c, const std::function<std::size_t(const ForwardCall&)>& each) {
+  std::size_t most = 0;
+  for (std::int64_t b = 0; b < c.p.B; ++b) {
+    const Sequence s = sequence(c.ragged, b);
+    if (s.n_q > 0 && s.n_k > 0) most = std::max(most, each(sequence_call(c, b, s)));
+  }
+  return most;
 }
 
 void ragged_backward(const BackwardCall& c, const std::function<void(const BackwardCall&)>& run) {
