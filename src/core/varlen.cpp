@@ -123,8 +123,6 @@ void mark(Call& c, std::int64_t b) {
   c.p.batch0 = b;
 }
 
-}  // namespace
-
 // A device backend runs the batch as one call (p.packed): each sequence is validated as its own call first (its
 // views, mask reach and positions), none of which is run.
 ForwardCall packed_forward(const Backend& backend, const Batch& batch, const ForwardArgs& a,
@@ -144,6 +142,8 @@ ForwardCall packed_forward(const Backend& backend, const Batch& batch, const For
   c.lse = a.lse;
   return c;
 }
+
+}  // namespace
 
 void varlen_forward(Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
   const Batch batch(a.q, a.k, params);
@@ -182,6 +182,8 @@ void varlen_forward(Backend& backend, const ForwardArgs& a, const AttentionParam
   }
 }
 
+namespace {
+
 void packed_backward(Backend& backend, const Batch& batch, const BackwardArgs& a, const AttentionParams& params) {
   for (std::int64_t b = 0; b < batch.batch(); ++b) {
     const std::int64_t q0 = batch.q[std::size_t(b)], k0 = batch.k[std::size_t(b)], n = batch.rows(b), m = batch.keys(b);
@@ -196,6 +198,8 @@ void packed_backward(Backend& backend, const Batch& batch, const BackwardArgs& a
   batch.pack(c.p, c.ragged, params);
   backend.backward(c);
 }
+
+}  // namespace
 
 ForwardCall validate_packed_forward(const Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
   if (a.lse != nullptr) check_pointer("lse", a.lse, alignof(float));
