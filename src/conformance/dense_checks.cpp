@@ -338,8 +338,11 @@ CheckResult check_backward(Backend& backend, const DenseCase& c) {
   // over every row of every head of the group).
   // dV does not grow with the scale (it sums probabilities times dout): its floor stays at the default
   // scale's when the scale is larger.
-  const double kGradientFloor = 1e-1 * double(p.scale) * double(p.D);
-  const double kValueGradientFloor = 1e-1 * std::min(double(p.scale), 1.0 / std::sqrt(double(p.D))) * double(p.D);
+  // Dropout's kept weights (1 / (1 - p) each) scale dP and dV, and the natural size with them.
+  const double keep = 1.0 / (1.0 - double(c.dropout_p));
+  const double kGradientFloor = 1e-1 * double(p.scale) * double(p.D) * keep;
+  const double kValueGradientFloor =
+      1e-1 * std::min(double(p.scale), 1.0 / std::sqrt(double(p.D))) * double(p.D) * keep;
   // Each gradient's error, and for each one over the bound its name and (for a NaN or an infinity)
   // the first offending element.
   const std::pair<const char*, const std::vector<double>*> grads[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}};

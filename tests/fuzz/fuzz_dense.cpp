@@ -509,10 +509,12 @@ void run(const uint8_t* data, size_t size) {
         ref_grads[i - DQ] = read_all(pr.t[i]);
         continue;
       }
-      // §3's floor for a gradient: 0.1 * scale * D * sqrt(n), its natural size for inputs of unit size.
+      // §3's floor for a gradient: 0.1 * scale * D * sqrt(n) / (1 - dropout_p), its natural size for inputs of
+      // unit size (dropout's kept weights, 1 / (1 - p) each, scale dP and dV).
       const double n = double(ref_grads[i - DQ].size());
+      const double keep = 1.0 / (1.0 - double(pr.params.dropout_p));
       compare(read_all(pr.t[i]), ref_grads[i - DQ], pr.t[Q].view.dtype, kNames[i],
-              0.1 * scale * double(D) * std::sqrt(n));
+              0.1 * scale * double(D) * std::sqrt(n) * keep);
     }
   }
 }
