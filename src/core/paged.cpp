@@ -96,12 +96,12 @@ struct Gathered {
   }
 };
 
-}  // namespace
-
-// A table in the backend's memory: one call whose k and v are the pages, validated as a contiguous call of the
-// longest length the table allows (the kernel reads each sequence's own).
-ForwardCall validate_on_device(const Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
-  const PagedKv& t = *params.paged;
+// A device backend's table where it reads it (Backend::page_table_memory): in host memory checked whole (for `batch`
+// sequences growing by `extra` rows), in its own memory only known to be its own. Returns {num_pages, page_size}.
+std::pair<std::int64_t, std::int64_t> check_device_table(const Backend& backend, const PagedKv& t,
+                                                         const TensorView& k_pages, const TensorView& v_pages,
+                                                         std::int64_t batch, std::int64_t extra, const char* k_name,
+                                                         const char* v_name) {
   const Memory tables = backend.page_table_memory();
   if (t.tables != tables) {
     throw Error("page_table",
@@ -109,14 +109,24 @@ ForwardCall validate_on_device(const Backend& backend, const ForwardArgs& a, con
                     (tables == Memory::host ? "host memory" : "its own memory: put them there and say so") +
                     " (PagedKv::tables)");
   }
-  std::int64_t num_pages = 0, page_size = 0;
-  check_pages(t, a.k, a.v, backend, "k", "v", num_pages, page_size);
   if (tables == Memory::host) {
-    [[maybe_unused]] const Pages checked(t, a.k, a.v, a.q.shape[0], 0, backend, "k", "v");  // whole, as on hosts
-  } else {
-    for (const auto& [name, ptr] : {std::pair{"page_table", t.page_table}, std::pair{"seq_lens_k", t.seq_lens_k}})
-      if (auto why = backend.foreign_pointer(ptr)) throw Error(name, *why);
+    const Pages whole(t, k_pages, v_pages, batch, extra, backend, k_name, v_name);
+    return {whole.num_pages, whole.page_size};
   }
+  std::int64_t num_pages = 0, page_size = 0;
+  check_pages(t, k_pages, v_pages, backend, k_name, v_name, num_pages, page_size);
+  for (const auto& [name, ptr] : {std::pair{"page_table", t.page_table}, std::pair{"seq_lens_k", t.seq_lens_k}})
+    if (auto why = backend.foreign_pointer(ptr)) throw Error(name, *why);
+  return {num_pages, page_size};
+}
+
+}  // namespace
+
+// A table in the backend's memory: one call whose k and v are the pages, validated as a contiguous call of the
+// longest length the table allows (the kernel reads each sequence's own).
+ForwardCall validate_on_device(const Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
+  const PagedKv& t = *params.paged;
+  const auto [num_pages, page_size] = check_device_table(backend, t, a.k, a.v, a.q.shape[0], 0, "k", "v");
   const std::int64_t longest = t.max_pages * page_size;
   if (longest > std::numeric_limits<std::int32_t>::max())
     throw Error("max_pages", "max_pages * page_size must fit in int32");
@@ -207,19 +217,8 @@ void append_on_device(Backend& backend, const PagedAppendArgs& a) {
                              "backends and cuda have it)");
   }
   const PagedKv& t = a.pages;
-  const Memory tables = backend.page_table_memory();
-  if (t.tables != tables)
-    throw Error("page_table", backend.name() + " reads the page table and seq_lens_k in " +
-                                  (tables == Memory::host ? "host memory" : "its own memory") + " (PagedKv::tables)");
-  std::int64_t num_pages = 0, page_size = 0;
-  check_pages(t, a.k_pages, a.v_pages, backend, "k_pages", "v_pages", num_pages, page_size);
-  if (tables == Memory::host) {
-    [[maybe_unused]] const Pages checked(t, a.k_pages, a.v_pages, a.k.shape[0], a.k.shape[1], backend, "k_pages",
-                                         "v_pages");
-  } else {
-    for (const auto& [name, ptr] : {std::pair{"page_table", t.page_table}, std::pair{"seq_lens_k", t.seq_lens_k}})
-      if (auto why = backend.foreign_pointer(ptr)) throw Error(name, *why);
-  }
+  const auto [num_pages, page_size] =
+      check_device_table(backend, t, a.k_pages, a.v_pages, a.k.shape[0], a.k.shape[1], "k_pages", "v_pages");
   check_appended_rows(a);
   PagedAppendCall c(Validator::stamp());
   c.k_pages = a.k_pages;

@@ -1,9 +1,8 @@
 // A ragged batch on cuda (docs/spec.md §1.6): one launch of the kernel kernel_choice picks for each sequence, its
 // views the sequence's rows and keys of the packed tensors, its lse rows at the sequence's place in [H, Tq]
 // (DenseProblem::lse_rows), its dropout decisions those of its batch index (batch0), its mask at its offset. The
-// offsets are host memory, checked whole by core, so the launches need no synchronisation and capture in a CUDA
-// graph. Sequences without keys or rows get their zeros (and a row's sink or -inf lse) from launch_zero_rows and the
-// warp-per-row forward.
+// offsets are host memory, checked whole by core, so the launches need no synchronisation. Sequences without keys or
+// rows get their zeros (and a row's sink or -inf lse) from launch_zero_rows and the warp-per-row forward.
 
 #include <algorithm>
 #include <functional>
@@ -53,9 +52,9 @@ void ragged_forward(const ForwardCall& c, const std::function<void(const Forward
   for (std::int64_t b = 0; b < c.p.B; ++b) {
     const Sequence s = sequence(c.ragged, b);
     if (s.n_q == 0) continue;
-    ForwardCall one = sequence_call(c, b, s);
     // The call's workspace serves each sequence in turn (they run in stream order): a decode-shaped sequence
     // splits its keys across the GPU as far as it holds.
+    ForwardCall one = sequence_call(c, b, s);
     // No keys: out = 0 and lse = the sink or -inf, which the warp-per-row kernel writes for a key range that is empty.
     if (s.n_k == 0) {
       launch_dense_forward(one, DenseForwardKernel::warp_per_row);

@@ -169,6 +169,14 @@ struct SequenceTable {
   std::vector<std::uint32_t> words;
 };
 
+// The paged layout's words for B sequences (the forward's and the append's).
+SequenceTable paged_table(std::int64_t B, const PagedTable& t) {
+  SequenceTable s{2, {}};
+  for (std::int64_t e = 0; e < B * t.max_pages; ++e) s.words.push_back(std::uint32_t(t.page_table[e]));
+  for (std::int64_t b = 0; b < B; ++b) s.words.push_back(std::uint32_t(t.seq_lens_k[b]));
+  return s;
+}
+
 SequenceTable sequence_table(const DenseProblem& p, const RaggedTable& r, const PagedTable& t) {
   SequenceTable s;
   if (p.packed) {
@@ -182,9 +190,7 @@ SequenceTable sequence_table(const DenseProblem& p, const RaggedTable& r, const 
       s.words.push_back(std::uint32_t(at));
     }
   } else if (p.paged) {
-    s.layout = 2;
-    for (std::int64_t e = 0; e < p.B * t.max_pages; ++e) s.words.push_back(std::uint32_t(t.page_table[e]));
-    for (std::int64_t b = 0; b < p.B; ++b) s.words.push_back(std::uint32_t(t.seq_lens_k[b]));
+    s = paged_table(p.B, t);
   }
   return s;
 }
@@ -357,10 +363,7 @@ class WebGpuBackend final : public Backend {
     const PagedTable& t = c.table;
     const std::int64_t B = c.k.shape[0], T = c.k.shape[1], Hkv = c.k.shape[2];
     const Placed k = place(c.k, "k"), v = place(c.v, "v");
-    DenseProblem p;  // the table's words, as the forward's
-    p.B = B;
-    p.paged = true;
-    void* table = place_table(sequence_table(p, RaggedTable{}, t));
+    void* table = place_table(paged_table(B, t));
     Outputs outputs({k.buffer, v.buffer, table});
     const Placed kp = outputs.add(place(c.k_pages, "k_pages"), extent_elements(c.k_pages), dtype_size(c.k.dtype));
     const Placed vp = outputs.add(place(c.v_pages, "v_pages"), extent_elements(c.v_pages), dtype_size(c.k.dtype));
