@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -40,24 +41,55 @@ struct Sequences {
   flashtq::TqLayout layout;
   flashtq::TqTables tables;
   std::int64_t batch;
-  std::uint32_t* keys = nullptr;  // batch consecutive caches
+  std::uint32_t* keys = nullptr;  // batch consecutive caches, or one pool
   std::uint32_t* values = nullptr;
   double encode_ms = 0;  // to encode all of them
+  // A pool (layout.page_size > 0): the page table [batch, ctx / page_size] and exact sets in device memory.
+  flashtq::TqPageTable pages;
+  std::int64_t ctx = 0;  // timesteps per sequence
 };
 
-// Random f32 rows of `chunk` tokens, encoded repeatedly (in order) to fill every sequence to its capacity.
-Sequences make_sequences(std::int64_t batch, const flashtq::TqLayout& layout, std::mt19937_64& rng) {
+void free_sequences(Sequences& s) {
+  for (const void* p : {static_cast<const void*>(s.keys), static_cast<const void*>(s.values),
+                        static_cast<const void*>(s.pages.pages), static_cast<const void*>(s.pages.exact_sets)})
+    cudaFree(const_cast<void*>(p));
+}
+
+// Random f32 rows of `chunk` tokens, encoded repeatedly (in order) to fill every sequence to its capacity. With
+// page_size > 0 the sequences share one pool of batch * capacity timesteps, each sequence's pages drawn without
+// repetition from it in a shuffled order (docs/turboquant_layout.md, "Pages").
+Sequences make_sequences(std::int64_t batch, const flashtq::TqLayout& layout, std::mt19937_64& rng,
+                         std::int32_t page_size = 0) {
   Sequences s;
   s.layout = layout;
   const std::int64_t ctx = layout.capacity, hkv = layout.n_kv_heads, dim = layout.head_dim;
-  s.tables = flashtq::make_tq_tables(s.layout, 1234, 0);
+  s.ctx = ctx;
   s.batch = batch;
-  check(cudaMalloc(&s.keys, std::size_t(batch * s.layout.key_words()) * 4), "malloc keys");
-  check(cudaMalloc(&s.values, std::size_t(batch * s.layout.value_words()) * 4), "malloc values");
+  std::int64_t images = batch;
+  if (page_size > 0) {
+    s.layout.capacity = batch * ctx;
+    s.layout.page_size = page_size;
+    s.layout.exact_sets = batch;
+    images = 1;
+    std::vector<std::int32_t> order(std::size_t(batch * ctx / page_size)), sets(static_cast<std::size_t>(batch));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::iota(sets.begin(), sets.end(), 0);
+    std::int32_t *table, *set_ids;
+    check(cudaMalloc(&table, order.size() * 4), "malloc table");
+    check(cudaMalloc(&set_ids, sets.size() * 4), "malloc sets");
+    check(cudaMemcpy(table, order.data(), order.size() * 4, cudaMemcpyHostToDevice), "upload table");
+    check(cudaMemcpy(set_ids, sets.data(), sets.size() * 4, cudaMemcpyHostToDevice), "upload sets");
+    s.pages = {table, ctx / page_size, set_ids};
+  }
+  s.tables = flashtq::make_tq_tables(s.layout, 1234, 0);
+  check(cudaMalloc(&s.keys, std::size_t(images * s.layout.key_words()) * 4), "malloc keys");
+  check(cudaMalloc(&s.values, std::size_t(images * s.layout.value_words()) * 4), "malloc values");
   const std::int64_t chunk = std::min<std::int64_t>(ctx, 4096);
   std::vector<float> host(std::size_t(chunk * hkv * dim));
   std::normal_distribution<float> n(0, 1);
-  for (float& x : host) x = n(rng);
+  std::mt19937_64 row_rng(12345);  // the same rows for a layout's contiguous and paged sequences
+  for (float& x : host) x = n(row_rng);
   float* rows;
   check(cudaMalloc(&rows, host.size() * 4), "malloc rows");
   check(cudaMemcpy(rows, host.data(), host.size() * 4, cudaMemcpyHostToDevice), "upload rows");
@@ -67,8 +99,12 @@ Sequences make_sequences(std::int64_t batch, const flashtq::TqLayout& layout, st
       [&] {
         for (std::int64_t b = 0; b < batch; ++b)
           for (std::int64_t t = 0; t < ctx; t += chunk) {
-            flashtq::tq_encode_keys(cuda, {s.tables, x, t, s.keys + b * s.layout.key_words(), nullptr});
-            flashtq::tq_encode_values(cuda, {s.tables, x, t, s.values + b * s.layout.value_words(), nullptr});
+            flashtq::TqEncodeArgs a{s.tables, x, t, s.keys + flashtq::tq_sequence_base(s.layout, b, true), nullptr};
+            if (page_size > 0)
+              a.pages = {s.pages.pages + b * s.pages.max_pages, s.pages.max_pages, s.pages.exact_sets + b};
+            flashtq::tq_encode_keys(cuda, a);
+            a.cache = s.values + flashtq::tq_sequence_base(s.layout, b, false);
+            flashtq::tq_encode_values(cuda, a);
           }
       },
       nullptr, 3);
@@ -115,7 +151,7 @@ AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows,
   check(cudaMemcpy(q, host.data(), host.size() * 4, cudaMemcpyHostToDevice), "upload q");
   check(cudaMalloc(&scratch, std::size_t(flashtq::tq_scratch_floats(batch * rows, heads, dim)) * 4), "malloc scratch");
   check(cudaMalloc(&out, host.size() * 4), "malloc out");
-  const std::vector<std::int32_t> host_starts(std::size_t(batch), std::int32_t(s.layout.capacity - rows));
+  const std::vector<std::int32_t> host_starts(std::size_t(batch), std::int32_t(s.ctx - rows));
   check(cudaMalloc(&starts, host_starts.size() * 4), "malloc starts");
   check(cudaMemcpy(starts, host_starts.data(), host_starts.size() * 4, cudaMemcpyHostToDevice), "upload starts");
   cudaStream_t stream;
@@ -129,8 +165,9 @@ AttendTimes attend_ms(const Sequences& s, std::int64_t heads, std::int64_t rows,
   if (how.device_starts)
     a.start_positions = starts;
   else
-    a.start_pos = s.layout.capacity - rows;
+    a.start_pos = s.ctx - rows;
   a.exact = how.exact;
+  a.pages = s.pages;
   a.k_cache = s.keys;
   a.v_cache = s.values;
   a.out = TensorView::bshd(out, DType::f32, batch, rows, heads, dim, Memory::cuda);
@@ -250,13 +287,16 @@ AttendTimes dense_decode_ms(std::int64_t batch, std::int64_t ctx, std::int64_t h
 // named), `--dense B CTX [PAGE]` flashtq's bf16 decode of that shape (through pages of PAGE keys when given), and
 // prints its time only (for profilers and quick comparisons); without arguments, the whole benchmark as JSON.
 int main(int argc, char** argv) {
-  if ((argc == 4 || argc == 5) && std::string(argv[1]) == "--decode") {
+  if (argc >= 4 && argc <= 6 && std::string(argv[1]) == "--decode") {  // `--decode B CTX [PRESET [PAGE]]`
     std::mt19937_64 rng(7);
     const std::int64_t batch = std::atoll(argv[2]), ctx = std::atoll(argv[3]);
-    Sequences s = make_sequences(batch, flashtq::tq_preset_layout(argc == 5 ? argv[4] : "seed", 128, 8, ctx), rng);
+    const std::int32_t page = argc == 6 ? std::atoi(argv[5]) : 0;
+    Sequences s =
+        make_sequences(batch, flashtq::tq_preset_layout(argc >= 5 ? argv[4] : "seed", 128, 8, ctx), rng, page);
     const AttendTimes t = attend_ms(s, 32, 1, rng());
-    std::printf("decode B=%lld ctx=%lld: graph %.4f ms, eager %.4f ms\n", (long long)batch, (long long)ctx, t.graph_ms,
-                t.eager_ms);
+    std::printf("decode B=%lld ctx=%lld page %d: graph %.4f ms, eager %.4f ms\n", (long long)batch, (long long)ctx,
+                page, t.graph_ms, t.eager_ms);
+    free_sequences(s);
     return 0;
   }
   if ((argc == 4 || argc == 5) && std::string(argv[1]) == "--dense") {  // `--dense B CTX [PAGE]`: the bf16 decode
@@ -328,8 +368,22 @@ int main(int argc, char** argv) {
           "GB/s), error vs exact %.2e\n",
           preset.c_str(), (long long)batch, (long long)ctx, t.graph_ms, t.eager_ms, e.graph_ms, gbs, bw,
           relative_error(fast, exact));
-      cudaFree(s.keys);
-      cudaFree(s.values);
+      free_sequences(s);
+      // The same sequences' words in one pool of pages through a table (issue 19: within 10 % of contiguous):
+      // pages of 64 timesteps for every preset (a page holds whole blocks of means), and of 16 for the seed's.
+      for (const std::int32_t page : {16, 64}) {
+        if (page == 16 && preset != "seed") continue;
+        Sequences p = make_sequences(batch, flashtq::tq_preset_layout(preset, D, Hkv, ctx), rng, page);
+        std::vector<float> paged_out;
+        const AttendTimes pt = attend_ms(p, H, 1, seed, {true, false, &paged_out});
+        const std::string key = "paged" + std::to_string(page);
+        report["decode"].back()[key + "_ms"] = pt.graph_ms;
+        report["decode"].back()[key + "_vs_contiguous"] = t.graph_ms / pt.graph_ms;
+        report["decode"].back()[key + "_error_vs_exact"] = relative_error(paged_out, exact);
+        std::fprintf(stderr, "  paged %s pages of %d: graph %.4f ms (%.3fx contiguous), error vs exact %.2e\n",
+                     preset.c_str(), page, pt.graph_ms, t.graph_ms / pt.graph_ms, relative_error(paged_out, exact));
+        free_sequences(p);
+      }
     }
   // Chunked prefill of the last `chunk` timesteps of one 32k sequence: the default (bf16-class) path and the
   // exact one (TqAttendArgs::exact) on the same queries, with the default's error relative to the exact
@@ -352,8 +406,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "prefill %s chunk=%lld over 32k: %.3f ms (exact path %.3f ms), error vs exact %.2e\n",
                    preset, (long long)chunk, t.graph_ms, e.graph_ms, error);
     }
-    cudaFree(s.keys);
-    cudaFree(s.values);
+    free_sequences(s);
   }
   std::printf("%s\n", report.dump(2).c_str());
   return 0;

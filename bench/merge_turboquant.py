@@ -51,6 +51,11 @@ def merge(flashtq_path, torch_path, commit):
     return out
 
 
+def num(x):
+    """A number of the JSON, NaN where it held none (nlohmann writes a NaN as null)."""
+    return float('nan') if x is None else x
+
+
 def table(merged):
     print(f"{merged['machine']['gpu']}  commit {merged['commit']}  copy {merged['copy_bandwidth_gbs']:.0f} GB/s")
     nan = float('nan')
@@ -59,11 +64,15 @@ def table(merged):
           f"{'GB/s':>7}")
     for r in merged["decode"]:
         print(f"{r.get('layout', 'seed'):>8} {r.get('compression_vs_bf16', nan):>7.2f} {r['batch']:>3} "
-              f"{r['ctx']:>7} {r['ms']:>11.4f} {r.get('exact_ms', nan):>9.4f} {r.get('error_vs_exact', nan):>8.1e} "
+              f"{r['ctx']:>7} {r['ms']:>11.4f} {r.get('exact_ms', nan):>9.4f} {num(r.get('error_vs_exact')):>8.1e} "
               f"{r.get('flash_ms', nan):>9.4f} {r.get('cudnn_ms', nan):>9.4f} {r.get('flashinfer_bf16_ms', nan):>8.4f} "
               f"{r.get('flashinfer_fp8_ms', nan):>8.4f} {r.get('flashtq_bf16_ms', nan):>8.4f} "
               f"{r.get('speedup_vs_best_bf16', nan):>8.2f} "
               f"{r.get('speedup_per_compression', nan):>6.2f} {r['gbs']:>7.0f}")
+        for p in (16, 64):  # the same sequences in one pool of pages (issue 19: within 10 % of contiguous)
+            if f"paged{p}_ms" in r:
+                print(f"{'':>8} pages of {p}: {r[f'paged{p}_ms']:.4f} ms, {r[f'paged{p}_vs_contiguous']:.3f}x "
+                      f"contiguous, error vs exact {num(r.get(f'paged{p}_error_vs_exact')):.1e}")
     for r in merged.get("dense_decode", []):
         best = [x for x in merged["decode"] if (x["batch"], x["ctx"]) == (r["batch"], r["ctx"])][:1]
         peers = {k: best[0][k] for k in ("flash_ms", "cudnn_ms", "flashinfer_bf16_ms", "flashinfer_bf16_page16_ms")
@@ -75,7 +84,7 @@ def table(merged):
               + ", ".join(f"{k[:-3]} {v:.4f} ms ({v / r['ms']:.2f}x)" for k, v in peers.items()))
     for r in merged["prefill"]:
         print(f"prefill {r.get('layout', 'seed')} chunk {r['chunk']}: flashtq {r['ms']:.3f} ms "
-              f"(exact path {r.get('exact_ms', nan):.3f} ms, error vs exact {r.get('error_vs_exact', nan):.1e}, "
+              f"(exact path {r.get('exact_ms', nan):.3f} ms, error vs exact {num(r.get('error_vs_exact')):.1e}, "
               f"{r['tflops']:.0f} TFLOP/s), flash {r.get('flash_ms', nan):.3f} ms, cudnn {r.get('cudnn_ms', nan):.3f} ms, "
               f"speed vs flash {r.get('speed_vs_flash', nan):.3f}, vs cudnn {r.get('speed_vs_cudnn', nan):.3f}")
 

@@ -27,13 +27,14 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the cache file format is little-endian");
 
 constexpr char kMagic[8] = {'F', 'T', 'Q', 'C', 'A', 'C', 'H', 'E'};
-// Version 6: the layout gained block means (key_block, value_block) and, with them, each layer's words
+// Version 7: the layout gained page pools (page_size, exact_sets; a saved cache is contiguous: 0 and 1). Version 6:
+// the layout gained block means (key_block, value_block) and, with them, each layer's words
 // their mean regions. Version 5: the layout gained outlier channels (key_outliers, key_outlier_bits) and, with them,
 // the key words their outlier masks and a norm word per two parts. Version 4: the layout gained its exact tokens
 // (sink_tokens, recent_tokens) and each layer's words their exact region. Version 3: the header holds the configuration
 // as TqCacheConfig lays it out, the layout's qjl flag included, and a CRC-32C of everything before it ends the file
 // (version 2 had neither, version 1 spelt the fields out in another order). Older versions are refused by name.
-constexpr std::uint32_t kFileVersion = 6;
+constexpr std::uint32_t kFileVersion = 7;
 
 struct FileHeader {
   char magic[8];
@@ -41,7 +42,7 @@ struct FileHeader {
   std::uint32_t header_bytes;
   TqCacheConfig config;
 };
-static_assert(std::is_trivially_copyable_v<TqCacheConfig> && sizeof(TqCacheConfig) == 80,
+static_assert(std::is_trivially_copyable_v<TqCacheConfig> && sizeof(TqCacheConfig) == 88,
               "the file header stores TqCacheConfig's bytes: a change to it changes the file format");
 
 // A buffer in the backend's memory that grows to the largest request and is kept.
@@ -72,6 +73,9 @@ TqKvCache::TqKvCache(const TqCacheConfig& config, Backend* backend) try
   if (config.layers < 1) throw Error("layers", "must be >= 1");
   const TqLayout& layout = config.layout;
   core::validate_tq_layout(layout);
+  if (layout.paged()) {
+    throw Error("layout", "TqKvCache holds one sequence per layer (page_size 0); a page pool is TqPagedCache's");
+  }
   if (!backend_->available()) {
     throw Error("backend", "'" + backend_->name() + "' is not available here: " + backend_->unavailable_reason());
   }

@@ -177,7 +177,7 @@ TqAttendCall chunk_call(const TqLayout& layout, std::int64_t n, std::int64_t sta
   TqAttendCall c(core::Validator::stamp());
   c.tables.layout = layout;
   c.n_heads = 4 * layout.n_kv_heads, c.n_queries = n, c.start_pos = start, c.batch = 2;
-  c.max_seq = start + n, c.longest_row = start + n;
+  c.max_seq = start + n, c.longest_row = start + n, c.reach = layout.capacity;
   c.scale = 0.125f;
   return c;
 }

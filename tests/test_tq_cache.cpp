@@ -166,12 +166,12 @@ TEST(TqKvCache, SaveLoadRoundTripAndHeaderChecks) {
     f.seekp(at);
     f.put(byte);
   };
-  corrupt(8, 5);  // version 6 -> 5: refused by number
+  corrupt(8, 6);  // version 7 -> 6: refused by number
   try {
     (void)TqKvCache::load(path, &backend("reference"));
     ADD_FAILURE() << "a version-5 file loaded";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("file version 5; this build reads version 6"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("file version 6; this build reads version 7"), std::string::npos) << e.what();
   }
   m.cache.save(path);
   corrupt(0, 'X');  // magic

@@ -129,9 +129,11 @@ struct TqEncodeCall {
   std::int64_t start_pos = 0;
   std::uint32_t* cache = nullptr;
   void* stream = nullptr;
+  TqPageTable pages;  // a pool's: the sequence's pages (row 0) and exact set (layout().paged())
 
   const TqLayout& layout() const { return tables.layout; }
   std::int64_t tokens() const { return x.shape[1]; }
+  FLASHTQ_HOST_DEVICE TqSequence sequence() const { return tq_sequence(tables.layout, pages, 0); }
 };
 
 // Rotation of q [batch, n_queries, n_heads, head_dim] into scratch rows b * n_queries + j.
@@ -168,15 +170,24 @@ struct TqAttendCall {
   bool exact = false;            // TqAttendArgs::exact
   float softcap = 0.0f;          // TqAttendArgs::softcap (docs/spec.md §1.8)
   const float* sinks = nullptr;  // TqAttendArgs::sinks: [n_heads] in the backend's memory (docs/spec.md §1.9)
+  TqPageTable pages;             // a pool's (layout().paged())
+  std::int64_t reach = 0;        // timesteps a sequence can hold (tq_reach): what positions are clamped to
 
   const TqLayout& layout() const { return tables.layout; }
   std::int64_t rows() const { return batch * n_queries; }  // scratch rows in use
   std::int64_t group() const { return n_heads / tables.layout.n_kv_heads; }
+  FLASHTQ_HOST_DEVICE TqSequence sequence(std::int64_t b) const { return tq_sequence(tables.layout, pages, b); }
+  FLASHTQ_HOST_DEVICE const std::uint32_t* keys(std::int64_t b) const {
+    return k_cache + tq_sequence_base(tables.layout, b, true);
+  }
+  FLASHTQ_HOST_DEVICE const std::uint32_t* values(std::int64_t b) const {
+    return v_cache + tq_sequence_base(tables.layout, b, false);
+  }
   // The first timestep a row at absolute position p sees.
   // The end of a sequence whose query rows start at `start`: where its exact recent window ends.
   FLASHTQ_HOST_DEVICE std::int64_t sequence_end(std::int64_t start) const {
     const std::int64_t e = start + n_queries < max_seq ? start + n_queries : max_seq;
-    return e < tables.layout.capacity ? e : tables.layout.capacity;
+    return e < reach ? e : reach;
   }
   FLASHTQ_HOST_DEVICE std::int64_t first_visible(std::int64_t p) const {
     return window > 0 && p >= window ? p - window + 1 : 0;  // p - window + 1 > 0, without the sum

@@ -58,6 +58,15 @@ struct TqLayout {
   // keys without QJL. value_block the same for values. 0 = none.
   std::int32_t key_block = 0;
   std::int32_t value_block = 0;
+  // Pages (docs/spec.md §2.7, docs/turboquant_layout.md "Pages"): with page_size = P > 0 this image is a
+  // page pool of capacity / P pages shared by many sequences through a page table (TqPageTable): page p
+  // owns timesteps [p P, (p + 1) P) of every kv head in every per-timestep region (codes, QJL bits,
+  // norms, block means). P is a power of two in [16, 256] dividing capacity, and at least each block
+  // of means (a page holds whole blocks). 0 = one sequence's contiguous image.
+  std::int32_t page_size = 0;
+  // Exact regions (sink and recent rows) the image holds: one per sequence it serves at once. A
+  // contiguous image holds 1; a pool as many as its callers' sequences (TqPageTable::exact_sets).
+  std::int64_t exact_sets = 1;
 
   FLASHTQ_HOST_DEVICE std::int64_t slots() const { return n_kv_heads * capacity; }
   // Parts of a key: one without outlier channels; with them, the outliers then the rest of head_dim in
@@ -125,11 +134,19 @@ struct TqLayout {
     return value_mean_offset() + (h * mean_blocks(value_block) + t / value_block) * (head_dim / 2);
   }
 
-  // The exact region of keys or values: exact_rows() rows per kv head, each head_dim bf16 (two per
-  // word, element 2i in the low half); row r of head h at exact_offset + (h * exact_rows() + r) * exact_row_words().
+  // The exact region of keys or values: exact_sets sets of exact_rows() rows per kv head, each head_dim bf16
+  // (two per word, element 2i in the low half); row r of head h of set e at exact_offset + exact_row_at(e, h, r).
   FLASHTQ_HOST_DEVICE std::int64_t exact_rows() const { return std::int64_t(sink_tokens) + recent_tokens; }
   FLASHTQ_HOST_DEVICE std::int64_t exact_row_words() const { return head_dim / 2; }
-  FLASHTQ_HOST_DEVICE std::int64_t exact_region_words() const { return n_kv_heads * exact_rows() * exact_row_words(); }
+  FLASHTQ_HOST_DEVICE std::int64_t exact_region_words() const {
+    return exact_sets * n_kv_heads * exact_rows() * exact_row_words();
+  }
+  // Where row r of kv head h of exact set e starts, relative to key_exact_offset() or value_exact_offset().
+  FLASHTQ_HOST_DEVICE std::int64_t exact_row_at(std::int64_t e, std::int64_t h, std::int64_t r) const {
+    return ((e * n_kv_heads + h) * exact_rows() + r) * exact_row_words();
+  }
+  FLASHTQ_HOST_DEVICE bool paged() const { return page_size > 0; }
+  FLASHTQ_HOST_DEVICE std::int64_t pages() const { return paged() ? capacity / page_size : 0; }
   // The exact row that holds timestep t of a sequence of `end` timesteps, or -1 when attention reads
   // t's codes: sinks at rows [0, sink_tokens), the recent window as a ring after them.
   FLASHTQ_HOST_DEVICE std::int64_t exact_row(std::int64_t t, std::int64_t end) const {
@@ -155,6 +172,53 @@ struct TqLayout {
   // The same per timestep of the packed part alone (the limit for long sequences).
   double compression_vs_bf16() const { return double(2 * 2 * head_dim) / double(bytes_per_token_per_head()); }
 };
+
+// The page table of a pooled cache (TqLayout::page_size > 0), in the backend's memory: sequence b's
+// timestep t is timestep (pages[b * max_pages + t / P]) * P + t % P of the pool, and its exact rows are
+// exact set exact_sets[b] (null: set b). On host backends core checks every entry a call reads; device
+// kernels clamp a page index into [0, pages) and a set into [0, exact_sets), never reading out of bounds.
+struct TqPageTable {
+  const std::int32_t* pages = nullptr;
+  std::int64_t max_pages = 0;
+  const std::int32_t* exact_sets = nullptr;
+};
+
+// Where one sequence's timesteps and exact rows are in an image (TqLayout), contiguous or pooled.
+struct TqSequence {
+  const std::int32_t* pages = nullptr;  // the sequence's row of the page table; null: contiguous
+  std::int64_t page_count = 0;          // the pool's pages (clamp)
+  std::int32_t page_shift = 0;
+  std::int64_t exact_set = 0;
+
+  // The image's timestep that holds the sequence's timestep t (t < its reach).
+  FLASHTQ_HOST_DEVICE std::int64_t timestep(std::int64_t t) const {
+    if (pages == nullptr) return t;
+    std::int64_t p = pages[t >> page_shift];
+    p = p < 0 ? 0 : (p >= page_count ? page_count - 1 : p);
+    return (p << page_shift) | (t & ((std::int64_t(1) << page_shift) - 1));
+  }
+};
+
+// Sequence b of a call: its timesteps through the table of a pool, else those of its own image (which
+// starts at b * key_words() / b * value_words(): TqSequence does not hold that offset, tq_sequence_base does).
+FLASHTQ_HOST_DEVICE inline TqSequence tq_sequence(const TqLayout& l, const TqPageTable& table, std::int64_t b) {
+  TqSequence s;
+  if (!l.paged()) return s;
+  s.pages = table.pages + b * table.max_pages;
+  s.page_count = l.pages();
+  for (std::int32_t p = l.page_size; p > 1; p >>= 1) ++s.page_shift;
+  std::int64_t e = table.exact_sets != nullptr ? std::int64_t(table.exact_sets[b]) : b;
+  s.exact_set = e < 0 ? 0 : (e >= l.exact_sets ? l.exact_sets - 1 : e);
+  return s;
+}
+// The first word of sequence b's image: a pool is shared (0), contiguous images follow each other.
+FLASHTQ_HOST_DEVICE inline std::int64_t tq_sequence_base(const TqLayout& l, std::int64_t b, bool keys) {
+  return l.paged() ? 0 : b * (keys ? l.key_words() : l.value_words());
+}
+// Timesteps a sequence can hold: max_pages pages of a pool, or the capacity of its own image.
+FLASHTQ_HOST_DEVICE inline std::int64_t tq_reach(const TqLayout& l, const TqPageTable& table) {
+  return l.paged() ? table.max_pages * l.page_size : l.capacity;
+}
 
 // An exact Lloyd–Max codebook (double, as computed): what encoders quantize with, so that every
 // backend writes the oracle's codes.
@@ -187,6 +251,9 @@ struct TqEncodeArgs {
   std::int64_t start_pos = 0;
   std::uint32_t* cache = nullptr;
   void* stream = nullptr;
+  // A pool (layout.page_size > 0): the sequence's pages (row 0 of the table) and exact set; start_pos
+  // and T count the sequence's timesteps, up to max_pages * page_size.
+  TqPageTable pages;
 };
 
 // The rotated-query scratch [q_rot | q_jl | sums] of `rows` query rows of n_heads heads: q_rot and
@@ -268,6 +335,9 @@ struct TqAttendArgs {
   // (0 = none), and optional f32 [n_heads] sink logits in the backend's memory (-inf = none for a head).
   float softcap = 0.0f;
   const float* sinks = nullptr;
+  // A pool (layout.page_size > 0): sequence b's timesteps through row b of the table; positions count the
+  // sequence's timesteps, up to max_pages * page_size (capacity is the pool's). Both caches are the pool's.
+  TqPageTable pages;
 };
 
 void tq_encode_keys(Backend& backend, const TqEncodeArgs& args);

@@ -38,7 +38,7 @@ double f16_value(std::uint32_t bits) { return double(f16_to_f32(std::uint16_t(bi
 void write_exact_row(const TqEncodeCall& c, std::int64_t h, std::int64_t row, const EncodedRow& e) {
   const TqLayout& l = c.layout();
   std::uint32_t* words = c.cache + (c.keys ? l.key_exact_offset() : l.value_exact_offset()) +
-                         (h * l.exact_rows() + row) * l.exact_row_words();
+                         l.exact_row_at(c.sequence().exact_set, h, row);
   for (std::int64_t i = 0; i < l.exact_row_words(); ++i) {
     std::uint32_t word = 0;
     if (!e.rotated.empty()) {
@@ -178,12 +178,13 @@ void tq_encode_rows(const TqEncodeCall& c, std::int64_t first, std::int64_t end)
   const std::int64_t norm_off = c.keys ? l.key_norm_offset() : l.value_norm_offset();
   const std::int64_t norm_words = c.keys ? l.key_norm_words() : 1;
   const bool parts = c.keys && l.key_outliers;
+  const TqSequence seq = c.sequence();
   std::vector<double> r(static_cast<std::size_t>(D));
   std::vector<std::int32_t> order(static_cast<std::size_t>(parts ? D : 0));
   for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
     if (parts) key_channel_order(l, key_outlier_mask(l, c.cache, h), order.data());
     for (std::int64_t t = first; t < end; ++t) {
-      const std::int64_t slot = h * l.capacity + c.start_pos + t;
+      const std::int64_t slot = h * l.capacity + seq.timestep(c.start_pos + t);
       std::uint32_t* codes = c.cache + slot * code_words;
       std::uint32_t* jl = c.cache + l.key_jl_offset() + slot * l.jl_words();
       std::uint32_t* norms = c.cache + norm_off + slot * norm_words;
@@ -221,6 +222,7 @@ void tq_encode_head_with_means(const TqEncodeCall& c, std::int64_t h) {
   const std::int64_t L = c.start_pos, T = c.tokens(), end = L + T;
   const std::int64_t exact_offset = c.keys ? l.key_exact_offset() : l.value_exact_offset();
   const bool parts = c.keys && l.key_outliers;
+  const TqSequence seq = c.sequence();
   std::vector<std::int32_t> order(static_cast<std::size_t>(parts ? D : 0));
   if (parts) key_channel_order(l, key_outlier_mask(l, c.cache, h), order.data());
   // The new rows as their exact rows hold them (bf16 of n * RHT(x / n); a float holds a bf16 exactly).
@@ -239,14 +241,14 @@ void tq_encode_head_with_means(const TqEncodeCall& c, std::int64_t h) {
       for (std::int64_t d = 0; d < D; ++d) out[std::size_t(d)] = double(fresh[std::size_t((u - L) * D + d)]);
       return;
     }
-    const std::uint32_t* words =
-        c.cache + exact_offset + (h * l.exact_rows() + l.exact_row(u, L)) * l.exact_row_words();
+    const std::uint32_t* words = c.cache + exact_offset + l.exact_row_at(seq.exact_set, h, l.exact_row(u, L));
     for (std::int64_t d = 0; d < D; ++d) out[std::size_t(d)] = exact_element(words, d);
   };
   // The timesteps that leave the recent window in this call, in order: a block's first timestep comes
   // first, and then its whole block is there (block <= recent_tokens), so its mean is written then.
   for (std::int64_t t = std::max<std::int64_t>(0, L - w); t < end - w; ++t) {
-    std::uint32_t* mean = c.cache + (c.keys ? l.key_mean(h, t) : l.value_mean(h, t));
+    const std::int64_t at = seq.timestep(t);  // a block never straddles pages (page_size >= block)
+    std::uint32_t* mean = c.cache + (c.keys ? l.key_mean(h, at) : l.value_mean(h, at));
     if (t % g == 0) {
       std::fill(sum.begin(), sum.end(), 0.0);
       for (std::int64_t u = t; u < t + g; ++u) {
@@ -259,13 +261,13 @@ void tq_encode_head_with_means(const TqEncodeCall& c, std::int64_t h) {
     }
     source(t, r);
     for (std::int64_t d = 0; d < D; ++d) r[std::size_t(d)] -= mean_element(mean, d);
-    put_residual(c, h * l.capacity + t, r);
+    put_residual(c, h * l.capacity + at, r);
   }
   // The new rows' exact copies, after the codes above have read the rows they replace.
   for (std::int64_t t = L; t < end; ++t) {
     const std::int64_t row = l.exact_row(t, end);
     if (row < 0) continue;
-    std::uint32_t* words = c.cache + exact_offset + (h * l.exact_rows() + row) * l.exact_row_words();
+    std::uint32_t* words = c.cache + exact_offset + l.exact_row_at(seq.exact_set, h, row);
     const float* x = fresh.data() + (t - L) * D;
     for (std::int64_t i = 0; i < D / 2; ++i)
       words[i] = f32_to_bf16(x[2 * i]) | std::uint32_t(f32_to_bf16(x[2 * i + 1])) << 16;
@@ -284,7 +286,8 @@ void tq_rotate_rows(const TqRotateCall& c, std::int64_t first, std::int64_t end)
       const std::int64_t base = offset(c.q, b, j, h);
       for (std::int64_t d = 0; d < D; ++d) x[std::size_t(d)] = load(c.q.data, c.q.dtype, base + d);
       if (l.key_outliers) {  // the key's order and parts: q_rot[i] pairs with the key's coordinate i
-        key_channel_order(l, key_outlier_mask(l, c.k_cache + b * l.key_words(), h / (H / l.n_kv_heads)), order.data());
+        key_channel_order(l, key_outlier_mask(l, c.k_cache + tq_sequence_base(l, b, true), h / (H / l.n_kv_heads)),
+                          order.data());
         for (std::int64_t i = 0; i < D; ++i) permuted[std::size_t(i)] = x[std::size_t(order[std::size_t(i)])];
         for (int p = 0; p < l.key_parts(); ++p) {
           const TqLayout::KeyPart kp = l.key_part(p);
@@ -350,11 +353,12 @@ void tq_attend_row_head(const TqAttendCall& a, std::int64_t row, std::int64_t h)
   const TqCodebook& vcb = a.tables.value_codebook;
   const double scale = double(a.scale), qjl_scale = double(a.qjl_scale);
   const std::int64_t b = row / a.n_queries, j = row % a.n_queries;
-  const std::uint32_t* k_cache = a.k_cache + b * l.key_words();
-  const std::uint32_t* v_cache = a.v_cache + b * l.value_words();
+  const std::uint32_t* k_cache = a.keys(b);
+  const std::uint32_t* v_cache = a.values(b);
+  const TqSequence seq = a.sequence(b);
   const std::int64_t start = a.start_positions ? std::int64_t(a.start_positions[b]) : a.start_pos;
   // Clamped like the kernels, so a bad per-sequence start position never reads out of bounds.
-  const std::int64_t seq_len = std::max<std::int64_t>(0, std::min({start + j + 1, a.max_seq, l.capacity}));
+  const std::int64_t seq_len = std::max<std::int64_t>(0, std::min({start + j + 1, a.max_seq, a.reach}));
   const std::int64_t first = std::min(a.first_visible(start + j), seq_len);
   const float* q_rot = a.scratch + s.q_rot(row, h);
   const float* q_jl = a.scratch + s.q_jl(row, h);
@@ -364,7 +368,7 @@ void tq_attend_row_head(const TqAttendCall& a, std::int64_t row, std::int64_t h)
   // The exact copy of timestep t (keys or values), or null when attention reads its codes.
   auto exact = [&](const std::uint32_t* cache, std::int64_t offset, std::int64_t t) -> const std::uint32_t* {
     const std::int64_t row = l.exact_row(t, end);
-    return row < 0 ? nullptr : cache + offset + (kv_head * l.exact_rows() + row) * l.exact_row_words();
+    return row < 0 ? nullptr : cache + offset + l.exact_row_at(seq.exact_set, kv_head, row);
   };
   std::vector<double> scores(static_cast<std::size_t>(seq_len)), acc(static_cast<std::size_t>(D), 0.0);
   double m = -std::numeric_limits<double>::infinity();
@@ -373,9 +377,9 @@ void tq_attend_row_head(const TqAttendCall& a, std::int64_t row, std::int64_t h)
     if (const std::uint32_t* k = exact(k_cache, l.key_exact_offset(), t)) {
       for (std::int64_t d = 0; d < D; ++d) dot += double(q_rot[d]) * exact_element(k, d);
     } else {
-      dot = tq_key_dot(a.tables, q_rot, q_jl, q_jl_sum, k_cache, slot0 + t, qjl_scale);
+      dot = tq_key_dot(a.tables, q_rot, q_jl, q_jl_sum, k_cache, slot0 + seq.timestep(t), qjl_scale);
       if (l.key_block) {  // the block's mean, which the codes do not hold
-        const std::uint32_t* mean = k_cache + l.key_mean(kv_head, t);
+        const std::uint32_t* mean = k_cache + l.key_mean(kv_head, seq.timestep(t));
         for (std::int64_t d = 0; d < D; ++d) dot += double(q_rot[d]) * mean_element(mean, d);
       }
     }
@@ -392,7 +396,7 @@ void tq_attend_row_head(const TqAttendCall& a, std::int64_t row, std::int64_t h)
   m = std::max(m, sink);
   double sum = std::exp(sink - m);
   for (std::int64_t t = first; t < seq_len; ++t) {
-    const std::int64_t slot = slot0 + t;
+    const std::int64_t slot = slot0 + seq.timestep(t);
     const double p = std::exp(scores[std::size_t(t)] - m);
     sum += p;
     if (const std::uint32_t* v = exact(v_cache, l.value_exact_offset(), t)) {
@@ -404,7 +408,7 @@ void tq_attend_row_head(const TqAttendCall& a, std::int64_t row, std::int64_t h)
     for (std::int64_t d = 0; d < D; ++d)
       acc[std::size_t(d)] += p * vn * vcb.centroids[get_code(codes, d, l.value_bits)];
     if (l.value_block) {
-      const std::uint32_t* mean = v_cache + l.value_mean(kv_head, t);
+      const std::uint32_t* mean = v_cache + l.value_mean(kv_head, seq.timestep(t));
       for (std::int64_t d = 0; d < D; ++d) acc[std::size_t(d)] += p * mean_element(mean, d);
     }
   }

@@ -245,6 +245,44 @@ BackwardCall validate_backward(const Backend& backend, const BackwardArgs& a, co
   return c;
 }
 
+std::int64_t check_tq_page_table(const Backend& backend, const TqLayout& l, const TqPageTable& t, std::int64_t batch) {
+  if (!l.paged()) {
+    if (t.pages != nullptr || t.exact_sets != nullptr) {
+      throw Error("pages", "a page table needs a pooled layout (page_size > 0); this one is contiguous");
+    }
+    return l.capacity;
+  }
+  check_pointer("pages", t.pages, alignof(std::int32_t));
+  if (t.max_pages < 1 || t.max_pages > l.pages()) {
+    throw Error("max_pages",
+                std::to_string(t.max_pages) + " must be in [1, the pool's pages " + std::to_string(l.pages()) + "]");
+  }
+  if (t.exact_sets != nullptr) check_pointer("exact_sets", t.exact_sets, alignof(std::int32_t));
+  if (backend.page_table_memory() == Memory::host) {
+    for (std::int64_t b = 0; b < batch; ++b) {
+      const std::int64_t e = t.exact_sets != nullptr ? std::int64_t(t.exact_sets[b]) : b;
+      if (e < 0 || e >= l.exact_sets) {
+        throw Error("exact_sets", "sequence " + std::to_string(b) + "'s exact set " + std::to_string(e) +
+                                      " must lie in [0, layout.exact_sets = " + std::to_string(l.exact_sets) + ")" +
+                                      (t.exact_sets ? "" : " (no exact_sets: sequence b uses set b)"));
+      }
+    }
+  }
+  return t.max_pages * l.page_size;
+}
+
+void check_tq_pages_read(const Backend& backend, const TqLayout& l, const TqPageTable& t, std::int64_t b,
+                         std::int64_t end) {
+  if (!l.paged() || backend.page_table_memory() != Memory::host) return;
+  for (std::int64_t p = 0; p * l.page_size < end; ++p) {
+    const std::int64_t page = t.pages[b * t.max_pages + p];
+    if (page < 0 || page >= l.pages()) {
+      throw Error("pages", "entry [" + std::to_string(b) + ", " + std::to_string(p) + "] = " + std::to_string(page) +
+                               " must lie in [0, the pool's pages " + std::to_string(l.pages()) + ")");
+    }
+  }
+}
+
 void validate_tq_layout(const TqLayout& l) {
   const std::int64_t d = l.head_dim;
   if (d < 32 || d > kMaxTqHeadDim || (d & (d - 1)) != 0 || d % 32 != 0) {
@@ -296,11 +334,38 @@ void validate_tq_layout(const TqLayout& l) {
     }
     if (keys && l.qjl) throw Error(name, "needs keys without QJL (qjl = false)");
   }
+  if (l.page_size != 0) {
+    const std::int64_t P = l.page_size;
+    if (P < 16 || P > 256 || (P & (P - 1)) != 0) {
+      throw Error("page_size", std::to_string(P) + " must be 0 (contiguous) or a power of two in [16, 256]");
+    }
+    if (l.capacity % P != 0) {
+      throw Error("capacity", "a pool's capacity " + std::to_string(l.capacity) +
+                                  " must be a whole number of pages of page_size " + std::to_string(P));
+    }
+    for (const bool keys : {true, false}) {
+      if (l.mean_block(keys) > P) {
+        throw Error(keys ? "key_block" : "value_block", std::to_string(l.mean_block(keys)) +
+                                                            " must not exceed page_size " + std::to_string(P) +
+                                                            " (a page holds whole blocks of means)");
+      }
+    }
+  }
+  if (l.exact_sets < 1) throw Error("exact_sets", "must be >= 1");
+  if (!l.paged() && l.exact_sets != 1) {
+    throw Error("exact_sets", "must be 1 for a contiguous image (page_size 0): it holds one sequence's exact rows");
+  }
+  const std::int64_t exact_words = checked_mul(checked_mul(l.exact_sets, l.n_kv_heads, "exact_sets"),
+                                               l.exact_rows() * l.exact_row_words(), "exact_sets");
+  if (exact_words > std::int64_t(std::numeric_limits<std::uint32_t>::max())) {
+    throw Error("exact_sets", "the exact regions must hold fewer than 2^32 words (32-bit word indices)");
+  }
   const std::int64_t slots = checked_mul(l.n_kv_heads, l.capacity, "capacity");
   // The widest slot (up to 5 key parts' norms), with an exact row's share and both block means' (8 timesteps
   // to a block at least).
   const std::int64_t words_per_slot = d * 4 / 32 + d / 32 + 3 + d / 2 + d / 8;
-  if (checked_mul(slots, words_per_slot, "capacity") > std::int64_t(std::numeric_limits<std::uint32_t>::max())) {
+  if (checked_mul(slots, words_per_slot, "capacity") + exact_words >
+      std::int64_t(std::numeric_limits<std::uint32_t>::max())) {
     throw Error("capacity", "the packed cache must hold fewer than 2^32 words (32-bit word indices)");
   }
 }
@@ -318,12 +383,15 @@ TqEncodeCall validate_tq_encode_views(const Backend& backend, const TqEncodeArgs
   const std::int64_t T = a.x.shape[1];
   check_shape(view, a.x, {1, T, l.n_kv_heads, l.head_dim}, "[1, T, n_kv_heads, head_dim]");
   if (a.start_pos < 0) throw Error("start_pos", "must be >= 0");
-  if (a.start_pos > l.capacity - T) {  // no sum: start_pos may be anything up to INT64_MAX here
+  const std::int64_t reach = check_tq_page_table(backend, l, a.pages, 1);
+  if (a.start_pos > reach - T) {  // no sum: start_pos may be anything up to INT64_MAX here
     throw Error("start_pos", "cache full: " + std::to_string(T) + " timesteps from " + std::to_string(a.start_pos) +
-                                 " pass capacity " + std::to_string(l.capacity));
+                                 " pass " + (l.paged() ? "max_pages * page_size " : "capacity ") +
+                                 std::to_string(reach));
   }
   check_pointer("cache", a.cache, alignof(std::uint32_t));
   if (auto why = backend.unsupported(l)) throw Error("backend", backend.name() + ": " + *why);
+  check_tq_pages_read(backend, l, a.pages, 0, a.start_pos + T);
   TqEncodeCall c(Validator::stamp());
   c.tables = a.tables;
   c.keys = keys;
@@ -331,6 +399,7 @@ TqEncodeCall validate_tq_encode_views(const Backend& backend, const TqEncodeArgs
   c.start_pos = a.start_pos;
   c.cache = a.cache;
   c.stream = a.stream;
+  c.pages = a.pages;
   return c;
 }
 
@@ -379,34 +448,30 @@ TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
   if (a.n_heads < 1 || a.n_heads % l.n_kv_heads != 0) {
     throw Error("n_heads", "must be a positive multiple of n_kv_heads (" + std::to_string(l.n_kv_heads) + ")");
   }
-  // First, so that every sum of a position and n_queries below is small (capacity < 2^32).
-  if (a.n_queries < 1 || a.n_queries > l.capacity) {
-    throw Error("n_queries", "must be in [1, capacity " + std::to_string(l.capacity) + "]");
-  }
   if (a.batch < 1) throw Error("batch", "must be >= 1");
+  // What positions are checked against: a sequence's own image, or its row of a pool's table.
+  const std::int64_t reach = check_tq_page_table(backend, l, a.pages, a.batch);
+  const std::string limit = (l.paged() ? "max_pages * page_size " : "capacity ") + std::to_string(reach);
+  // First, so that every sum of a position and n_queries below is small (reach < 2^32).
+  if (a.n_queries < 1 || a.n_queries > reach) throw Error("n_queries", "must be in [1, " + limit + "]");
   const std::int64_t rows = checked_mul(a.batch, a.n_queries, "batch");
   const std::int64_t q_cap = a.q_cap == 0 ? rows : a.q_cap;
   if (q_cap < rows) throw Error("q_cap", "must be >= batch * n_queries");
   checked_mul(checked_mul(q_cap, a.n_heads, "q_cap"), 2 * l.head_dim + 1, "q_cap");
-  checked_mul(a.batch, l.key_words() + l.value_words(), "batch");
+  if (!l.paged()) checked_mul(a.batch, l.key_words() + l.value_words(), "batch");
   std::int64_t max_seq = 0;
   if (a.start_positions != nullptr) {
     check_pointer("start_positions", a.start_positions, alignof(std::int32_t));
-    max_seq = a.max_seq.value_or(l.capacity);
+    max_seq = a.max_seq.value_or(reach);
   } else {
-    if (a.start_pos < 0 || a.start_pos >= l.capacity) {
-      throw Error("start_pos", "must be in [0, capacity " + std::to_string(l.capacity) + ")");
-    }
-    if (!a.max_seq && a.n_queries > l.capacity - a.start_pos) {
+    if (a.start_pos < 0 || a.start_pos >= reach) throw Error("start_pos", "must be in [0, " + limit + ")");
+    if (!a.max_seq && a.n_queries > reach - a.start_pos) {
       throw Error("start_pos", "query rows " + std::to_string(a.start_pos) + ".." +
-                                   std::to_string(a.start_pos + a.n_queries - 1) + " pass capacity " +
-                                   std::to_string(l.capacity));
+                                   std::to_string(a.start_pos + a.n_queries - 1) + " pass " + limit);
     }
     max_seq = a.max_seq ? *a.max_seq : a.start_pos + a.n_queries;
   }
-  if (max_seq < 0 || max_seq > l.capacity) {
-    throw Error("max_seq", "must be in [0, capacity " + std::to_string(l.capacity) + "]");
-  }
+  if (max_seq < 0 || max_seq > reach) throw Error("max_seq", "must be in [0, " + limit + "]");
   TqAttendCall c(Validator::stamp());
   c.tables = a.tables;
   c.scratch_layout = {q_cap, a.n_heads, l.head_dim};
@@ -442,6 +507,13 @@ TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
   c.v_cache = a.v_cache;
   c.out = a.out;
   c.stream = a.stream;
+  c.pages = a.pages;
+  c.reach = reach;
+  // The pages each sequence's rows read (host tables; device kernels clamp): up to where its sequence ends.
+  for (std::int64_t b = 0; l.paged() && backend.page_table_memory() == Memory::host && b < a.batch; ++b) {
+    const std::int64_t start = a.start_positions != nullptr ? std::int64_t(a.start_positions[b]) : a.start_pos;
+    check_tq_pages_read(backend, l, a.pages, b, std::max<std::int64_t>(0, c.sequence_end(start)));
+  }
   if (check_workspace) {
     const std::size_t need = backend.tq_attend_workspace(c);
     if (need > 0 && (a.workspace == nullptr || a.workspace_bytes < need)) {

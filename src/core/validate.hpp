@@ -26,6 +26,14 @@ ForwardCall validate_forward(const Backend& backend, const ForwardArgs& args, co
 BackwardCall validate_backward(const Backend& backend, const BackwardArgs& args, const AttentionParams& params);
 
 void validate_tq_layout(const TqLayout& layout);
+// A pool's table (TqPageTable) for `batch` sequences: its pointers, max_pages, and where the backend reads
+// it on the host, every sequence's exact set. Returns the timesteps a sequence can hold (tq_reach). A
+// contiguous layout takes no table.
+std::int64_t check_tq_page_table(const Backend& backend, const TqLayout& layout, const TqPageTable& table,
+                                 std::int64_t batch);
+// Where the backend reads tables on the host: the pages of sequence b's timesteps [0, end) exist.
+void check_tq_pages_read(const Backend& backend, const TqLayout& layout, const TqPageTable& table, std::int64_t b,
+                         std::int64_t end);
 // `view` names args.x in errors (TqKvCache calls it "k" or "v"). Every row's norm is checked last: on
 // the host for host memory, else by backend.tq_unstorable_row (on the device: a synchronisation).
 TqEncodeCall validate_tq_encode(const Backend& backend, const TqEncodeArgs& args, bool keys, const char* view = "x");

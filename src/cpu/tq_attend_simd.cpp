@@ -335,8 +335,9 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   const std::int64_t N = std::int64_t(hn::Lanes(d));
   const TqLayout& lay = a.layout();
   const std::int64_t D = lay.head_dim, H = a.n_heads, G = H / lay.n_kv_heads, b = row / a.n_queries;
-  const std::uint32_t* keys = a.k_cache + b * lay.key_words();
-  const std::uint32_t* values = a.v_cache + b * lay.value_words();
+  const std::uint32_t* keys = a.keys(b);
+  const std::uint32_t* values = a.values(b);
+  const TqSequence seq = a.sequence(b);
   const KeyFields fields(lay.key_bits);
   const ValueDecoder<decltype(d), kValueBits> value_codes(d, a.tables.value_centroids.data());
   const float scale = a.scale, qjl = a.qjl_scale;
@@ -361,7 +362,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   // The exact copy of timestep t, or null when its codes are read (docs/turboquant_layout.md).
   auto exact = [&](const std::uint32_t* cache, std::int64_t region, std::int64_t t) -> const std::uint32_t* {
     const std::int64_t r = lay.exact_row(t, end);
-    return r < 0 ? nullptr : cache + region + (kvh * lay.exact_rows() + r) * lay.exact_row_words();
+    return r < 0 ? nullptr : cache + region + lay.exact_row_at(seq.exact_set, kvh, r);
   };
   alignas(64) float w[GT][kBlock];
   // Decoded keys: each token's per-head vector of partial dot products (N <= 16 lanes), reduced by row_sums;
@@ -378,7 +379,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   auto key_mean_dot = [&](std::int64_t t) -> const float* {
     if (t / lay.key_block != key_block_seen) {
       key_block_seen = t / lay.key_block;
-      const std::uint32_t* mean = keys + lay.key_mean(kvh, t);
+      const std::uint32_t* mean = keys + lay.key_mean(kvh, seq.timestep(t));
       V sum[GT];
       for (int g = 0; g < GT; ++g) sum[g] = hn::Zero(d);
       for (std::int64_t c = 0; c < D; c += N) {
@@ -389,12 +390,15 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
     }
     return key_mean_dots;
   };
-  for (std::int64_t tb = t0; tb < t1; tb += kBlock) {
-    const std::int64_t n = std::min(kBlock, t1 - tb);
+  for (std::int64_t tb = t0, n = 0; tb < t1; tb += n) {
+    // A softmax step stays in one page of a pool (its timesteps are consecutive slots there).
+    n = std::min(kBlock, t1 - tb);
+    if (lay.paged()) n = std::min<std::int64_t>(n, lay.page_size - tb % lay.page_size);
+    const std::int64_t slot0 = kvh * lay.capacity + seq.timestep(tb);  // timestep tb's slot
     // Whether the block holds an exact row: the sinks, or the recent window at the sequence's end.
     const bool any_exact = tb < lay.sink_tokens || (lay.recent_tokens > 0 && tb + n > end - lay.recent_tokens);
     for (std::int64_t t = 0; t < n; ++t) {  // scores of the block's tokens, four heads at once
-      const std::int64_t slot = kvh * lay.capacity + tb + t;
+      const std::int64_t slot = slot0 + t;
       coded[t] = false;
       if (const std::uint32_t* k = any_exact ? exact(keys, lay.key_exact_offset(), tb + t) : nullptr) {
         for (int g = 0; g < 4; ++g) scores[t][g] = 0.0f;
@@ -459,7 +463,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
         for (int g = 0; g < GT; ++g) scores[t][g] += dots[g];
       }
     }
-    const std::uint32_t* value_norms = values + lay.value_norm_offset() + kvh * lay.capacity + tb;
+    const std::uint32_t* value_norms = values + lay.value_norm_offset() + slot0;
     for (std::int64_t t = 0; t < n; ++t) {  // |v_t|, once for the heads (1 for an exact row)
       exact_v[t] = any_exact ? exact(values, lay.value_exact_offset(), tb + t) : nullptr;
       vnorm[t] = exact_v[t] ? 1.0f : f16_low(value_norms[t]);
@@ -481,7 +485,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
           for (std::int64_t u = t; u < block_end; ++u)
             if (!exact_v[u]) weight += s[u];
           if (weight != 0.0f) {
-            const std::uint32_t* mean = values + lay.value_mean(kvh, tb + t);
+            const std::uint32_t* mean = values + lay.value_mean(kvh, seq.timestep(tb + t));
             const V wt = hn::Set(d, weight);
             for (std::int64_t c = 0; c < D; c += N)
               hn::StoreU(hn::MulAdd(wt, f16_chunk(d, mean, c), hn::LoadU(d, acc + g * D + c)), d, acc + g * D + c);
@@ -494,8 +498,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
     // Values, two chunks at a time: the heads' accumulators of the chunks stay in registers over the
     // block, each weight is broadcast once for both, and the two chunks' FMA chains interleave.
     const std::int64_t code_bytes = 4 * lay.value_code_words();
-    const auto* block_codes =
-        reinterpret_cast<const std::uint8_t*>(values + (kvh * lay.capacity + tb) * lay.value_code_words());
+    const auto* block_codes = reinterpret_cast<const std::uint8_t*>(values + slot0 * lay.value_code_words());
     for (std::int64_t c = 0; c < D; c += 2 * N) {
       V sum0[GT], sum1[GT];
       for (int g = 0; g < GT; ++g) {
@@ -508,7 +511,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
         if (any_exact && exact_v[t]) {
           cent0 = exact_chunk(d, exact_v[t], c);
           cent1 = exact_chunk(d, exact_v[t], c + N);
-        } else if (value_codes.pairs_at(kvh * lay.capacity + tb + t, lay.slots())) {
+        } else if (value_codes.pairs_at(slot0 + t, lay.slots())) {
           value_codes.decode_pair(d, codes, c, cent0, cent1);
         } else {
           cent0 = value_codes.decode(d, codes, c);
@@ -598,7 +601,7 @@ bool tq_attend_simd(const TqAttendCall& a, int threads) {
     const std::int64_t split = u % splits, row = (u / splits) / l.n_kv_heads, kvh = (u / splits) % l.n_kv_heads;
     const std::int64_t b = row / a.n_queries, j = row % a.n_queries;
     const std::int64_t start = a.start_positions ? std::int64_t(a.start_positions[b]) : a.start_pos;
-    const std::int64_t seq = std::max<std::int64_t>(0, std::min({start + j + 1, a.max_seq, l.capacity}));
+    const std::int64_t seq = std::max<std::int64_t>(0, std::min({start + j + 1, a.max_seq, a.reach}));
     const std::int64_t first = std::min(a.first_visible(start + j), seq);
     const std::int64_t per = (seq - first + splits - 1) / splits;
     const std::int64_t t0 = std::min(seq, first + split * per), t1 = std::min(seq, t0 + per);

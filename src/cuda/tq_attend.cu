@@ -31,6 +31,7 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   const std::int64_t kvh = blockIdx.y / a.n_tiles, j = a.first_row + blockIdx.z;  // row b * n_queries + j of the batch
   const std::uint32_t* keys = keys_of(a, j);
   const std::uint32_t* values = values_of(a, j);
+  const TqSequence sq = sequence_of(a, j);
   const std::int64_t G = a.H / a.l.n_kv_heads, h0 = kvh * G + (blockIdx.y % a.n_tiles) * HT;
   const std::int64_t t0 = std::int64_t(split) * kSplitTokens;
   const std::int64_t visible = seq_len_of(a, j) - t0, first = first_visible_of(a, j);
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   const int n_vblocks = vg ? int((t0 + n - 1) / vg - vb0 + 1) : 0;
   for (int i = tid; i < HT * n_kblocks; i += kThreads) {
     const int g = i / n_kblocks, bi = i % n_kblocks;
-    const std::uint32_t* mean = keys + l.key_mean(kvh, (kb0 + bi) * kg);
+    const std::uint32_t* mean = keys + l.key_mean(kvh, sq.timestep((kb0 + bi) * kg));
     float dot = 0.0f;
     for (int w = 0; w < D / 2; ++w) {
       const std::uint32_t word = mean[w];
@@ -85,11 +86,11 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   }
   if (kg) __syncthreads();
   for (int tt = tid; tt < n; tt += kThreads) {
-    const std::int64_t slot = kvh * l.capacity + t0 + tt;
+    const std::int64_t slot = kvh * l.capacity + sq.timestep(t0 + tt);
     const int er = int(l.exact_row(t0 + tt, end));
     exact_row[tt] = er;
     if (er >= 0) {  // a sink or recent timestep: its exact rotated row, bf16 pairs
-      const std::uint32_t* k = keys + l.key_exact_offset() + (kvh * l.exact_rows() + er) * (D / 2);
+      const std::uint32_t* k = keys + l.key_exact_offset() + l.exact_row_at(sq.exact_set, kvh, er);
       float dot[HT] = {};
       for (int w = 0; w < D / 2; ++w) {
         const std::uint32_t word = k[w];
@@ -184,10 +185,10 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
   float acc[HT][R] = {};
   const int value_words = D * vb / 32;
   for (int tt = 0; tt < n; ++tt) {
-    const std::uint32_t* codes = values + (kvh * l.capacity + t0 + tt) * value_words;
+    const std::uint32_t* codes = values + (kvh * l.capacity + sq.timestep(t0 + tt)) * value_words;
     const int er = exact_row[tt];
     const unsigned short* exact = reinterpret_cast<const unsigned short*>(
-        values + l.value_exact_offset() + (kvh * l.exact_rows() + (er < 0 ? 0 : er)) * (D / 2));
+        values + l.value_exact_offset() + l.exact_row_at(sq.exact_set, kvh, er < 0 ? 0 : er));
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int d = tid + r * kThreads;
@@ -201,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) attend_partial(AttendParams a) {
     }
   }
   for (int bi = 0; bi < n_vblocks; ++bi) {  // the value blocks' means, once each
-    const std::uint32_t* mean = values + l.value_mean(kvh, (vb0 + bi) * vg);
+    const std::uint32_t* mean = values + l.value_mean(kvh, sq.timestep((vb0 + bi) * vg));
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int d = tid + r * kThreads;
@@ -438,6 +439,8 @@ void launch_tq_attend(const TqAttendCall& c, TqAttendKernel kernel) {
   a.n_splits = n_splits_of(c, kernel);
   a.split_tokens = int(split_tokens_of(c, kernel));
   a.window = c.window;
+  a.pages = c.pages;
+  a.reach = c.reach;
   a.softcap = c.softcap;
   a.sinks = c.sinks;
   const int ht = heads_per_block(c, kernel);

@@ -33,6 +33,8 @@ struct AttendParams {
   int n_splits, n_tiles;
   int split_tokens;     // timesteps per block (split)
   std::int64_t window;  // 0 = none; else row p sees (p - window, p]
+  TqPageTable pages;    // a pool's (l.paged()): sequence b's timesteps through row b
+  std::int64_t reach;   // timesteps a sequence can hold (tq_reach): what positions are clamped to
   float softcap;        // TqAttendCall::softcap (0 = none)
   const float* sinks;   // [H] or null (TqAttendCall::sinks): the merge joins them
   float key_centroids[16], value_centroids[16];
@@ -54,14 +56,14 @@ __device__ __forceinline__ float capped_score(float s, float cap) {
 __device__ __forceinline__ std::int64_t seq_len_of(const AttendParams& a, std::int64_t z) {
   const std::int64_t b = z / a.n_queries, j = z % a.n_queries;
   const std::int64_t start = a.starts != nullptr ? std::int64_t(a.starts[b]) : a.start_pos;
-  return max(std::int64_t(0), min(min(start + j + 1, a.max_seq), a.l.capacity));
+  return max(std::int64_t(0), min(min(start + j + 1, a.max_seq), a.reach));
 }
 
 // Where row z's sequence ends: its exact recent window's end (TqAttendCall::sequence_end).
 __device__ __forceinline__ std::int64_t sequence_end_of(const AttendParams& a, std::int64_t z) {
   const std::int64_t b = z / a.n_queries;
   const std::int64_t start = a.starts != nullptr ? std::int64_t(a.starts[b]) : a.start_pos;
-  return max(std::int64_t(0), min(min(start + a.n_queries, a.max_seq), a.l.capacity));
+  return max(std::int64_t(0), min(min(start + a.n_queries, a.max_seq), a.reach));
 }
 
 // The first timestep row z sees (the sliding window's start; 0 without one).
@@ -72,13 +74,39 @@ __device__ __forceinline__ std::int64_t first_visible_of(const AttendParams& a, 
   return p >= a.window ? p - a.window + 1 : 0;  // TqAttendCall::first_visible
 }
 
-// Sequence b's caches.
+// Row z's sequence's caches (a pool's are shared) and where its timesteps and exact rows are in them.
 __device__ __forceinline__ const std::uint32_t* keys_of(const AttendParams& a, std::int64_t z) {
-  return a.k + (z / a.n_queries) * a.l.key_words();
+  return a.k + tq_sequence_base(a.l, z / a.n_queries, true);
 }
 __device__ __forceinline__ const std::uint32_t* values_of(const AttendParams& a, std::int64_t z) {
-  return a.v + (z / a.n_queries) * a.l.value_words();
+  return a.v + tq_sequence_base(a.l, z / a.n_queries, false);
 }
+__device__ __forceinline__ TqSequence sequence_of(const AttendParams& a, std::int64_t z) {
+  return tq_sequence(a.l, a.pages, z / a.n_queries);
+}
+
+// A warp's walk over consecutive tiles of one sequence (a tile within one page): how far each tile's timesteps
+// lie from where a contiguous image has them (0 without pages), the next page's table entry loaded a page
+// ahead, so that its latency hides behind the current page's tiles instead of stalling each tile's copies.
+struct PageWalk {
+  TqSequence sq;
+  std::int64_t limit;                            // the walk's end: no entry past it is loaded
+  std::int64_t page = -2, moved = 0, ahead = 0;  // -2: no page yet (and none loaded ahead)
+
+  __device__ __forceinline__ std::int64_t moved_at(std::int64_t t) {
+    if (sq.pages == nullptr) return 0;
+    const std::int64_t p = t >> sq.page_shift;
+    if (p != page) {
+      moved = p == page + 1 ? ahead : offset_of(p);
+      page = p;
+      if (((p + 1) << sq.page_shift) < limit) ahead = offset_of(p + 1);
+    }
+    return moved;
+  }
+  __device__ __forceinline__ std::int64_t offset_of(std::int64_t p) const {
+    return sq.timestep(p << sq.page_shift) - (p << sq.page_shift);
+  }
+};
 
 constexpr std::int64_t kMaxGridZ = 65535;
 

@@ -23,6 +23,9 @@ constexpr int kThreads = 64;
 struct Span {
   std::int64_t start, end;   // the call's timesteps [start, end)
   std::int64_t first, stop;  // those it codes, [first, stop): the ones that leave the recent window
+  TqPageTable pages;         // a pool's: the sequence's pages and exact set
+
+  __device__ TqSequence sequence(const TqLayout& l) const { return tq_sequence(l, pages, 0); }
 };
 
 // Timestep u's exact row: a row of the call, or one the cache holds (sinks and the window before the call).
@@ -32,7 +35,7 @@ __device__ void source_row(const TqTables& tables, const TensorView& x, const Sp
   const TqLayout& l = tables.layout;
   if (u >= s.start) return exact_row_of<T>(tables, x, u - s.start, h, keys, cache, out);
   const std::uint32_t* words = cache + (keys ? l.key_exact_offset() : l.value_exact_offset()) +
-                               (h * l.exact_rows() + l.exact_row(u, s.start)) * l.exact_row_words();
+                               l.exact_row_at(s.sequence(l).exact_set, h, l.exact_row(u, s.start));
   for (std::int64_t d = 0; d < l.head_dim; ++d)
     out[d] = double(__uint_as_float((words[d / 2] >> (16 * (d % 2))) << 16));
 }
@@ -52,7 +55,8 @@ __global__ void __launch_bounds__(kThreads) means_kernel(TqTables tables, Tensor
     source_row<T>(tables, x, s, u, h, keys, cache, row);
     for (std::int32_t d = 0; d < D; ++d) sum[d] = __dadd_rn(sum[d], row[d]);
   }
-  std::uint32_t* mean = cache + (keys ? l.key_mean(h, b * g) : l.value_mean(h, b * g));
+  const std::int64_t at = s.sequence(l).timestep(b * g);  // a block lies in one page
+  std::uint32_t* mean = cache + (keys ? l.key_mean(h, at) : l.value_mean(h, at));
   for (std::int32_t k = 0; k < D / 2; ++k) {
     const float lo = float(__ddiv_rn(sum[2 * k], double(g))), hi = float(__ddiv_rn(sum[2 * k + 1], double(g)));
     auto bits = [](float x) { return core::block_mean_half(__half_as_ushort(__float2half_rn(x))); };
@@ -68,11 +72,12 @@ __global__ void __launch_bounds__(kThreads)
   const TqLayout& l = tables.layout;
   const std::int64_t i = std::int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= (s.stop - s.first) * l.n_kv_heads) return;
-  const std::int64_t t = s.first + i / l.n_kv_heads, h = i % l.n_kv_heads, slot = h * l.capacity + t;
+  const std::int64_t t = s.first + i / l.n_kv_heads, h = i % l.n_kv_heads, at = s.sequence(l).timestep(t);
+  const std::int64_t slot = h * l.capacity + at;
   const std::int32_t D = std::int32_t(l.head_dim);
   double r[kRowMaxDim];
   source_row<T>(tables, x, s, t, h, keys, cache, r);
-  const std::uint32_t* mean = cache + (keys ? l.key_mean(h, t) : l.value_mean(h, t));
+  const std::uint32_t* mean = cache + (keys ? l.key_mean(h, at) : l.value_mean(h, at));
   for (std::int32_t d = 0; d < D; ++d) {
     const float m = __half2float(__ushort_as_half(std::uint16_t(mean[d / 2] >> (16 * (d % 2)))));
     r[d] = __dsub_rn(r[d], double(m));
@@ -110,7 +115,7 @@ __global__ void __launch_bounds__(kThreads)
   double r[kRowMaxDim];
   exact_row_of<T>(tables, x, t - s.start, h, keys, cache, r);
   std::uint32_t* words =
-      cache + (keys ? l.key_exact_offset() : l.value_exact_offset()) + (h * l.exact_rows() + row) * l.exact_row_words();
+      cache + (keys ? l.key_exact_offset() : l.value_exact_offset()) + l.exact_row_at(s.sequence(l).exact_set, h, row);
   for (std::int64_t k = 0; k < l.head_dim / 2; ++k)
     words[k] = std::uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(float(r[2 * k])))) |
                std::uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(float(r[2 * k + 1])))) << 16;
@@ -123,7 +128,7 @@ unsigned grid_for(std::int64_t threads) { return unsigned((threads + kThreads - 
 void launch_tq_encode_with_means(const TqEncodeCall& c) {
   const TqLayout& l = c.layout();
   const std::int64_t g = l.mean_block(c.keys), w = l.recent_tokens, H = l.n_kv_heads;
-  Span s{c.start_pos, c.start_pos + c.tokens(), 0, 0};
+  Span s{c.start_pos, c.start_pos + c.tokens(), 0, 0, c.pages};
   s.first = std::max<std::int64_t>(0, s.start - w);
   s.stop = std::max(s.first, s.end - w);
   // The blocks whose first timestep is in [first, stop).

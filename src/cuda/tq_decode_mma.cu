@@ -62,8 +62,9 @@ struct TileStage {
   std::uint32_t key_norm[16], value_norm[16];
 };
 
-// kCapped: scores go through the softcap (a.softcap > 0), a template argument to keep the common loop free of it.
-template <bool kCapped>
+// kCapped: scores go through the softcap (a.softcap > 0), a template argument to keep the common loop free of it;
+// kPaged: the caches are a pool read through a page table (a.l.paged()), likewise.
+template <bool kCapped, bool kPaged>
 __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams a) {
   __shared__ KeyFragments frag;
   __shared__ float w_tile[kWarps][16][4];
@@ -78,6 +79,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   const std::int64_t kvh = blockIdx.y / a.n_tiles, j = a.first_row + blockIdx.z;  // row b * n_queries + j of the batch
   const std::uint32_t* keys = keys_of(a, j);
   const std::uint32_t* values = values_of(a, j);
+  const TqSequence sq = sequence_of(a, j);
   const std::int64_t h0 = kvh * (a.H / a.l.n_kv_heads) + (blockIdx.y % a.n_tiles) * 4;
   // Token positions fit in 32 bits (the validator caps a cache below 2^32 words).
   const int seq = int(seq_len_of(a, j));
@@ -139,18 +141,22 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   const std::uint32_t* norm_src =
       lane < 16 ? keys + k_norm_off + first + lane : values + v_norm_off + first + lane - 16;
   const std::uint32_t key_step_a = pa < 2 ? 128 : 64, key_step_b = pb < 2 ? 128 : 64;  // words per 16 tokens
+  // A pool's tile (16 timesteps, within one page) is 16 consecutive slots of the page's: its distance from
+  // where the warp's timesteps would be in a contiguous image, in tokens.
+  PageWalk walk{sq, w_end};
   auto fill = [&](int t0, TileStage& st) {
+    const std::int64_t moved = kPaged ? walk.moved_at(t0) : 0;  // in tokens, either way
     if (t0 + 16 <= w_end && k_aligned && v_aligned) {
       const std::uint32_t tile = std::uint32_t(t0 - w_begin) / 16;
-      cp_async16(&st.key[ka][pa], key_src_a + tile * key_step_a);
-      if (lane < 16) cp_async16(&st.key[kb][pb], key_src_b + tile * key_step_b);
-      cp_async16(&st.value[lane / 2][4 * (lane % 2)], value_src + tile * 128);
-      cp_async4(lane < 16 ? &st.key_norm[lane] : &st.value_norm[lane - 16], norm_src + tile * 16);
+      cp_async16(&st.key[ka][pa], key_src_a + tile * key_step_a + moved * std::int64_t(key_step_a / 16));
+      if (lane < 16) cp_async16(&st.key[kb][pb], key_src_b + tile * key_step_b + moved * std::int64_t(key_step_b / 16));
+      cp_async16(&st.value[lane / 2][4 * (lane % 2)], value_src + tile * 128 + moved * 8);
+      cp_async4(lane < 16 ? &st.key_norm[lane] : &st.value_norm[lane - 16], norm_src + tile * 16 + moved);
       cp_async_commit();
       return;
     }
     auto slot_of = [&](int i) {
-      return slot_base + min(std::uint32_t(t0 + i), last);
+      return slot_base + std::uint32_t(min(std::uint32_t(t0 + i), last) + moved);
     };  // the partial last tile repeats `last`
     for (int c = lane; c < 48; c += 32) {
       const int i = c / 3, part = c % 3;
@@ -337,11 +343,14 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
 static_assert(kD == tiles::kTqDecodeMmaDim, "kernel_choice.hpp's table names this kernel's head_dim");
 
 void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream) {
-  if (a.softcap > 0.0f) {
-    launch_dependent(mma_decode_kernel<true>, grid, dim3(32 * kWarps), stream, "TurboQuant decode kernel", a);
-  } else {
-    launch_dependent(mma_decode_kernel<false>, grid, dim3(32 * kWarps), stream, "TurboQuant decode kernel", a);
+  const char* what = "TurboQuant decode kernel";
+  const dim3 block(32 * kWarps);
+  if (a.l.paged()) {
+    if (a.softcap > 0.0f) return launch_dependent(mma_decode_kernel<true, true>, grid, block, stream, what, a);
+    return launch_dependent(mma_decode_kernel<false, true>, grid, block, stream, what, a);
   }
+  if (a.softcap > 0.0f) return launch_dependent(mma_decode_kernel<true, false>, grid, block, stream, what, a);
+  launch_dependent(mma_decode_kernel<false, false>, grid, block, stream, what, a);
 }
 
 }  // namespace flashtq::cuda

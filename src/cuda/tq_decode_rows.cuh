@@ -62,7 +62,8 @@ __device__ __forceinline__ void read_codes(const std::uint32_t* codes, std::int6
   for (int e = 0; e < E; ++e) out[e] = std::uint32_t(window >> (e * at.bits)) & mask;
 }
 
-// Key coordinates [lane * E, lane * E + E) of a coded timestep, in q_rot's space.
+// Key coordinates [lane * E, lane * E + E) of a coded timestep (slot, and t: its timestep in the image), in
+// q_rot's space.
 template <int E>
 __device__ __forceinline__ void decode_key(const TqLayout& l, float qjl_scale, const std::uint32_t* jl_signs,
                                            const std::uint32_t* keys, std::int64_t slot, std::int64_t kvh,
@@ -96,21 +97,21 @@ __device__ __forceinline__ void decode_key(const TqLayout& l, float qjl_scale, c
   }
 }
 
-// Timestep t (slot = kvh * capacity + t) of one sequence's caches, keys and values, for a sequence that
-// ends at `end` (its exact recent window): k and v hold the lane's coordinates. `key_at`, `value_at` and
+// Timestep t of one sequence's caches (slot kvh * capacity + sq.timestep(t)), keys and values, for a sequence
+// that ends at `end` (its exact recent window): k and v hold the lane's coordinates. `key_at`, `value_at` and
 // `key_cent` come from lane_codes (once per thread); kc, vc the codebooks in shared memory.
 template <int E>
 __device__ __forceinline__ void decode_timestep(const TqLayout& l, float qjl_scale, const std::uint32_t* jl_signs,
                                                 const std::uint32_t* keys, const std::uint32_t* values,
-                                                std::int64_t kvh, std::int64_t t, std::int64_t end,
-                                                const LaneCodes& key_at, const LaneCodes& value_at,
+                                                const TqSequence& sq, std::int64_t kvh, std::int64_t t,
+                                                std::int64_t end, const LaneCodes& key_at, const LaneCodes& value_at,
                                                 const float* key_cent, const float* vc, int lane, float (&k)[E],
                                                 float (&v)[E]) {
   constexpr int D = 32 * E;
-  const std::int64_t slot = kvh * l.capacity + t;
+  const std::int64_t at_t = sq.timestep(t), slot = kvh * l.capacity + at_t;
   const std::int64_t er = l.exact_row(t, end);
   if (er >= 0) {  // a sink or recent timestep: its exact rotated rows
-    const std::int64_t at = (kvh * l.exact_rows() + er) * (D / 2);
+    const std::int64_t at = l.exact_row_at(sq.exact_set, kvh, er);
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       const int d = lane * E + e;
@@ -119,14 +120,14 @@ __device__ __forceinline__ void decode_timestep(const TqLayout& l, float qjl_sca
     }
     return;
   }
-  decode_key<E>(l, qjl_scale, jl_signs, keys, slot, kvh, t, key_at, key_cent, lane, k);
+  decode_key<E>(l, qjl_scale, jl_signs, keys, slot, kvh, at_t, key_at, key_cent, lane, k);
   std::uint32_t code[E];
   read_codes<E>(values + slot * l.value_code_words(), l.value_code_words(), value_at, code);
   const float vn = half_at(__ldg(values + l.value_norm_offset() + slot), 0);
 #pragma unroll
   for (int e = 0; e < E; ++e) v[e] = vn * vc[code[e]];
   if (l.value_block) {
-    const std::uint32_t* mean = values + l.value_mean(kvh, t);
+    const std::uint32_t* mean = values + l.value_mean(kvh, at_t);
 #pragma unroll
     for (int e = 0; e < E; ++e) v[e] += half_at(__ldg(mean + (lane * E + e) / 2), (lane * E + e) % 2);
   }

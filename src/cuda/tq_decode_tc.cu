@@ -213,8 +213,9 @@ __device__ __noinline__ void exact_split(const AttendParams& a, float* area, std
   const std::int64_t n_exact = n_sink + max(std::int64_t(0), seq - recent);
   for (int e = tid; e < heads * D; e += kThreads) q[e] = a.scratch[a.scratch_layout.q_rot(j, h0 + e / D) + e % D];
   if (tid < kHeads) run_m[tid] = -INFINITY, run_l[tid] = 0.0f;
-  const std::uint32_t* keys = keys_of(a, j) + l.key_exact_offset() + kvh * l.exact_rows() * (D / 2);
-  const std::uint32_t* values = values_of(a, j) + l.value_exact_offset() + kvh * l.exact_rows() * (D / 2);
+  const std::int64_t set = sequence_of(a, j).exact_set;
+  const std::uint32_t* keys = keys_of(a, j) + l.key_exact_offset() + l.exact_row_at(set, kvh, 0);
+  const std::uint32_t* values = values_of(a, j) + l.value_exact_offset() + l.exact_row_at(set, kvh, 0);
   float acc[kHeads][R] = {};
   __syncthreads();
   for (std::int64_t c0 = 0; c0 < n_exact; c0 += kThreads) {
@@ -317,6 +318,7 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
   }
   const std::uint32_t* keys = keys_of(a, j);
   const std::uint32_t* values = values_of(a, j);
+  const TqSequence sq = sequence_of(a, j);
   const std::int64_t seq = seq_len_of(a, j), end = sequence_end_of(a, j);
   // The coded timesteps this row sees: from the window's start (or the sinks' end) to the recent window.
   // Positions fit in 32 bits (the validator caps a cache below 2^32 words).
@@ -353,9 +355,18 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
   const bool means_vector = vector && (reinterpret_cast<std::uintptr_t>(value_means) % 16 == 0);
   // Whether the tile at t0 ends a value block, or the warp's part of one: the staging and the tile loop both ask.
   auto ends_value_block = [&](int t0) { return vg && (((t0 + kTile) & (vg - 1)) == 0 || t0 + kTile >= w_end); };
+  PageWalk walk{sq, hi};
+  std::int64_t at = 0;  // the staged tile's first timestep in the image
   auto fill = [&](int t0, int buf) {
     const unsigned st = stages + 4u * unsigned(buf * S::kStage);
     const int n = min(kTile, hi - t0);
+    at = t0 + walk.moved_at(t0);
+    if (l.paged()) {  // a pool's tile: 16 consecutive slots of one page (the leads stay: slots start on 16)
+      const std::int64_t slot = kvh * l.capacity + at;
+      k_next = keys + slot * kw + 4 * lane, v_next = values + slot * VW + 4 * lane;
+      kn_next = keys + l.key_norm_offset() + slot * nw + 4 * lane;
+      vn_next = values + l.value_norm_offset() + slot + 4 * lane;
+    }
     if (aligned && n == kTile) {  // every tile but a warp's last, partial one, where the caches allow
       stage_tile<S::kKeyStage>(st, k_next, kTile / 4 * kw, lane);
       stage_tile<S::kValueStage>(st + 4 * kValueAt, v_next, kTile / 4 * VW, lane);
@@ -367,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
                     {k_lead, v_lead, kn_lead, vn_lead}, vector, lane);
     }
     if (ends_value_block(t0)) {
-      const std::uint32_t* mean = value_means + std::int64_t(t0 >> value_shift) * (D / 2);
+      const std::uint32_t* mean = value_means + (at >> value_shift) * (D / 2);
       if (means_vector) {
         if (lane < D / 8) cp_async16(st + 4u * unsigned(kValueMeanAt + 4 * lane), mean + 4 * lane);
       } else {
@@ -419,7 +430,8 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
       const int rows[2] = {b0 + r, b0 + r + 8};
       const std::uint32_t* mean[2];
       for (int x = 0; x < 2; ++x)
-        mean[x] = rows[x] < blocks ? keys + l.key_mean(kvh, std::int64_t(first_block + rows[x]) * kg) : nullptr;
+        mean[x] =
+            rows[x] < blocks ? keys + l.key_mean(kvh, sq.timestep(std::int64_t(first_block + rows[x]) * kg)) : nullptr;
       auto fragment = [&](int x, int word) { return mean[x] ? f16_pair_to_bf16(mean[x][word]) : 0u; };
       float dots[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll

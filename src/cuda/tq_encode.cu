@@ -27,8 +27,8 @@ __device__ __forceinline__ void store_bitstream(std::uint32_t* shared_words, std
 }
 
 template <typename T, int E>
-__global__ void __launch_bounds__(32 * kWarps)
-    encode_kernel(TqTables tables, TensorView x, std::int64_t start, std::uint32_t* cache, bool keys) {
+__global__ void __launch_bounds__(32 * kWarps) encode_kernel(TqTables tables, TensorView x, std::int64_t start,
+                                                             std::uint32_t* cache, bool keys, TqPageTable pages) {
   const TqLayout& l = tables.layout;
   const TqCodebook& cb = keys ? tables.key_codebook : tables.value_codebook;
   __shared__ std::uint32_t words[kWarps][32];
@@ -37,7 +37,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   const std::int64_t T_rows = x.shape[1];
   if (row >= T_rows * l.n_kv_heads) return;
   const std::int64_t t = row / l.n_kv_heads, h = row % l.n_kv_heads;
-  const std::int64_t slot = h * l.capacity + start + t;
+  const TqSequence sq = tq_sequence(l, pages, 0);  // a pool's pages (contiguous: the identity)
+  const std::int64_t slot = h * l.capacity + sq.timestep(start + t);
   const int bits = keys ? l.key_bits : l.value_bits;
   const int code_words = int(l.head_dim) * bits / 32;
   std::uint32_t* codes = cache + slot * code_words;
@@ -58,7 +59,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   unsigned short* exact =
       exact_row < 0 ? nullptr
                     : reinterpret_cast<unsigned short*>(cache + (keys ? l.key_exact_offset() : l.value_exact_offset()) +
-                                                        (h * l.exact_rows() + exact_row) * l.exact_row_words()) +
+                                                        l.exact_row_at(sq.exact_set, h, exact_row)) +
                           lane * E;
   if (n < 1e-12) {  // a zero vector: every word of its slot is 0
     if (exact)
@@ -142,7 +143,7 @@ void launch_tq_encode(const TqEncodeCall& c) {
   by_dtype_and_width(c.x.dtype, c.layout().head_dim, [&](auto tag, auto width) {
     encode_kernel<decltype(tag), decltype(width)::value>
         <<<unsigned((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, static_cast<cudaStream_t>(c.stream)>>>(
-            c.tables, c.x, c.start_pos, c.cache, c.keys);
+            c.tables, c.x, c.start_pos, c.cache, c.keys, c.pages);
   });
   FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant encode kernel");
 }

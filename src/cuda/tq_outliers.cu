@@ -21,11 +21,12 @@ constexpr int kMaxDim = kRowMaxDim;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    encode_parts_kernel(TqTables tables, TensorView x, std::int64_t start, std::uint32_t* cache) {
+    encode_parts_kernel(TqTables tables, TensorView x, std::int64_t start, std::uint32_t* cache, TqPageTable pages) {
   const TqLayout& l = tables.layout;
   const std::int64_t row = std::int64_t(blockIdx.x) * kThreads + threadIdx.x, T_rows = x.shape[1];
   if (row >= T_rows * l.n_kv_heads) return;
-  const std::int64_t t = row / l.n_kv_heads, h = row % l.n_kv_heads, slot = h * l.capacity + start + t;
+  const TqSequence sq = tq_sequence(l, pages, 0);  // a pool's pages (contiguous: the identity)
+  const std::int64_t t = row / l.n_kv_heads, h = row % l.n_kv_heads, slot = h * l.capacity + sq.timestep(start + t);
   const std::int32_t D = std::int32_t(l.head_dim);
   double r[kMaxDim], part[kMaxDim];
   std::int32_t order[kMaxDim];
@@ -36,10 +37,9 @@ __global__ void __launch_bounds__(kThreads)
   for (std::int64_t w = 0; w < l.key_code_words(); ++w) codes[w] = 0u;
   for (std::int64_t w = 0; w < l.key_norm_words(); ++w) norms[w] = 0u;
   const std::int64_t exact_row = l.exact_row(start + t, start + T_rows);
-  unsigned short* exact =
-      exact_row < 0 ? nullptr
-                    : reinterpret_cast<unsigned short*>(cache + l.key_exact_offset() +
-                                                        (h * l.exact_rows() + exact_row) * l.exact_row_words());
+  unsigned short* exact = exact_row < 0 ? nullptr
+                                        : reinterpret_cast<unsigned short*>(cache + l.key_exact_offset() +
+                                                                            l.exact_row_at(sq.exact_set, h, exact_row));
   if (exact)
     for (std::int32_t d = 0; d < D; ++d) exact[d] = 0;
   if (norm < 1e-12) return;  // a zero vector: every word of its slot is 0
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(32 * kRotateWarps)
   const std::int64_t r = std::int64_t(blockIdx.x) * kRotateWarps + warp;
   if (r >= q.shape[0] * n * H) return;                 // whole warps
   const std::int64_t j = r / H, h = r % H, b = j / n;  // j: scratch row b * n + i of query (b, i)
-  const std::uint32_t* mask = core::key_outlier_mask(l, keys + b * l.key_words(), h / (H / l.n_kv_heads));
+  const std::uint32_t* mask = core::key_outlier_mask(l, keys + tq_sequence_base(l, b, true), h / (H / l.n_kv_heads));
   const std::int32_t N = l.key_outliers;
   int set = 0;
   for (int w = 0; w < D / 32; ++w) set += __popc(mask[w]);
@@ -140,7 +140,7 @@ void launch_tq_encode_parts(const TqEncodeCall& c) {
   by_dtype(c.x.dtype, [&](auto tag) {
     encode_parts_kernel<decltype(tag)>
         <<<unsigned((rows + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(c.stream)>>>(
-            c.tables, c.x, c.start_pos, c.cache);
+            c.tables, c.x, c.start_pos, c.cache, c.pages);
   });
   FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant encode kernel (outlier channels)");
 }

@@ -28,6 +28,7 @@ struct DecodeParams {
   __nv_bfloat16* k_rows;  // [batch, Sk, n_kv_heads, D]: timestep first + s at s
   __nv_bfloat16* v_rows;
   std::int64_t batch, first, Sk, end;
+  TqPageTable pages;  // a pool's (l.paged())
   float qjl_scale;
   RowCodebooks books;
   std::uint32_t jl_signs[8];
@@ -72,8 +73,9 @@ __global__ void __launch_bounds__(32 * kWarps) decode_rows(DecodeParams a) {
        row += std::int64_t(gridDim.x) * kWarps) {  // (b, s, kvh) in that order; whole warps
     const std::int64_t b = row / (a.Sk * Hkv), t = a.first + (row / Hkv) % a.Sk, kvh = row % Hkv;
     float k[E], v[E];
-    decode_timestep<E>(l, a.qjl_scale, a.jl_signs, a.k + b * l.key_words(), a.v + b * l.value_words(), kvh, t, a.end,
-                       key_at, value_at, key_cent, vc, lane, k, v);
+    decode_timestep<E>(l, a.qjl_scale, a.jl_signs, a.k + tq_sequence_base(l, b, true),
+                       a.v + tq_sequence_base(l, b, false), tq_sequence(l, a.pages, b), kvh, t, a.end, key_at, value_at,
+                       key_cent, vc, lane, k, v);
     store_bf16<E>(a.k_rows + row * D, k, lane);
     store_bf16<E>(a.v_rows + row * D, v, lane);
   }
@@ -157,6 +159,7 @@ void launch_tq_prefill(const TqAttendCall& c) {
   d.Sk = p.Sk;
   d.end = c.start_pos + c.n_queries;
   d.qjl_scale = c.qjl_scale;
+  d.pages = c.pages;
   for (int i = 0; i < 16; ++i) {
     d.books.key[i] = c.tables.key_centroids[std::size_t(i)];
     d.books.value[i] = c.tables.value_centroids[std::size_t(i)];

@@ -256,6 +256,7 @@ class WebGpuBackend final : public Backend {
   }
   std::optional<std::string> unsupported(const TqLayout& l) const override {
     if (l.head_dim > 256) return "the webgpu TurboQuant kernels take head_dim up to 256";
+    if (l.paged()) return "the webgpu TurboQuant kernels read contiguous images, not page pools (page_size > 0)";
     return std::nullopt;
   }
 
