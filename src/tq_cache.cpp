@@ -15,6 +15,8 @@
 #include "core/crc32c.hpp"
 #include "core/elements.hpp"
 #include "core/entry_guard.hpp"
+#include "core/growing_buffer.hpp"
+#include "core/tq_calibration.hpp"
 #include "core/tq_outliers.hpp"
 #include "core/validate.hpp"
 #include "flashtq/backend.hpp"
@@ -45,23 +47,11 @@ struct FileHeader {
 static_assert(std::is_trivially_copyable_v<TqCacheConfig> && sizeof(TqCacheConfig) == 88,
               "the file header stores TqCacheConfig's bytes: a change to it changes the file format");
 
-// A buffer in the backend's memory that grows to the largest request and is kept.
-struct GrowingBuffer {
-  std::optional<core::BackendBuffer> buffer;
-  void* at_least(Backend& backend, std::size_t bytes) {
-    if (!buffer || buffer->bytes() < bytes) {
-      buffer.reset();  // the old one first: a device may not hold both
-      buffer.emplace(backend, bytes);
-    }
-    return buffer->get();
-  }
-};
-
 }  // namespace
 
 struct TqKvCache::Storage {
   std::vector<core::BackendBuffer> keys, values;  // one per layer
-  GrowingBuffer scratch, workspace;
+  core::GrowingBuffer scratch, workspace;
   // One call at a time: calls from several threads are safe and run one after the other (they
   // share the words, the lengths and the scratch).
   std::mutex mutex;
@@ -140,35 +130,8 @@ void TqKvCache::calibrate(std::int64_t layer, const TensorView& keys) try {
                 "layer " + std::to_string(layer) + " already holds " + std::to_string(length_[std::size_t(layer)]) +
                     " timesteps: outlier channels are chosen before the first append (the codes depend on them)");
   }
-  // The view's extent, copied to the host where it is not there already.
-  std::int64_t extent = keys.shape[3];
-  for (int d = 0; d < 3; ++d) extent += (keys.shape[d] - 1) * keys.strides[d];
-  const std::size_t bytes = std::size_t(extent) * dtype_size(keys.dtype);
-  std::vector<unsigned char> copy;
-  TensorView host = keys;
-  if (keys.memory != Memory::host) {
-    copy.resize(bytes);
-    backend_->synchronize();
-    backend_->download(copy.data(), keys.data, bytes);
-    host.data = copy.data();
-    host.memory = Memory::host;
-  }
-  std::vector<double> energy(std::size_t(l.n_kv_heads * l.head_dim), 0.0);
-  for (std::int64_t t = 0; t < keys.shape[1]; ++t) {
-    for (std::int64_t h = 0; h < l.n_kv_heads; ++h) {
-      const std::int64_t base = core::offset(host, 0, t, h);
-      for (std::int64_t d = 0; d < l.head_dim; ++d) {
-        const double x = core::load(host.data, host.dtype, base + d);
-        if (!std::isfinite(x)) {
-          throw Error("keys", "row (0, " + std::to_string(t) + ", " + std::to_string(h) +
-                                  ") holds a NaN or an infinity; calibration needs finite keys");
-        }
-        energy[std::size_t(h * l.head_dim + d)] += x * x;
-      }
-    }
-  }
   storage_->keys[std::size_t(layer)].write_at(std::size_t(l.key_mask_offset()),
-                                              core::outlier_masks_from_energy(l, energy));
+                                              core::calibrated_outlier_masks(*backend_, l, keys));
 } catch (...) {
   core::rethrow_as_error("keys");
 }

@@ -32,9 +32,11 @@ namespace flashtq {
 namespace {
 
 using conformance::HostTensor;
+using testing_tq::chunks;
 using testing_tq::expect_error;
 using testing_tq::half_value;
 using testing_tq::relative_error;
+using testing_tq::rows_of;
 
 // Rows whose first 8 channels carry a large offset that turns slowly with t (post-RoPE keys look so), plus noise.
 HostTensor drifting_rows(std::int64_t T, std::int64_t Hkv, std::int64_t D, std::mt19937_64& rng) {
@@ -109,14 +111,6 @@ std::vector<double> decoded(const TqLayout& l, const TqTables& tables, const std
   return y;
 }
 
-// A view of rows [start, start + n) of x [1, T, H, D] (f32).
-TensorView rows_of(const TensorView& x, std::int64_t start, std::int64_t n) {
-  TensorView v = x;
-  v.shape[1] = n;
-  v.data = static_cast<float*>(x.data) + start * v.shape[2] * v.shape[3];
-  return v;
-}
-
 // A host tensor in a backend's memory: itself on a host backend, else a copy in a buffer of the backend.
 class On {
  public:
@@ -141,14 +135,6 @@ std::vector<std::string> backends_here() {
   for (const Backend* b : available_backends())
     if (b->name() != "reference") names.push_back(b->name());
   return names;
-}
-
-// Random chunk lengths that add up to T.
-std::vector<std::int64_t> chunks(std::int64_t T, std::mt19937_64& rng) {
-  std::uniform_int_distribution<std::int64_t> len(1, 40);
-  std::vector<std::int64_t> out;
-  for (std::int64_t done = 0; done < T;) out.push_back(std::min(len(rng), T - done)), done += out.back();
-  return out;
 }
 
 void append_in(TqKvCache& cache, const HostTensor& k, const HostTensor& v, const std::vector<std::int64_t>& sizes) {

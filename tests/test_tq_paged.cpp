@@ -24,23 +24,9 @@ namespace {
 
 using conformance::HostTensor;
 using testing::Mirror;
+using testing_tq::chunks;
 using testing_tq::expect_error;
-
-// A view of rows [start, start + n) of x [1, T, H, D] (f32).
-TensorView rows_of(const TensorView& x, std::int64_t start, std::int64_t n) {
-  TensorView v = x;
-  v.shape[1] = n;
-  v.data = static_cast<float*>(x.data) + start * v.shape[2] * v.shape[3];
-  return v;
-}
-
-// A random chunking of T rows (contiguous appends, as a serving engine's prefill and decode steps make them).
-std::vector<std::int64_t> chunks(std::int64_t T, std::mt19937_64& rng) {
-  std::uniform_int_distribution<std::int64_t> len(1, 48);
-  std::vector<std::int64_t> out;
-  for (std::int64_t done = 0; done < T;) out.push_back(std::min(len(rng), T - done)), done += out.back();
-  return out;
-}
+using testing_tq::rows_of;
 
 // One case: a layout (as a pool of pages of page_size) and the sequences it serves.
 struct Case {
@@ -290,9 +276,10 @@ TEST_P(TqPagedOn, AttentionThroughTheTableEqualsTheOracleOverEachImage) {
     for (const auto& [nq, uniform] : {std::pair{1, false}, std::pair{7, false}, std::pair{16, true}}) {
       EXPECT_LT(attention_error(*found, c, e, pt, it, nq, uniform, false, rng), host ? 1e-5 : 1e-2)
           << nq << " query rows" << (uniform ? " from one start" : "");
-      if (!host)
+      if (!host) {
         EXPECT_LT(attention_error(*found, c, e, pt, it, nq, uniform, true, rng), 1e-5)
             << nq << " query rows" << (uniform ? " from one start" : "") << ", exact";
+      }
     }
   }
 }

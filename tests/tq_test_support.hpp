@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,22 @@ inline double relative_error(const std::vector<double>& got, const std::vector<d
     den += want[i] * want[i];
   }
   return std::sqrt(num / den);
+}
+
+// A view of rows [start, start + n) of x [1, T, H, D] (f32, contiguous).
+inline TensorView rows_of(const TensorView& x, std::int64_t start, std::int64_t n) {
+  TensorView v = x;
+  v.shape[1] = n;
+  v.data = static_cast<float*>(x.data) + start * v.shape[2] * v.shape[3];
+  return v;
+}
+
+// Random chunk lengths in [1, longest] that add up to T (contiguous appends, as a serving loop's steps make them).
+inline std::vector<std::int64_t> chunks(std::int64_t T, std::mt19937_64& rng, std::int64_t longest = 40) {
+  std::uniform_int_distribution<std::int64_t> len(1, longest);
+  std::vector<std::int64_t> out;
+  for (std::int64_t done = 0; done < T;) out.push_back(std::min(len(rng), T - done)), done += out.back();
+  return out;
 }
 
 // f() must throw a flashtq::Error naming `argument` whose message contains rule_part.

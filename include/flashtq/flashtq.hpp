@@ -6,5 +6,6 @@
 #include "flashtq/error.hpp"
 #include "flashtq/problem.hpp"
 #include "flashtq/tensor.hpp"
+#include "flashtq/tq_paged_cache.hpp"
 #include "flashtq/turboquant.hpp"
 #include "flashtq/version.hpp"

@@ -253,7 +253,7 @@ struct TqEncodeArgs {
   void* stream = nullptr;
   // A pool (layout.page_size > 0): the sequence's pages (row 0 of the table) and exact set; start_pos
   // and T count the sequence's timesteps, up to max_pages * page_size.
-  TqPageTable pages;
+  TqPageTable pages{};
 };
 
 // The rotated-query scratch [q_rot | q_jl | sums] of `rows` query rows of n_heads heads: q_rot and
@@ -337,7 +337,7 @@ struct TqAttendArgs {
   const float* sinks = nullptr;
   // A pool (layout.page_size > 0): sequence b's timesteps through row b of the table; positions count the
   // sequence's timesteps, up to max_pages * page_size (capacity is the pool's). Both caches are the pool's.
-  TqPageTable pages;
+  TqPageTable pages{};
 };
 
 void tq_encode_keys(Backend& backend, const TqEncodeArgs& args);

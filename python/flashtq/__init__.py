@@ -10,7 +10,8 @@ from flashtq._flashtq import FlashTQError, __version__
 from flashtq.backends import backends, set_threads
 from flashtq.ops import attention, attention_paged, attention_varlen, paged_kv_append
 from flashtq.cache import CacheConfig, TurboQuantCache, TurboQuantConfig, cache_configs, presets
+from flashtq.paged_cache import PagedTurboQuantCache
 
 __all__ = ["FlashTQError", "__version__", "attention", "attention_paged", "attention_varlen", "paged_kv_append",
-           "backends", "set_threads", "CacheConfig", "TurboQuantCache",
+           "backends", "set_threads", "CacheConfig", "TurboQuantCache", "PagedTurboQuantCache",
            "TurboQuantConfig", "cache_configs", "presets"]

@@ -148,6 +148,21 @@ def backend_for_device(device: Union[str, torch.device]) -> tuple[str, torch.dev
     raise error("device", f"must be 'cpu', 'reference' or 'cuda[:i]', got {name!r}")
 
 
+def cache_rows(t: Tensor, name: str, layout: str, device: torch.device, batch: int, batch_is: str) -> Tensor:
+    """t as [B, S, H, D] (a view), checked against a cache's device and the batch it expects (`batch_is` says which)."""
+    if not isinstance(t, Tensor):
+        raise error(name, f"must be a torch.Tensor, got {type(t).__name__}")
+    if layout not in ("bshd", "bhsd"):
+        raise error("layout", f"must be 'bshd' or 'bhsd', got {layout!r}")
+    if t.dim() != 4:
+        raise error(name, f"must be 4-D ({layout}), got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise error(name, f"must be on {device} like the cache, is on {t.device}")
+    if t.shape[0] != batch:
+        raise error(name, f"batch {t.shape[0]} does not match {batch_is} {batch}")
+    return t.transpose(1, 2) if layout == "bhsd" else t
+
+
 class TurboQuantCache:
     """Packed keys and values of `num_layers` layers for `batch_size` sequences of up to `capacity` tokens."""
 
@@ -198,18 +213,7 @@ class TurboQuantCache:
                 seq.set_stream(stream)
 
     def _rows(self, t: Tensor, name: str, layout: str) -> Tensor:
-        """t as [B, S, H, D] (a view), checked against the batch and the host."""
-        if not isinstance(t, Tensor):
-            raise error(name, f"must be a torch.Tensor, got {type(t).__name__}")
-        if layout not in ("bshd", "bhsd"):
-            raise error("layout", f"must be 'bshd' or 'bhsd', got {layout!r}")
-        if t.dim() != 4:
-            raise error(name, f"must be 4-D ({layout}), got shape {tuple(t.shape)}")
-        if t.device != self.device:
-            raise error(name, f"must be on {self.device} like the cache, is on {t.device}")
-        if t.shape[0] != self.batch_size:
-            raise error(name, f"batch {t.shape[0]} does not match the cache's batch_size {self.batch_size}")
-        return t.transpose(1, 2) if layout == "bhsd" else t
+        return cache_rows(t, name, layout, self.device, self.batch_size, "the cache's batch_size")
 
     def append(self, layer: int, k: Tensor, v: Tensor, start_pos: Optional[int] = None, layout: str = "bshd") -> None:
         """Encodes k, v [B, T, Hkv, D] into timesteps start_pos.. of every sequence (default: its current length)."""

@@ -8,5 +8,6 @@ namespace flashtq::python {
 void bind_views(nanobind::module_& m);
 void bind_dense(nanobind::module_& m);
 void bind_tq_cache(nanobind::module_& m);
+void bind_tq_paged_cache(nanobind::module_& m);
 
 }  // namespace flashtq::python

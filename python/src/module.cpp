@@ -49,4 +49,5 @@ NB_MODULE(_flashtq, m) {
   flashtq::python::bind_views(m);
   flashtq::python::bind_dense(m);
   flashtq::python::bind_tq_cache(m);
+  flashtq::python::bind_tq_paged_cache(m);
 }
