@@ -147,10 +147,6 @@ __device__ __forceinline__ std::uint32_t bits_at(unsigned words, int bit) {
 }
 
 // An f16 pair as a bf16 pair (low half first).
-__device__ __forceinline__ std::uint32_t f16_pair_to_bf16(std::uint32_t w) {
-  return bf16_pair(f16_low(w), f16_low(w >> 16));
-}
-
 // Bits x where mask is set, y elsewhere (one LOP3).
 __device__ __forceinline__ std::uint32_t merge_by_mask(std::uint32_t x, std::uint32_t y, std::uint32_t mask) {
   return (x & mask) | (y & ~mask);
@@ -184,11 +180,13 @@ __device__ __forceinline__ std::uint32_t pair_at(std::uint32_t x, unsigned lane_
 
 // A pair table: entry i (copies of it side by side) holds centroids[i % 2^bits] in its low half and
 // centroids[i / 2^bits] in its high half, as bf16.
+// T: the pairs' type, that of the product the table feeds (keys f16, values bf16).
+template <typename T>
 __device__ void fill_pairs(std::uint32_t* lut, int bits, const float* centroids, int tid) {
   const int mask = (1 << bits) - 1;
   for (int i = tid; i < lut_words(bits); i += kThreads) {
     const int entry = i / kLutCopies;
-    lut[i] = bf16_pair(centroids[entry & mask], centroids[entry >> bits]);
+    lut[i] = pack2<T>(centroids[entry & mask], centroids[entry >> bits]);
   }
 }
 
@@ -390,9 +388,9 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
   };
   if (w_begin < w_end) fill(w_begin, 0);  // in flight while the tables are built
 
-  fill_pairs(key_lut, KB, a.key_centroids, tid);
-  if (KO) fill_pairs(outlier_lut, KO, a.outlier_centroids, tid);
-  fill_pairs(value_lut, VB, a.value_centroids, tid);
+  fill_pairs<__half>(key_lut, KB, a.key_centroids, tid);
+  if (KO) fill_pairs<__half>(outlier_lut, KO, a.outlier_centroids, tid);
+  fill_pairs<__nv_bfloat16>(value_lut, VB, a.value_centroids, tid);
   // This lane's copy of each table.
   const unsigned key_lut_lane = shared_address(key_lut) + 4u * unsigned(lane);
   const unsigned outlier_lut_lane = shared_address(outlier_lut) + 4u * unsigned(lane);
@@ -405,23 +403,39 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
   const unsigned outlier_lane = 4u * unsigned(r * kw + ((8 * col * (KO ? KO : 1)) >> 5));
   const int outlier_shift_in = (8 * col * (KO ? KO : 1)) & 31;
   // Q^T as the key product's B fragments, one per k-step: head r's coordinates 32 u + 8 col + {0 1, 2 3} (step 0)
-  // and {4 5, 6 7} (step 1) as bf16 pairs, times the score scale (base 2); heads past the group's are 0.
+  // and {4 5, 6 7} (step 1) as f16 pairs, times the score scale (base 2) and a power of two that puts the head's
+  // largest coordinate in [128, 256) (f16's 11 significant bits without its narrow range; bf16 queries, 8 bits,
+  // had missed the 1e-2 of docs/spec.md §3 in a conformance case); heads past the group's are 0. `up` undoes the
+  // power of two for heads 2 col and 2 col + 1, the heads of this lane's scores.
   const float score_scale = a.scale * kLog2e;
   std::uint32_t qb[D / 32][4];
+  float up[2];
   {
     const float* q = a.scratch + a.scratch_layout.q_rot(j, h0 + (r < heads ? r : 0));
+    float largest = 0.0f;
 #pragma unroll
     for (int u = 0; u < D / 32; ++u)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        qb[u][e] = r < heads ? bf16_pair(score_scale * q[32 * u + 8 * col + 2 * e],
-                                         score_scale * q[32 * u + 8 * col + 2 * e + 1])
+      for (int i = 0; i < 8; ++i) largest = fmaxf(largest, fabsf(score_scale * q[32 * u + 8 * col + i]));
+    largest = fmaxf(largest, __shfl_xor_sync(0xFFFFFFFFu, largest, 1));
+    largest = fmaxf(largest, __shfl_xor_sync(0xFFFFFFFFu, largest, 2));  // head r's, over its 4 lanes
+    const int e = largest > 0.0f && r < heads && isfinite(largest) ? ilogbf(largest) - 7 : 0;
+    const float down = ldexpf(1.0f, -e);
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u)
+#pragma unroll
+      for (int x = 0; x < 4; ++x)
+        qb[u][x] = r < heads ? pack2<__half>(score_scale * q[32 * u + 8 * col + 2 * x] * down,
+                                             score_scale * q[32 * u + 8 * col + 2 * x + 1] * down)
                              : 0u;
+    const float head_up = ldexpf(1.0f, e);
+    up[0] = __shfl_sync(0xFFFFFFFFu, head_up, 4 * (2 * col));
+    up[1] = __shfl_sync(0xFFFFFFFFu, head_up, 4 * (2 * col + 1));
   }
   const int value_bit = r * (D / 8) * VB;  // this lane's first value bit in a timestep's codes
   // Key block means: <q, mu_b> (scaled) of every block the warp's timesteps touch, 16 blocks an mma (the means' f16
-  // words as bf16 A fragments in the keys' coordinate order, Q^T the keys' B fragments), into the warp's rows of
-  // shared memory after the area: row b - first_block holds the 8 heads' dots of block b.
+  // words as they are the A fragments in the keys' coordinate order, Q^T the keys' B fragments), into the warp's rows
+  // of shared memory after the area: row b - first_block holds the 8 heads' dots of block b.
   const int first_block = kg ? w_begin >> key_shift : 0;
   float2* const mean_dots = reinterpret_cast<float2*>(area + S::kArea) + warp * a.mean_dot_rows * (kHeads / 2);
   if (kg && w_begin < w_end) {
@@ -432,18 +446,19 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
       for (int x = 0; x < 2; ++x)
         mean[x] =
             rows[x] < blocks ? keys + l.key_mean(kvh, sq.timestep(std::int64_t(first_block + rows[x]) * kg)) : nullptr;
-      auto fragment = [&](int x, int word) { return mean[x] ? f16_pair_to_bf16(mean[x][word]) : 0u; };
+      auto fragment = [&](int x, int word) { return mean[x] ? mean[x][word] : 0u; };
       float dots[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int u = 0; u < D / 32; ++u)
 #pragma unroll
         for (int step = 0; step < 2; ++step) {
           const int w = 16 * u + 4 * col + 2 * step;  // coordinates 32 u + 8 col + 4 step + {0 1}, then {2 3}
-          mma_16816<__nv_bfloat16>(dots, fragment(0, w), fragment(1, w), fragment(0, w + 1), fragment(1, w + 1),
-                                   qb[u][2 * step], qb[u][2 * step + 1]);
+          mma_16816<__half>(dots, fragment(0, w), fragment(1, w), fragment(0, w + 1), fragment(1, w + 1),
+                            qb[u][2 * step], qb[u][2 * step + 1]);
         }
       for (int x = 0; x < 2; ++x)
-        if (rows[x] < blocks) mean_dots[rows[x] * (kHeads / 2) + col] = make_float2(dots[2 * x], dots[2 * x + 1]);
+        if (rows[x] < blocks)
+          mean_dots[rows[x] * (kHeads / 2) + col] = make_float2(dots[2 * x] * up[0], dots[2 * x + 1] * up[1]);
     }
   }
   __syncthreads();  // the tables (and each warp's mean dots)
@@ -479,10 +494,10 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
         constexpr bool kWordAligned = 8 * B % 32 == 0;
         const std::uint32_t x0 = window_at<kWordAligned>(words, shift);
         const std::uint32_t x1 = window_at<kWordAligned>(words + 4u * unsigned(8 * kw), shift);
-        mma_16816<__nv_bfloat16>(part[0], pair_at<B, 0>(x0, lut), pair_at<B, 0>(x1, lut), pair_at<B, 2 * B>(x0, lut),
-                                 pair_at<B, 2 * B>(x1, lut), qb[u][0], qb[u][1]);
-        mma_16816<__nv_bfloat16>(part[1], pair_at<B, 4 * B>(x0, lut), pair_at<B, 4 * B>(x1, lut),
-                                 pair_at<B, 6 * B>(x0, lut), pair_at<B, 6 * B>(x1, lut), qb[u][2], qb[u][3]);
+        mma_16816<__half>(part[0], pair_at<B, 0>(x0, lut), pair_at<B, 0>(x1, lut), pair_at<B, 2 * B>(x0, lut),
+                          pair_at<B, 2 * B>(x1, lut), qb[u][0], qb[u][1]);
+        mma_16816<__half>(part[1], pair_at<B, 4 * B>(x0, lut), pair_at<B, 4 * B>(x1, lut), pair_at<B, 6 * B>(x0, lut),
+                          pair_at<B, 6 * B>(x1, lut), qb[u][2], qb[u][3]);
       };
 #pragma unroll
       for (int u = 0; u < D / 32; ++u) {
@@ -506,6 +521,8 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
         }
       }
     }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[e] *= up[e & 1];  // the queries' power of two, undone
     if (kg) {  // heads 2 col, 2 col + 1's dot products with the block's key mean (scaled)
       const float2 mean_dot = mean_dots[((t0 >> key_shift) - first_block) * (kHeads / 2) + col];
 #pragma unroll
