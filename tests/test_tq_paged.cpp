@@ -375,5 +375,12 @@ TEST(TqPagedBadInput, TablesRefusedBeforeAnyWordIsWritten) {
   tq_attend(ref, a);
 }
 
+TEST(TqPagedBadInput, RefusedOnWebgpuByName) {
+  std::string why;
+  Backend* webgpu = testing::usable("webgpu", why);
+  if (webgpu == nullptr) GTEST_SKIP() << why;
+  expect_error([&] { TqPagedCache({1, Refusals().pool, 0}, webgpu); }, "backend", "not page pools (page_size > 0)");
+}
+
 }  // namespace
 }  // namespace flashtq
