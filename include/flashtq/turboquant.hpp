@@ -289,7 +289,7 @@ inline std::int64_t tq_scratch_floats(std::int64_t q_cap, std::int64_t n_heads, 
 // scratch row b * n_queries + j.
 // With outlier channels (layout.key_outliers > 0) the rotation permutes each head's channels by its
 // kv head's outlier mask, read from k_cache (sequence b's key words at k_cache + b * layout.key_words(),
-// as TqAttendArgs has them); k_cache is not read otherwise.
+// as TqAttendArgs has them; a pool's masks are the pool's, at k_cache); k_cache is not read otherwise.
 struct TqRotateArgs {
   TqTables tables;
   TensorView q;
