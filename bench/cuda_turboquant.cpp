@@ -80,7 +80,7 @@ Sequences make_sequences(std::int64_t batch, const flashtq::TqLayout& layout, st
     check(cudaMalloc(&set_ids, sets.size() * 4), "malloc sets");
     check(cudaMemcpy(table, order.data(), order.size() * 4, cudaMemcpyHostToDevice), "upload table");
     check(cudaMemcpy(set_ids, sets.data(), sets.size() * 4, cudaMemcpyHostToDevice), "upload sets");
-    s.pages = {table, ctx / page_size, set_ids};
+    s.pages = {table, ctx / page_size, set_ids, Memory::cuda};
   }
   s.tables = flashtq::make_tq_tables(s.layout, 1234, 0);
   check(cudaMalloc(&s.keys, std::size_t(images * s.layout.key_words()) * 4), "malloc keys");
@@ -101,7 +101,8 @@ Sequences make_sequences(std::int64_t batch, const flashtq::TqLayout& layout, st
           for (std::int64_t t = 0; t < ctx; t += chunk) {
             flashtq::TqEncodeArgs a{s.tables, x, t, s.keys + flashtq::tq_sequence_base(s.layout, b, true), nullptr};
             if (page_size > 0)
-              a.pages = {s.pages.pages + b * s.pages.max_pages, s.pages.max_pages, s.pages.exact_sets + b};
+              a.pages = {s.pages.pages + b * s.pages.max_pages, s.pages.max_pages, s.pages.exact_sets + b,
+                         Memory::cuda};
             flashtq::tq_encode_keys(cuda, a);
             a.cache = s.values + flashtq::tq_sequence_base(s.layout, b, false);
             flashtq::tq_encode_values(cuda, a);

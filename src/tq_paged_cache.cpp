@@ -62,7 +62,7 @@ struct TqPagedCache::State {
   std::vector<int> refs;                          // per page: kFree, or how many sequences map it
   std::vector<std::int32_t> free;                 // free pages, the next one handed out last
   std::vector<Sequence> sequences;                // per exact set
-  core::GrowingBuffer scratch, workspace, tables_on_device;
+  core::GrowingBuffer scratch, workspace, tables_on_device, starts_on_device;
   std::mutex mutex;  // one call at a time
 
   Sequence& live(std::int64_t s) {
@@ -262,10 +262,11 @@ std::int64_t TqPagedCache::length(std::int64_t layer, std::int64_t sequence) con
 
 namespace {
 
-// The int32 words of a call's tables where the backend reads them: the host vector itself, or a copy in
-// `device` (after the device has finished with its last contents).
-const std::int32_t* tables_for(Backend& backend, const std::vector<std::int32_t>& host, core::GrowingBuffer& device) {
-  if (backend.page_table_memory() == Memory::host) return host.data();
+// int32 words a call reads in `where`: the host vector itself, or a copy in `device` (after the device has
+// finished with its last contents).
+const std::int32_t* words_in(Memory where, Backend& backend, const std::vector<std::int32_t>& host,
+                             core::GrowingBuffer& device) {
+  if (where == Memory::host) return host.data();
   backend.synchronize();
   void* at = device.at_least(backend, host.size() * sizeof(std::int32_t));
   backend.upload(at, host.data(), host.size() * sizeof(std::int32_t));
@@ -304,9 +305,10 @@ void TqPagedCache::append(std::int64_t layer, std::int64_t sequence, const Tenso
   }
   std::vector<std::int32_t> host(seq.pages);
   host.push_back(std::int32_t(sequence));  // the exact set after the pages
-  const std::int32_t* table = tables_for(*backend_, host, s.tables_on_device);
+  const std::int32_t* table = words_in(backend_->page_table_memory(), *backend_, host, s.tables_on_device);
   const TqTables& tables = s.tables[std::size_t(layer)];
-  const TqPageTable pages{table, std::int64_t(seq.pages.size()), table + seq.pages.size()};
+  const TqPageTable pages{table, std::int64_t(seq.pages.size()), table + seq.pages.size(),
+                          backend_->page_table_memory()};
   auto* keys = static_cast<std::uint32_t*>(s.keys[std::size_t(layer)].get());
   auto* values = static_cast<std::uint32_t*>(s.values[std::size_t(layer)].get());
   TqEncodeArgs ka{tables, k, start, keys, stream_, pages}, va{tables, v, start, values, stream_, pages};
@@ -350,10 +352,11 @@ void TqPagedCache::attend(std::int64_t layer, const std::vector<std::int64_t>& s
     throw Error("sequences", "must name one sequence per batch row of q (" + std::to_string(q.shape[0]) + ")");
   }
   if (n < 1 || heads < 1) throw Error("q", "must have at least one query row and one head");
-  // The tables: [B, max_pages] pages, then B exact sets, then B start positions.
+  // The tables, [B, max_pages] pages then B exact sets (where the backend reads tables), and the B start positions
+  // (in the backend's memory).
   std::int64_t max_pages = 1;
   for (const std::int64_t id : sequences) max_pages = std::max<std::int64_t>(max_pages, s.live(id).pages.size());
-  std::vector<std::int32_t> host(std::size_t(B * max_pages + 2 * B), 0);
+  std::vector<std::int32_t> host(std::size_t(B * max_pages + B), 0), starts(static_cast<std::size_t>(B), 0);
   for (std::int64_t b = 0; b < B; ++b) {
     const State::Sequence& seq = s.live(sequences[std::size_t(b)]);
     const std::int64_t length = seq.length[std::size_t(layer)];
@@ -364,9 +367,9 @@ void TqPagedCache::attend(std::int64_t layer, const std::vector<std::int64_t>& s
     }
     std::copy(seq.pages.begin(), seq.pages.end(), host.begin() + b * max_pages);
     host[std::size_t(B * max_pages + b)] = std::int32_t(sequences[std::size_t(b)]);
-    host[std::size_t(B * max_pages + B + b)] = std::int32_t(length - n);
+    starts[std::size_t(b)] = std::int32_t(length - n);
   }
-  const std::int32_t* table = tables_for(*backend_, host, s.tables_on_device);
+  const std::int32_t* table = words_in(backend_->page_table_memory(), *backend_, host, s.tables_on_device);
   const TqTables& tables = s.tables[std::size_t(layer)];
   TqAttendArgs a;
   a.tables = tables;
@@ -374,8 +377,8 @@ void TqPagedCache::attend(std::int64_t layer, const std::vector<std::int64_t>& s
   a.n_heads = heads;
   a.n_queries = n;
   a.batch = B;
-  a.start_positions = table + B * max_pages + B;
-  a.pages = {table, max_pages, table + B * max_pages};
+  a.start_positions = words_in(backend_->memory(), *backend_, starts, s.starts_on_device);
+  a.pages = {table, max_pages, table + B * max_pages, backend_->page_table_memory()};
   a.window = options.window;
   a.exact = options.exact;
   a.softcap = options.softcap;

@@ -126,8 +126,10 @@ Encoded encode_both(Backend& be, const Case& c, const TqTables& pool_tables, con
   std::uint32_t* pool_v = m.out(e.pool_v);
   std::uint32_t* image_k = m.out(e.image_k);
   std::uint32_t* image_v = m.out(e.image_v);
-  const std::int32_t* table = m.in(c.table);
-  const std::int32_t* sets = m.in(c.exact_sets);
+  // The tables where the backend reads them (webgpu: on the host, uploaded with each call).
+  const bool host_tables = be.page_table_memory() == Memory::host;
+  const std::int32_t* table = host_tables ? c.table.data() : m.in(c.table);
+  const std::int32_t* sets = host_tables ? c.exact_sets.data() : m.in(c.exact_sets);
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t T = c.lengths[std::size_t(b)];
     e.k.emplace_back(std::array<std::int64_t, 4>{1, T, pl.n_kv_heads, pl.head_dim}, DType::f32, false);
@@ -140,7 +142,7 @@ Encoded encode_both(Backend& be, const Case& c, const TqTables& pool_tables, con
       TqEncodeArgs a;
       a.start_pos = start;
       a.tables = pool_tables;
-      a.pages = {table + b * c.max_pages, c.max_pages, sets + b};
+      a.pages = {table + b * c.max_pages, c.max_pages, sets + b, be.page_table_memory()};
       a.x = rows_of(k, start, n), a.cache = pool_k;
       tq_encode_keys(be, a);
       a.x = rows_of(v, start, n), a.cache = pool_v;
@@ -217,7 +219,11 @@ Attended attend_on(Backend& be, const TqTables& tables, const std::vector<std::u
   a.start_positions = starts.empty() ? nullptr : m.in(starts), a.start_pos = start_pos;
   a.k_cache = rot.k_cache, a.v_cache = m.in(values);
   a.out = m.out(r.out), a.sinks = m.in(sinks), a.softcap = 30.0f, a.exact = exact;
-  if (paged) a.pages = {m.in(paged->table), paged->max_pages, m.in(paged->exact_sets)};
+  if (paged) {
+    const bool host_tables = be.page_table_memory() == Memory::host;
+    a.pages = {host_tables ? paged->table.data() : m.in(paged->table), paged->max_pages,
+               host_tables ? paged->exact_sets.data() : m.in(paged->exact_sets), be.page_table_memory()};
+  }
   std::vector<std::uint8_t> workspace(std::max<std::size_t>(16, tq_attend_workspace_bytes(be, a)));
   a.workspace = m.out(workspace), a.workspace_bytes = workspace.size();
   tq_attend(be, a);
@@ -284,7 +290,8 @@ TEST_P(TqPagedOn, AttentionThroughTheTableEqualsTheOracleOverEachImage) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, TqPagedOn, ::testing::ValuesIn(testing::compiled({"reference", "cpu", "cuda"})));
+INSTANTIATE_TEST_SUITE_P(Backends, TqPagedOn,
+                         ::testing::ValuesIn(testing::compiled({"reference", "cpu", "webgpu", "cuda"})));
 
 // A small pool and a host table on the oracle, for the refusals.
 struct Refusals {
@@ -306,7 +313,7 @@ struct Refusals {
     a.tables = make_tq_tables(pool, 5, 0);
     a.x = x.view;
     a.cache = keys.data();
-    a.pages = {table.data(), 2, sets.data()};
+    a.pages = {table.data(), 2, sets.data(), Memory::host};
     return a;
   }
 };
@@ -349,6 +356,8 @@ TEST(TqPagedBadInput, TablesRefusedBeforeAnyWordIsWritten) {
     EXPECT_EQ(r.keys, untouched) << "a refused encode wrote words (" << argument << ")";
   };
   refused([](Refusals&, TqEncodeArgs& a) { a.pages.pages = nullptr; }, "pages", "");
+  refused([](Refusals&, TqEncodeArgs& a) { a.pages.tables = Memory::cuda; }, "pages",
+          "reads page tables in host memory (TqPageTable::tables)");
   refused([](Refusals&, TqEncodeArgs& a) { a.pages.max_pages = 0; }, "max_pages", "must be in [1, the pool's pages 4]");
   refused([](Refusals&, TqEncodeArgs& a) { a.pages.max_pages = 5; }, "max_pages", "must be in [1, the pool's pages 4]");
   refused([](Refusals& r, TqEncodeArgs&) { r.table[0] = 4; }, "pages",
@@ -365,7 +374,7 @@ TEST(TqPagedBadInput, TablesRefusedBeforeAnyWordIsWritten) {
   a.tables = make_tq_tables(r.pool, 5, 0), a.scratch = scratch.data(), a.n_heads = 4;
   a.k_cache = r.keys.data(), a.v_cache = r.values.data();
   a.out = TensorView::bshd(out.data(), DType::f32, 1, 1, 4, 64);
-  a.pages = {r.table.data(), 2, r.sets.data()};
+  a.pages = {r.table.data(), 2, r.sets.data(), Memory::host};
   a.start_pos = 128;
   expect_error([&] { tq_attend(ref, a); }, "start_pos", "must be in [0, max_pages * page_size 128)");
   a.start_pos = 100, r.table[1] = 17;
@@ -373,13 +382,6 @@ TEST(TqPagedBadInput, TablesRefusedBeforeAnyWordIsWritten) {
   a.start_pos = 10;  // reads page 0 only: the bad second entry is never read
   r.keys.assign(r.keys.size(), 0u), r.values.assign(r.values.size(), 0u);
   tq_attend(ref, a);
-}
-
-TEST(TqPagedBadInput, RefusedOnWebgpuByName) {
-  std::string why;
-  Backend* webgpu = testing::usable("webgpu", why);
-  if (webgpu == nullptr) GTEST_SKIP() << why;
-  expect_error([&] { TqPagedCache({1, Refusals().pool, 0}, webgpu); }, "backend", "not page pools (page_size > 0)");
 }
 
 }  // namespace

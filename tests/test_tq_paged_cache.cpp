@@ -172,7 +172,7 @@ TEST_P(TqPagedCacheOn, SequencesAttendAsTheirOwnCachesAndForksDiverge) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TqPagedCacheOn,
-                         ::testing::ValuesIn(testing::compiled({"reference", "cpu", "cuda"})));
+                         ::testing::ValuesIn(testing::compiled({"reference", "cpu", "webgpu", "cuda"})));
 
 TEST(TqPagedCacheBadInput, RefusedNamingTheArgumentWithTheWordsUnchanged) {
   Backend& ref = backend("reference");

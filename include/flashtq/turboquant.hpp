@@ -173,14 +173,17 @@ struct TqLayout {
   double compression_vs_bf16() const { return double(2 * 2 * head_dim) / double(bytes_per_token_per_head()); }
 };
 
-// The page table of a pooled cache (TqLayout::page_size > 0), in the backend's memory: sequence b's
-// timestep t is timestep (pages[b * max_pages + t / P]) * P + t % P of the pool, and its exact rows are
-// exact set exact_sets[b] (null: set b). On host backends core checks every entry a call reads; device
-// kernels clamp a page index into [0, pages) and a set into [0, exact_sets), never reading out of bounds.
+// The page table of a pooled cache (TqLayout::page_size > 0): sequence b's timestep t is timestep
+// (pages[b * max_pages + t / P]) * P + t % P of the pool, and its exact rows are exact set exact_sets[b] (null:
+// set b). The arrays live where the backend reads tables (Backend::page_table_memory(): host for reference, cpu and
+// webgpu, which uploads them with the call; device memory for cuda), which `tables` says. Where they are on the
+// host, core checks every entry a call reads; cuda's kernels clamp a page index into [0, pages) and a set into
+// [0, exact_sets), never reading out of bounds.
 struct TqPageTable {
   const std::int32_t* pages = nullptr;
   std::int64_t max_pages = 0;
   const std::int32_t* exact_sets = nullptr;
+  Memory tables = Memory::host;
 };
 
 // Where one sequence's timesteps and exact rows are in an image (TqLayout), contiguous or pooled.

@@ -253,6 +253,11 @@ std::int64_t check_tq_page_table(const Backend& backend, const TqLayout& l, cons
     return l.capacity;
   }
   check_pointer("pages", t.pages, alignof(std::int32_t));
+  if (t.tables != backend.page_table_memory()) {
+    throw Error("pages", backend.name() + " reads page tables in " +
+                             (backend.page_table_memory() == Memory::host ? "host memory" : "its own memory") +
+                             " (TqPageTable::tables)");
+  }
   if (t.max_pages < 1 || t.max_pages > l.pages()) {
     throw Error("max_pages",
                 std::to_string(t.max_pages) + " must be in [1, the pool's pages " + std::to_string(l.pages()) + "]");
@@ -509,9 +514,14 @@ TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
   c.stream = a.stream;
   c.pages = a.pages;
   c.reach = reach;
-  // The pages each sequence's rows read (host tables; device kernels clamp): up to where its sequence ends.
+  // The pages each sequence's rows read (host tables; device kernels clamp): up to where its sequence ends, or
+  // where start positions live in a device's memory (webgpu's tables are on the host, its positions are not), up to
+  // max_seq.
+  const bool starts_here = a.start_positions == nullptr || backend.memory() == Memory::host;
   for (std::int64_t b = 0; l.paged() && backend.page_table_memory() == Memory::host && b < a.batch; ++b) {
-    const std::int64_t start = a.start_positions != nullptr ? std::int64_t(a.start_positions[b]) : a.start_pos;
+    const std::int64_t start = a.start_positions == nullptr ? a.start_pos
+                               : starts_here               ? std::int64_t(a.start_positions[b])
+                                                           : max_seq;
     check_tq_pages_read(backend, l, a.pages, b, std::max<std::int64_t>(0, c.sequence_end(start)));
   }
   if (check_workspace) {

@@ -256,7 +256,6 @@ class WebGpuBackend final : public Backend {
   }
   std::optional<std::string> unsupported(const TqLayout& l) const override {
     if (l.head_dim > 256) return "the webgpu TurboQuant kernels take head_dim up to 256";
-    if (l.paged()) return "the webgpu TurboQuant kernels read contiguous images, not page pools (page_size > 0)";
     return std::nullopt;
   }
 
@@ -439,7 +438,27 @@ struct EncodeSpan {
   std::int64_t first = 0, n_rows = 0;
 };
 
-// The encoder over `count` rows in `mode`: rows of x (from row 0) or residuals of `rows` rows (from row 0).
+// A pool's encode (docs/turboquant_layout.md, "Pages"; the table is on the host, checked by core): the sequence's
+// exact set's first row, relative to the exact region, and how far timestep u's slot is from u (mod 2^32).
+std::int64_t exact_set_words(const TqEncodeCall& c) {
+  if (!c.layout().paged()) return 0;
+  return c.layout().exact_row_at(c.pages.exact_sets ? c.pages.exact_sets[0] : 0, 0, 0);
+}
+std::uint32_t moved(const TqEncodeCall& c, std::int64_t u) { return std::uint32_t(c.sequence().timestep(u) - u); }
+
+// Runs of consecutive indices [from, from + count) that lie in one page of `page` of them (the whole range for
+// page 0): f(first, n) for each.
+template <typename F>
+void by_page(std::int64_t page, std::int64_t from, std::int64_t count, F&& f) {
+  for (std::int64_t u = from, n = 0; u < from + count; u += n) {
+    n = from + count - u;
+    if (page > 0) n = std::min<std::int64_t>(n, page - u % page);
+    f(u, n);
+  }
+}
+
+// The encoder over `count` rows in `mode`: rows of x (from row 0) or residuals of `rows` rows (from row 0); in a
+// pool, one dispatch per page the rows' timesteps lie in.
 void dispatch_encode(const TqEncodeCall& c, const EncodeSpan& s, EncodeMode mode, std::int64_t count) {
   const bool keys = c.keys;
   const TqLayout& l = c.layout();
@@ -457,7 +476,7 @@ void dispatch_encode(const TqEncodeCall& c, const EncodeSpan& s, EncodeMode mode
       .u(keys ? l.key_code_words() : l.value_code_words())
       .u(l.key_jl_offset(), "cache")
       .u(keys ? l.key_norm_offset() : l.value_norm_offset(), "cache");
-  P.u(keys ? l.key_exact_offset() : l.value_exact_offset(), "cache")
+  P.u((keys ? l.key_exact_offset() : l.value_exact_offset()) + exact_set_words(c), "cache")
       .u(l.sink_tokens)
       .u(l.recent_tokens)
       .u(l.norm_correction ? 1 : 0);
@@ -467,6 +486,8 @@ void dispatch_encode(const TqEncodeCall& c, const EncodeSpan& s, EncodeMode mode
       .u(l.mean_blocks(g), "cache")
       .u(g);
   P.u(c.start_pos - s.first, "rows").u(s.n_rows, "rows").f(1.0f).u(0);  // the kernel's opaque 1.0
+  const std::size_t page_at = P.size();
+  P.u(0).u(0).u(0).u(0);  // row_base, moved: per dispatch below
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
   add_parts(P, parts);
@@ -478,7 +499,13 @@ void dispatch_encode(const TqEncodeCall& c, const EncodeSpan& s, EncodeMode mode
   add_codebook(P, keys ? c.tables.key_codebook : c.tables.value_codebook);
   add_codebook(P, c.tables.outlier_codebook);
   void* rows = s.rows ? s.rows : Context::get().dummy_buffer(1);
-  dispatch_chunked("tq_encode", P, t0, {{s.x.buffer}, {s.cache.buffer}, {rows}}, {count, l.n_kv_heads, 1}, 0);
+  // Row t's timestep: start_pos + t, or first + t for residuals; the exact rows of mode 1 go to `rows` alone.
+  const std::int64_t first = mode == EncodeMode::residuals ? s.first : c.start_pos;
+  by_page(mode == EncodeMode::exact_rows ? 0 : l.page_size, first, count, [&](std::int64_t u, std::int64_t n) {
+    P.set(page_at, std::uint32_t(u - first));
+    P.set(page_at + 1, moved(c, u));
+    dispatch_chunked("tq_encode", P, t0, {{s.x.buffer}, {s.cache.buffer}, {rows}}, {n, l.n_kv_heads, 1}, 0);
+  });
 }
 
 // Block means (core::tq_encode_head_with_means, docs/turboquant_layout.md): the exact rows of the timesteps
@@ -495,7 +522,8 @@ void encode_with_means(const TqEncodeCall& c, EncodeSpan s) {
   s.n_rows = end - s.first;
   const std::int64_t stop = std::max(s.first, end - w);
   s.rows = ctx.scratch(1, std::uint64_t(H * s.n_rows * row_words) * 4);
-  const std::int64_t exact = s.cache.offset + (c.keys ? l.key_exact_offset() : l.value_exact_offset());
+  const std::int64_t exact =
+      s.cache.offset + (c.keys ? l.key_exact_offset() : l.value_exact_offset()) + exact_set_words(c);
   // Copies the exact rows of timesteps [from, to) of a sequence of `seq_end` between the exact region and
   // the scratch, run by run of consecutive rows.
   auto copy_rows = [&](std::int64_t from, std::int64_t to, std::int64_t seq_end, bool into_scratch) {
@@ -505,7 +533,7 @@ void encode_with_means(const TqEncodeCall& c, EncodeSpan s) {
         n = 1;
         if (row < 0) continue;
         while (u + n < to && l.exact_row(u + n, seq_end) == row + n) ++n;
-        const std::uint64_t region = std::uint64_t(exact + (h * l.exact_rows() + row) * row_words) * 4;
+        const std::uint64_t region = std::uint64_t(exact + l.exact_row_at(0, h, row)) * 4;
         const std::uint64_t scratch = std::uint64_t((h * s.n_rows + u - s.first) * row_words) * 4;
         const std::uint64_t bytes = std::uint64_t(n * row_words) * 4;
         if (into_scratch) {
@@ -519,14 +547,17 @@ void encode_with_means(const TqEncodeCall& c, EncodeSpan s) {
   copy_rows(s.first, L, L, true);
   dispatch_encode(c, s, EncodeMode::exact_rows, c.tokens());
   const std::int64_t first_block = (s.first + g - 1) / g, end_block = (stop + g - 1) / g;
-  if (end_block > first_block) {
-    Params P;
-    P.u(l.head_dim).u(s.n_rows, "rows").u(g).u(s.first, "rows");
-    P.u(first_block, "blocks");
-    const std::size_t b0 = P.size();
-    P.u(0).u(s.cache.offset, "cache").u(c.keys ? l.key_mean_offset() : l.value_mean_offset(), "cache");
-    P.u(l.mean_blocks(std::int32_t(g)), "cache").f(1.0f).u(0).u(0);
-    dispatch_chunked("tq_means", P, b0, {{s.rows}, {s.cache.buffer}}, {end_block - first_block, H, 1}, 0);
+  if (end_block > first_block) {  // in a pool, one dispatch per page the blocks lie in (a block lies in one)
+    by_page(l.page_size / g, first_block, end_block - first_block, [&](std::int64_t b, std::int64_t n) {
+      Params P;
+      P.u(l.head_dim).u(s.n_rows, "rows").u(g).u(s.first, "rows");
+      P.u(b, "blocks");
+      const std::size_t b0 = P.size();
+      P.u(0).u(s.cache.offset, "cache").u(c.keys ? l.key_mean_offset() : l.value_mean_offset(), "cache");
+      const std::int64_t blocks_moved = (c.sequence().timestep(b * g) - b * g) / g;  // a page holds whole blocks
+      P.u(l.mean_blocks(std::int32_t(g)), "cache").f(1.0f).u(std::uint32_t(blocks_moved)).u(0);
+      dispatch_chunked("tq_means", P, b0, {{s.rows}, {s.cache.buffer}}, {n, H, 1}, 0);
+    });
   }
   if (stop > s.first) dispatch_encode(c, s, EncodeMode::residuals, stop - s.first);
   copy_rows(L, end, end, false);
@@ -575,7 +606,8 @@ void WebGpuBackend::tq_rotate_queries(const TqRotateCall& c) {
   const Placed q = place(c.q, "q");
   // With outlier channels the kv heads' masks in the keys order the channels; else no keys are read.
   Placed keys{Context::get().dummy_buffer(0), 0};
-  if (l.key_outliers) keys = place(c.k_cache, B * l.key_words(), 4, "k_cache");
+  const std::int64_t key_stride = l.paged() ? 0 : l.key_words();  // a pool's masks are the pool's, shared
+  if (l.key_outliers) keys = place(c.k_cache, (l.paged() ? 1 : B) * l.key_words(), 4, "k_cache");
   Outputs outputs({q.buffer, keys.buffer});
   const std::int64_t scratch_floats = s.floats();
   const Placed scratch = outputs.add(place(c.scratch, scratch_floats, 4, "scratch"), scratch_floats, 4);
@@ -584,7 +616,7 @@ void WebGpuBackend::tq_rotate_queries(const TqRotateCall& c) {
   const std::size_t row0 = P.size();
   P.u(0).u(l.n_kv_heads);
   add_view(P, q, c.q, "q");
-  P.u(l.key_parts()).u(l.key_outliers).u(keys.offset, "k_cache").u(l.key_words(), "k_cache");
+  P.u(l.key_parts()).u(l.key_outliers).u(keys.offset, "k_cache").u(key_stride, "k_cache");
   P.u(l.key_mask_offset(), "k_cache").u(0).u(0).u(0);
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
@@ -602,8 +634,17 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   const TqLayout& l = c.layout();
   const std::int64_t D = l.head_dim, rows = c.rows(), splits = n_splits(c);
   const Placed scratch = place(c.scratch, c.scratch_layout.floats(), 4, "scratch");
-  const Placed keys = place(c.k_cache, c.batch * l.key_words(), 4, "k_cache");
-  const Placed values = place(c.v_cache, c.batch * l.value_words(), 4, "v_cache");
+  const std::int64_t images = l.paged() ? 1 : c.batch;  // a pool is one image, shared
+  const Placed keys = place(c.k_cache, images * l.key_words(), 4, "k_cache");
+  const Placed values = place(c.v_cache, images * l.value_words(), 4, "v_cache");
+  // A pool's table (on the host, checked by core): each sequence's pages, then its exact set.
+  void* pages = ctx.dummy_buffer(1);
+  if (l.paged()) {
+    std::vector<std::uint32_t> words(std::size_t(c.batch * c.pages.max_pages), 0u);
+    std::copy(c.pages.pages, c.pages.pages + words.size(), words.begin());
+    for (std::int64_t b = 0; b < c.batch; ++b) words.push_back(std::uint32_t(c.sequence(b).exact_set));
+    pages = ctx.scratch_holding(3, words);
+  }
   Placed starts{ctx.dummy_buffer(0), 0}, sinks{ctx.dummy_buffer(0), 0};
   if (c.start_positions) starts = place(c.start_positions, c.batch, 4, "start_positions");
   if (c.sinks) sinks = place(c.sinks, c.n_heads, 4, "sinks");
@@ -622,8 +663,8 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
       .u(c.scratch_layout.region(), "q_cap")
       .u(keys.offset, "k_cache")
       .u(values.offset, "v_cache");
-  P.u(l.key_words(), "k_cache")
-      .u(l.value_words(), "v_cache")
+  P.u(l.paged() ? 0 : l.key_words(), "k_cache")
+      .u(l.paged() ? 0 : l.value_words(), "v_cache")
       .u(l.key_jl_offset(), "k_cache")
       .u(l.key_norm_offset(), "k_cache");
   P.u(l.value_norm_offset(), "v_cache").u(ws.offset, "workspace").u(out.offset, "out").u(c.out.strides[0], "out");
@@ -637,15 +678,19 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
       .u(l.value_mean_offset(), "v_cache")
       .u(l.mean_blocks(l.key_block), "k_cache")
       .u(l.mean_blocks(l.value_block), "v_cache");
-  P.f(c.softcap).u(c.sinks ? 1 : 0).u(sinks.offset, "sinks").u(0);
+  P.f(c.softcap).u(c.sinks ? 1 : 0).u(sinks.offset, "sinks").u(l.exact_sets, "exact_sets");
+  std::uint32_t page_shift = 0;
+  while (l.paged() && (std::int64_t(1) << page_shift) < l.page_size) ++page_shift;
+  P.u(l.paged() ? 1 : 0).u(page_shift).u(l.paged() ? c.pages.max_pages : 0, "max_pages").u(c.reach, "reach");
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   add_parts(P, coded_parts(l, true));
   for (int i = 0; i < 16; ++i) P.f(c.tables.key_centroids[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.value_centroids[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.outlier_centroids[std::size_t(i)]);
-  dispatch_chunked("tq_attend#partial", P, row0,
-                   {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}},
-                   {splits, c.n_heads, rows}, 2);
+  dispatch_chunked(
+      "tq_attend#partial", P, row0,
+      {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}, {nullptr}, {nullptr}, {pages}},
+      {splits, c.n_heads, rows}, 2);
   dispatch_chunked("tq_attend#merge", P, row0,
                    {{nullptr}, {nullptr}, {nullptr}, {nullptr}, {ws.buffer}, {out.buffer}, {sinks.buffer}},
                    {c.n_heads, rows, 1}, 1);

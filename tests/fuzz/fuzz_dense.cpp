@@ -14,6 +14,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -215,10 +216,10 @@ std::vector<float> read_all(const Tensor& t) {
 }
 
 // docs/spec.md §3's bar: ||x - ref|| <= tol * max(||ref||, floor), over the finite entries; an entry
-// that is -inf in the reference is -inf exactly.
+// that is -inf in the reference is -inf exactly. `conditioning` is added to f32's tolerance (score_conditioning).
 void compare(const std::vector<float>& x, const std::vector<float>& ref, DType dtype, const char* what,
-             double floor = 0) {
-  const double tol = dtype == DType::f32 ? 1e-5 : dtype == DType::f16 ? 2e-3 : 1e-2;
+             double floor = 0, double conditioning = 0) {
+  const double tol = dtype == DType::f32 ? 1e-5 + conditioning : dtype == DType::f16 ? 2e-3 : 1e-2;
   double err = 0, norm = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
     if (ref[i] == -INFINITY || x[i] == -INFINITY) {
@@ -232,6 +233,27 @@ void compare(const std::vector<float>& x, const std::vector<float>& ref, DType d
   if (std::sqrt(err) > tol * denominator + 1e-30)
     finding("cpu %s differs from the reference: error %g, relative to %g: %g > %g", what, std::sqrt(err), denominator,
             std::sqrt(err) / denominator, tol);
+}
+
+// docs/spec.md §3 (fuzzing): an f32 score carries a rounding error of about 2^-24 of the largest |score| a row
+// can reach, |scale| max_i |q_i| max_j |k_j| (Cauchy-Schwarz), and the softmax passes it on to the weights; with the
+// fuzzer's |scale| up to 4 and D up to 512 that alone exceeds 1e-5 (fuzz_dense found the cpu forward at D = 415 off
+// by 1.15e-5). So the forward's f32 tolerance here grows by 4 * 2^-24 of that bound; for the conformance suite's
+// N(0, 1) inputs at the default scale it stays under 2e-6, and the suite keeps 1e-5.
+double score_conditioning(const Problem& pr) {
+  auto largest_row = [](const Tensor& t) {
+    std::map<std::array<std::int64_t, 3>, double> squares;
+    t.for_each([&](std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t, std::int64_t i) {
+      const double x = t.get(i);
+      squares[{b, s, h}] += x * x;
+    });
+    double m = 0;
+    for (const auto& [row, sq] : squares) m = std::max(m, std::sqrt(sq));
+    return m;
+  };
+  const double D = double(pr.t[Q].view.shape[3]);
+  const double scale = pr.params.scale ? std::abs(double(*pr.params.scale)) : 1.0 / std::sqrt(D);
+  return 4.0 * std::ldexp(1.0, -24) * scale * largest_row(pr.t[Q]) * largest_row(pr.t[K]);
 }
 
 Problem draw(FuzzedDataProvider& fdp) {
@@ -420,7 +442,7 @@ void run(const uint8_t* data, size_t size) {
       ref_out = read_all(pr.t[OUT]);
       if (pr.lse) ref_lse.assign(pr.lse, pr.lse + lse_size);
     } else if (comparable) {
-      compare(read_all(pr.t[OUT]), ref_out, pr.t[Q].view.dtype, "out");
+      compare(read_all(pr.t[OUT]), ref_out, pr.t[Q].view.dtype, "out", 0, score_conditioning(pr));
       // lse's floor is 1 nat per row (docs/spec.md §3): a single key's cancelling score is compared absolutely.
       if (pr.lse)
         compare(std::vector<float>(pr.lse, pr.lse + lse_size), ref_lse, pr.t[Q].view.dtype, "lse",

@@ -24,7 +24,10 @@ struct Params {
   key_exact_off: u32, value_exact_off: u32, key_code_words: u32, key_norm_words: u32,
   n_parts: u32, outliers: u32, key_block: u32, value_block: u32,  // outliers: part 0 has its own centroids
   key_mean_off: u32, value_mean_off: u32, key_mean_blocks: u32, value_mean_blocks: u32,
-  softcap: f32, has_sinks: u32, sinks_off: u32, pad0: u32,  // docs/spec.md §1.8, §1.9 (softcap 0 = none)
+  softcap: f32, has_sinks: u32, sinks_off: u32, exact_sets: u32,  // docs/spec.md §1.8, §1.9 (softcap 0 = none)
+  // A pool (docs/turboquant_layout.md, "Pages"): PAGES holds each sequence's max_pages page indices, then each
+  // one's exact set; reach = max_pages << page_shift clamps positions (capacity for a contiguous image).
+  paged: u32, page_shift: u32, max_pages: u32, reach: u32,
   polar: array<vec4<u32>, 2>,
   parts: array<vec4<u32>, 6>,
   key_centroids: array<vec4<f32>, 4>,
@@ -40,6 +43,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> WS: array<f32>;
 @group(0) @binding(6) var<storage, read_write> OUT: array<f32>;
 @group(0) @binding(7) var<storage, read> SINKS: array<f32>;
+@group(0) @binding(8) var<storage, read> PAGES: array<i32>;
 
 const TILE: u32 = 128u;
 
@@ -70,14 +74,28 @@ fn value_code(base: u32, d: u32, bits: u32) -> u32 {
   return c & ((1u << bits) - 1u);
 }
 
+// The image's timestep that holds sequence b's timestep t: its page's, clamped to the pool, in a pool.
+fn timestep(b: u32, t: u32) -> u32 {
+  if (P.paged == 0u) { return t; }
+  let pages = i32(P.capacity >> P.page_shift);
+  let page = clamp(PAGES[b * P.max_pages + (t >> P.page_shift)], 0, pages - 1);
+  return (u32(page) << P.page_shift) | (t & ((1u << P.page_shift) - 1u));
+}
+
+// Sequence b's exact set (a pool's sequences each have one; a contiguous image's is 0), clamped.
+fn exact_set(b: u32) -> u32 {
+  if (P.paged == 0u) { return 0u; }
+  return u32(max(PAGES[P.batch * P.max_pages + b], 0));
+}
+
 // Timesteps query row `row` (= b * nq + j) sees.
 fn seq_len(row: u32) -> u32 {
   let b = row / P.nq;
   let j = row % P.nq;
   var start = P.start_pos;
   if (P.has_starts != 0u) { start = STARTS[P.starts_off + b]; }
-  // clamp(start + j + 1, 0, min(max_seq, capacity)) without overflowing i32
-  let limit = min(P.max_seq, i32(P.capacity));
+  // clamp(start + j + 1, 0, min(max_seq, reach)) without overflowing i32
+  let limit = min(P.max_seq, i32(P.reach));
   if (start >= limit) { return u32(max(limit, 0)); }
   let s = start + i32(j) + 1;
   return u32(clamp(s, 0, max(limit, 0)));
@@ -87,7 +105,7 @@ fn seq_len(row: u32) -> u32 {
 fn sequence_end(row: u32) -> u32 {
   var start = P.start_pos;
   if (P.has_starts != 0u) { start = STARTS[P.starts_off + row / P.nq]; }
-  let limit = min(P.max_seq, i32(P.capacity));
+  let limit = min(P.max_seq, i32(P.reach));
   if (start >= limit) { return u32(max(limit, 0)); }
   return u32(clamp(start + i32(P.nq), 0, max(limit, 0)));
 }
@@ -141,7 +159,7 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
   let values = P.v_off + b * P.value_words;
   let value_code_words = D * P.value_bits / 32u;
   let seq_end = sequence_end(row);
-  let exact_base = kvh * P.exact_rows * (D / 2u);
+  let exact_base = (min(exact_set(b), P.exact_sets - 1u) * P.n_kv + kvh) * P.exact_rows * (D / 2u);
   var acc0 = 0.0;
   var acc1 = 0.0;
   var t0 = t_first;
@@ -157,7 +175,8 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
       for (var d = 0u; d < D; d++) { dot = fma(q_rot[d], exact_key(base, d), dot); }
       s = P.scale * dot;
     } else if (t < t_end) {
-      let slot = kvh * P.capacity + t;
+      let at = timestep(b, t);
+      let slot = kvh * P.capacity + at;
       let codes = keys + slot * P.key_code_words;
       let norms = keys + P.key_norm_off + slot * P.key_norm_words;
       let jl = keys + P.key_jl_off + slot * (D / 32u);
@@ -181,7 +200,7 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
         dot += f16_lo(nw) * f16_hi(nw) * P.qjl_scale * (2.0 * positive - jl_sum);
       }
       if (P.key_block != 0u) {  // the block's mean, which the codes do not hold
-        let mean = keys + P.key_mean_off + (kvh * P.key_mean_blocks + t / P.key_block) * (D / 2u);
+        let mean = keys + P.key_mean_off + (kvh * P.key_mean_blocks + at / P.key_block) * (D / 2u);
         for (var d = 0u; d < D; d++) { dot = fma(q_rot[d], key_mean(mean, d), dot); }
       }
       s = P.scale * dot;
@@ -202,7 +221,7 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
     if (t < t_end) {
       p = exp(s - m);
       w = p;
-      if (er < 0) { w = p * f16_lo(VALUES[values + P.value_norm_off + kvh * P.capacity + t]); }
+      if (er < 0) { w = p * f16_lo(VALUES[values + P.value_norm_off + kvh * P.capacity + timestep(b, t)]); }
     }
     prob[tid] = p;
     weight[tid] = w;
@@ -226,7 +245,8 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
         if (tid + TILE < D) { acc1 = fma(wi, exact_value(eb, tid + TILE), acc1); }
         continue;
       }
-      let base = values + (kvh * P.capacity + t0 + i) * value_code_words;
+      let at = timestep(b, t0 + i);
+      let base = values + (kvh * P.capacity + at) * value_code_words;
       if (tid < D) {
         let idx = value_code(base, tid, P.value_bits);
         acc0 = fma(wi, P.value_centroids[idx / 4u][idx % 4u], acc0);
@@ -236,7 +256,7 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
         acc1 = fma(wi, P.value_centroids[idx / 4u][idx % 4u], acc1);
       }
       if (P.value_block != 0u) {  // p mu_b: the block's mean, which the codes do not hold
-        let mean = values + P.value_mean_off + (kvh * P.value_mean_blocks + (t0 + i) / P.value_block) * (D / 2u);
+        let mean = values + P.value_mean_off + (kvh * P.value_mean_blocks + at / P.value_block) * (D / 2u);
         let pi = prob[i];
         if (tid < D) { acc0 = fma(pi, value_mean(mean, tid), acc0); }
         if (tid + TILE < D) { acc1 = fma(pi, value_mean(mean, tid + TILE), acc1); }

@@ -25,6 +25,9 @@ struct Params {
   mode: u32, n_parts: u32, outliers: u32, mask_off: u32,
   norm_words: u32, mean_off: u32, mean_blocks: u32, block: u32,
   rows_first: u32, n_rows: u32, one: f32, pad: u32,  // one = 1.0, opaque to the compiler (_df64.wgsl)
+  // A pool (docs/turboquant_layout.md, "Pages"): the dispatch's rows start at row_base and lie in one page, their
+  // timesteps `moved` slots from where a contiguous image has them (mod 2^32); 0 and 0 for a contiguous image.
+  row_base: u32, moved: u32, pad1: u32, pad2: u32,
   polar: array<vec4<u32>, 2>,
   jl: array<vec4<u32>, 2>,
   parts: array<vec4<u32>, 6>,
@@ -116,13 +119,14 @@ fn butterfly_step(k: u32, len: u32, part: vec4<u32>) {
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   df_one = P.one;
   let tid = lid.x;
-  let t = P.t0 + wid.x;
+  let t = P.row_base + P.t0 + wid.x;
   let h = wid.y;
   let D = P.D;
   let in_range = tid < D;
   let residual = P.mode == 2u;
   let u = select(P.start_pos + t, P.start_pos - P.rows_first + t, residual);  // the timestep
-  let slot = h * P.capacity + u;
+  let at = u + P.moved;  // the timestep's slot in the image (a pool's page)
+  let slot = h * P.capacity + at;
   let p = part_of(P.parts, P.n_parts, min(tid, D - 1u));
   let part = P.parts[p];  // offset, size, bits, bit_offset
   let pair_part = P.parts[part_of(P.parts, P.n_parts, min(2u * tid, D - 1u))];  // of butterfly pair tid
@@ -134,7 +138,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   if (residual) {
     if (in_range) {
       let row = (h * P.n_rows + t) * (D / 2u) + tid / 2u;
-      let mean = P.cache_off + P.mean_off + (h * P.mean_blocks + u / P.block) * (D / 2u) + tid / 2u;
+      let mean = P.cache_off + P.mean_off + (h * P.mean_blocks + at / P.block) * (D / 2u) + tid / 2u;
       let r = bitcast<f32>(((ROWS[row] >> (16u * (tid % 2u))) & 0xffffu) << 16u);
       v = two_sum(r, -unpack2x16float(CACHE[mean])[tid % 2u]);  // exact, as the double difference is
     }

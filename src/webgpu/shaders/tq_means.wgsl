@@ -8,7 +8,8 @@
 struct Params {
   D: u32, n_rows: u32, block: u32, first: u32,
   first_block: u32, b0: u32, cache_off: u32, mean_off: u32,  // b0: first block of this dispatch
-  mean_blocks: u32, one: f32, pad0: u32, pad1: u32,  // one = 1.0, opaque to the compiler (_df64.wgsl)
+  mean_blocks: u32, one: f32, moved: u32, pad1: u32,  // one = 1.0, opaque to the compiler (_df64.wgsl)
+  // moved: a pool's blocks of this dispatch lie in one page, `moved` blocks from where a contiguous image has them
 };
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -39,5 +40,5 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   }
   let inv = 1.0 / f32(P.block);
   let mean = mean_bits(even.x * inv) | (mean_bits(odd.x * inv) << 16u);
-  CACHE[P.cache_off + P.mean_off + (h * P.mean_blocks + b) * words + k] = mean;
+  CACHE[P.cache_off + P.mean_off + (h * P.mean_blocks + b + P.moved) * words + k] = mean;
 }
