@@ -520,8 +520,8 @@ TqAttendCall validate_tq_attend(const Backend& backend, const TqAttendArgs& a, b
   const bool starts_here = a.start_positions == nullptr || backend.memory() == Memory::host;
   for (std::int64_t b = 0; l.paged() && backend.page_table_memory() == Memory::host && b < a.batch; ++b) {
     const std::int64_t start = a.start_positions == nullptr ? a.start_pos
-                               : starts_here               ? std::int64_t(a.start_positions[b])
-                                                           : max_seq;
+                               : starts_here                ? std::int64_t(a.start_positions[b])
+                                                            : max_seq;
     check_tq_pages_read(backend, l, a.pages, b, std::max<std::int64_t>(0, c.sequence_end(start)));
   }
   if (check_workspace) {
