@@ -44,6 +44,10 @@ std::vector<Span> page_spans(const TqLayout& l, bool keys, std::int64_t page) {
   return spans;
 }
 
+void check_layer(std::int64_t layer, std::int64_t layers) {
+  if (layer < 0 || layer >= layers) throw Error("layer", "must be in [0, " + std::to_string(layers) + ")");
+}
+
 Span exact_span(const TqLayout& l, bool keys, std::int64_t set) {
   return {(keys ? l.key_exact_offset() : l.value_exact_offset()) + l.exact_row_at(set, 0, 0),
           l.n_kv_heads * l.exact_rows() * l.exact_row_words()};
@@ -252,8 +256,7 @@ const std::vector<std::int32_t>& TqPagedCache::pages_of(std::int64_t sequence) c
 }
 
 std::int64_t TqPagedCache::length(std::int64_t layer, std::int64_t sequence) const try {
-  if (layer < 0 || layer >= config_.layers)
-    throw Error("layer", "must be in [0, " + std::to_string(config_.layers) + ")");
+  check_layer(layer, config_.layers);
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->live(sequence).length[std::size_t(layer)];
 } catch (...) {
@@ -276,8 +279,7 @@ const std::int32_t* words_in(Memory where, Backend& backend, const std::vector<s
 }  // namespace
 
 void TqPagedCache::append(std::int64_t layer, std::int64_t sequence, const TensorView& k, const TensorView& v) try {
-  if (layer < 0 || layer >= config_.layers)
-    throw Error("layer", "must be in [0, " + std::to_string(config_.layers) + ")");
+  check_layer(layer, config_.layers);
   std::lock_guard<std::mutex> lock(state_->mutex);
   State& s = *state_;
   State::Sequence& seq = s.live(sequence);
@@ -324,8 +326,7 @@ void TqPagedCache::append(std::int64_t layer, std::int64_t sequence, const Tenso
 }
 
 void TqPagedCache::calibrate(std::int64_t layer, const TensorView& keys) try {
-  if (layer < 0 || layer >= config_.layers)
-    throw Error("layer", "must be in [0, " + std::to_string(config_.layers) + ")");
+  check_layer(layer, config_.layers);
   std::lock_guard<std::mutex> lock(state_->mutex);
   State& s = *state_;
   const TqLayout& l = config_.layout;
@@ -343,8 +344,7 @@ void TqPagedCache::calibrate(std::int64_t layer, const TensorView& keys) try {
 
 void TqPagedCache::attend(std::int64_t layer, const std::vector<std::int64_t>& sequences, const TensorView& q,
                           const TensorView& out, const TqAttendOptions& options) try {
-  if (layer < 0 || layer >= config_.layers)
-    throw Error("layer", "must be in [0, " + std::to_string(config_.layers) + ")");
+  check_layer(layer, config_.layers);
   std::lock_guard<std::mutex> lock(state_->mutex);
   State& s = *state_;
   const std::int64_t B = std::int64_t(sequences.size()), n = q.shape[1], heads = q.shape[2];
@@ -418,8 +418,7 @@ std::int64_t TqPagedCache::memory_bytes() const {
 }
 
 std::vector<std::uint32_t> TqPagedCache::key_words(std::int64_t layer) const try {
-  if (layer < 0 || layer >= config_.layers)
-    throw Error("layer", "must be in [0, " + std::to_string(config_.layers) + ")");
+  check_layer(layer, config_.layers);
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->keys[std::size_t(layer)].read<std::uint32_t>();
 } catch (...) {
@@ -427,8 +426,7 @@ std::vector<std::uint32_t> TqPagedCache::key_words(std::int64_t layer) const try
 }
 
 std::vector<std::uint32_t> TqPagedCache::value_words(std::int64_t layer) const try {
-  if (layer < 0 || layer >= config_.layers)
-    throw Error("layer", "must be in [0, " + std::to_string(config_.layers) + ")");
+  check_layer(layer, config_.layers);
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->values[std::size_t(layer)].read<std::uint32_t>();
 } catch (...) {

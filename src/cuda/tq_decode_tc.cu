@@ -146,7 +146,6 @@ __device__ __forceinline__ std::uint32_t bits_at(unsigned words, int bit) {
   return window_at<false>(words + 4 * unsigned(bit >> 5), bit & 31);
 }
 
-// An f16 pair as a bf16 pair (low half first).
 // Bits x where mask is set, y elsewhere (one LOP3).
 __device__ __forceinline__ std::uint32_t merge_by_mask(std::uint32_t x, std::uint32_t y, std::uint32_t mask) {
   return (x & mask) | (y & ~mask);
@@ -179,8 +178,7 @@ __device__ __forceinline__ std::uint32_t pair_at(std::uint32_t x, unsigned lane_
 }
 
 // A pair table: entry i (copies of it side by side) holds centroids[i % 2^bits] in its low half and
-// centroids[i / 2^bits] in its high half, as bf16.
-// T: the pairs' type, that of the product the table feeds (keys f16, values bf16).
+// centroids[i / 2^bits] in its high half, as T: the type of the product the table feeds (keys f16, values bf16).
 template <typename T>
 __device__ void fill_pairs(std::uint32_t* lut, int bits, const float* centroids, int tid) {
   const int mask = (1 << bits) - 1;
@@ -354,12 +352,14 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
   // Whether the tile at t0 ends a value block, or the warp's part of one: the staging and the tile loop both ask.
   auto ends_value_block = [&](int t0) { return vg && (((t0 + kTile) & (vg - 1)) == 0 || t0 + kTile >= w_end); };
   PageWalk walk{sq, hi};
-  std::int64_t at = 0;  // the staged tile's first timestep in the image
+  std::int64_t at = 0;             // the staged tile's first timestep in the image
+  std::int64_t sources_page = -1;  // a pool's page the sources point into (they advance a tile at a time)
   auto fill = [&](int t0, int buf) {
     const unsigned st = stages + 4u * unsigned(buf * S::kStage);
     const int n = min(kTile, hi - t0);
     at = t0 + walk.moved_at(t0);
-    if (l.paged()) {  // a pool's tile: 16 consecutive slots of one page (the leads stay: slots start on 16)
+    if (l.paged() && walk.page != sources_page) {  // a new page: its 16-timestep tiles are consecutive slots
+      sources_page = walk.page;                    // (the leads stay: slots start on 16)
       const std::int64_t slot = kvh * l.capacity + at;
       k_next = keys + slot * kw + 4 * lane, v_next = values + slot * VW + 4 * lane;
       kn_next = keys + l.key_norm_offset() + slot * nw + 4 * lane;
