@@ -75,7 +75,8 @@ def table(merged):
                       f"contiguous, error vs exact {num(r.get(f'paged{p}_error_vs_exact')):.1e}")
     for r in merged.get("dense_decode", []):
         best = [x for x in merged["decode"] if (x["batch"], x["ctx"]) == (r["batch"], r["ctx"])][:1]
-        peers = {k: best[0][k] for k in ("flash_ms", "cudnn_ms", "flashinfer_bf16_ms", "flashinfer_bf16_page16_ms")
+        peers = {k: best[0][k] for k in ("flash_ms", "cudnn_ms", "flashinfer_bf16_ms", "flashinfer_bf16_page16_ms",
+                                         "flashinfer_bf16_page64_shuffled_ms", "flashinfer_bf16_page16_shuffled_ms")
                  if best and k in best[0]}
         paged = ", ".join(f"pages of {p} {r[f'paged{p}_ms']:.4f} ms ({r[f'paged{p}_ms'] / r['ms']:.3f}x contiguous)"
                           for p in (16, 64) if f"paged{p}_ms" in r)

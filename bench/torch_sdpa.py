@@ -32,9 +32,11 @@ def run(backend, q, k, v, cold):
         return min(eager, median_ms(graph.replay, cold=cold)), eager
 
 
-def flashinfer_decode(q, k, v, kv_dtype, page=64):
+def flashinfer_decode(q, k, v, kv_dtype, page=64, shuffled=False):
     """Median ms of FlashInfer's paged decode (tensor cores) over k, v in pages of `page` timesteps, cast to
-    kv_dtype (bf16, or fp8-e4m3 with unit scales), L2 flushed before each call; None where FlashInfer is absent."""
+    kv_dtype (bf16, or fp8-e4m3 with unit scales), L2 flushed before each call; None where FlashInfer is absent.
+    The sequences' pages follow each other in the pool, or (shuffled) lie in a random order of it, as
+    bench/cuda_turboquant's paged rows of flashtq do."""
     try:
         import flashinfer
     except ImportError:
@@ -48,6 +50,8 @@ def flashinfer_decode(q, k, v, kv_dtype, page=64):
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
     indptr = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * pages
     indices = torch.arange(0, batch * pages, dtype=torch.int32, device="cuda")
+    if shuffled:
+        indices = torch.randperm(batch * pages, device="cuda").to(torch.int32)
     last = torch.full((batch,), page, dtype=torch.int32, device="cuda")
     wrapper.plan(indptr, indices, last, q.shape[1], hkv, dim, page, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
     q3 = q[:, :, 0, :].contiguous()
@@ -73,10 +77,13 @@ def main():
         k = torch.randn(batch, 8, ctx, 128, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
         row = {"batch": batch, "ctx": ctx, "bf16_bytes": 2 * k.numel() * 2, "l2_flushed": True}
-        for name, dtype, page in (("flashinfer_bf16", torch.bfloat16, 64), ("flashinfer_fp8", torch.float8_e4m3fn, 64),
-                                  ("flashinfer_bf16_page16", torch.bfloat16, 16)):
+        for name, dtype, page, shuffled in (
+                ("flashinfer_bf16", torch.bfloat16, 64, False), ("flashinfer_fp8", torch.float8_e4m3fn, 64, False),
+                ("flashinfer_bf16_page16", torch.bfloat16, 16, False),
+                ("flashinfer_bf16_page64_shuffled", torch.bfloat16, 64, True),
+                ("flashinfer_bf16_page16_shuffled", torch.bfloat16, 16, True)):
             try:
-                ms = flashinfer_decode(q, k, v, dtype, page)
+                ms = flashinfer_decode(q, k, v, dtype, page, shuffled)
                 if ms is not None:
                     row[name + "_ms"] = ms
             except Exception as e:  # a peer that does not run here is reported, not fatal

@@ -24,6 +24,7 @@
 #include "cuda/kernels.hpp"
 #include "cuda/launch.hpp"
 #include "cuda/mma.cuh"
+#include "cuda/page_window.cuh"
 
 namespace flashtq::cuda {
 namespace {
@@ -50,8 +51,10 @@ struct Shape {
   static constexpr int kBlocksPerSm = 227 * 1024 / (kBytes + 1024) < 1 ? 1 : 227 * 1024 / (kBytes + 1024);
 };
 
-// A split's partial of one query row and head: its maximum (log2 units), its sum of weights, then O unnormalised.
-__host__ __device__ constexpr int partial_floats(int D) { return D + 2; }
+// A split's partial of one query row and head: its maximum (log2 units), its sum of weights, two unused floats,
+// then O unnormalised (on 16 bytes: the merge reads it as float4).
+constexpr int kPartialHeader = 4;
+__host__ __device__ constexpr int partial_floats(int D) { return D + kPartialHeader; }
 
 __device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool fill) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(fill ? 16 : 0));
@@ -108,6 +111,9 @@ __global__ void __launch_bounds__(kThreads, Shape<D, NT>::kBlocksPerSm < 4 ? Sha
   using S = Shape<D, NT>;
   constexpr int kColumns = S::kColumns, KS = D / 16;
   extern __shared__ __align__(16) unsigned char smem[];
+  // The merge's blocks may take their places now: they wait for this grid, and fit beside its blocks (an SM holds
+  // two of these by shared memory).
+  allow_next_grid();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, r = lane / 4, c = lane % 4;
   const std::int64_t b = blockIdx.z, hk = blockIdx.y, G = a.p.group(), columns = a.p.Sq * G;
   const int split = blockIdx.x;
@@ -149,11 +155,14 @@ __global__ void __launch_bounds__(kThreads, Shape<D, NT>::kBlocksPerSm < 4 ? Sha
   const T* k_head = static_cast<const T*>(a.k.data) + hk * a.k.strides[2] + 8 * lane_chunk;
   const T* v_head = static_cast<const T*>(a.v.data) + hk * a.v.strides[2] + 8 * lane_chunk;
   const std::int64_t k_row = a.k.strides[1], v_row = a.v.strides[1];
-  // A tile's page (a tile lies in one page: pages hold at least 16 keys), clamped into the pages.
-  auto page_of = [&](int j0) -> std::int64_t {
-    const std::int64_t page = pt.page_table[b * pt.max_pages + j0 / pt.page_size];
-    return page < 0 ? 0 : page >= pt.num_pages ? pt.num_pages - 1 : page;
-  };
+  // A tile's page (a tile lies in one page: pages hold at least 16 keys), clamped into the pages; the warp reads
+  // the entries of its keys (those before w_end) 32 at a time, a window ahead.
+  WarpPageWindow page_of;
+  if (paged) {
+    page_of.row = pt.page_table + b * pt.max_pages;
+    page_of.readable = std::min<std::int64_t>(pt.max_pages, (std::int64_t(w_end) + pt.page_size - 1) / pt.page_size);
+    page_of.pages = pt.num_pages;
+  }
   // Rows before the visible range or past it are zero-filled: they get weight 0 and must not bring a NaN along.
   const int fill_begin = int(range.begin), fill_end = w_end;
   auto fill = [&](int j0, int stage) {
@@ -161,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, Shape<D, NT>::kBlocksPerSm < 4 ? Sha
     // Element offsets of key j0 (readable: j0 < Sk) in its batch or page; the tile's rows a row stride apart.
     std::int64_t k_tile, v_tile;
     if (paged) {
-      const std::int64_t page = page_of(j0), in_page = j0 & (pt.page_size - 1);
+      const std::int64_t page = page_of(j0 / pt.page_size), in_page = j0 & (pt.page_size - 1);
       k_tile = page * a.k.strides[0] + in_page * k_row;
       v_tile = page * a.v.strides[0] + in_page * v_row;
     } else {
@@ -327,15 +336,19 @@ __global__ void __launch_bounds__(kThreads, Shape<D, NT>::kBlocksPerSm < 4 ? Sha
     } else {
       float* part = a.partials + (((b * p.H + h) * p.Sq + i) * a.splits + split) * partial_floats(D);
       if (lane == 0) part[0] = M, part[1] = L;
-      for (int d = lane; d < D; d += 32) part[2 + d] = x(d);
+      for (int d = lane; d < D; d += 32) part[kPartialHeader + d] = x(d);
     }
   }
   raise_unfinished(a.unfinished, bad);
 }
 
-// The splits of each row (i, h), merged by their maxima: a block per row, its threads over the splits for the
-// statistics (each split's factor 2^(m_s - M) kept in shared memory), then over the dims, each summing the splits'
-// parts of its dims with independent loads.
+// The splits of each row (i, h), merged by their maxima: a block per row. A merge is a chain of dependent loads
+// from L2 (at B = 1 it was a sixth of the step), so each thread loads its first kAhead splits' parts of four dims
+// before the statistics are reduced, threads over the splits find the maximum and the factors 2^(m_s - M) (kept in
+// shared memory), and groups of threads sum disjoint sets of splits, added in shared memory at the end.
+constexpr int kMergeThreads = 256, kMergeAhead = 8;
+
+template <int kBlockWarps>
 __device__ __forceinline__ float block_reduce(float x, float* scratch, bool max) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   x = max ? warp_max(x) : warp_sum(x);
@@ -343,47 +356,63 @@ __device__ __forceinline__ float block_reduce(float x, float* scratch, bool max)
   if (lane == 0) scratch[warp] = x;
   __syncthreads();
   float y = scratch[0];
-  for (int w = 1; w < kWarps; ++w) y = max ? fmaxf(y, scratch[w]) : y + scratch[w];
+  for (int w = 1; w < kBlockWarps; ++w) y = max ? fmaxf(y, scratch[w]) : y + scratch[w];
   return y;
 }
 
-// The merge's factor slots: the splits rounded up to the sum's unrolling, and as many again.
-__host__ __device__ constexpr int merge_factor_slots(int splits) { return (splits + 7) / 8 * 8 + 8; }
-
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) merge_kernel(const DecodeArgs a) {
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeArgs a) {
+  constexpr int kQuads = D / 4, kGroups = kMergeThreads / kQuads, F = partial_floats(D);
   const DenseProblem& p = a.p;
-  __shared__ float factor[merge_factor_slots(kMaxSplits)];
-  __shared__ float scratch[kWarps];
+  __shared__ float factor[kMaxSplits];
+  __shared__ float scratch[kMergeThreads / 32];
+  __shared__ float4 sums[kGroups][kQuads];
+  allow_next_grid();         // the repair check's blocks may take their places (dense_repair.cu)
   wait_for_previous_grid();  // launched while the decode kernel drains: its partials are complete after this
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, quad = tid % kQuads, group = tid / kQuads;
   const std::int64_t row = blockIdx.x, i = row % p.Sq, h = row / p.Sq % p.H, b = row / p.Sq / p.H;
-  const float* parts = a.partials + row * a.splits * partial_floats(D);
+  const float* parts = a.partials + row * a.splits * F;
+  // Group g sums splits g, g + kGroups, ...: the first kMergeAhead of them in flight now.
+  float4 ahead[kMergeAhead];
+#pragma unroll
+  for (int k = 0; k < kMergeAhead; ++k) {
+    const int s = group + k * kGroups;
+    ahead[k] = s < a.splits ? *reinterpret_cast<const float4*>(parts + s * F + kPartialHeader + 4 * quad)
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
   float m = -INFINITY;
-  for (int s = tid; s < a.splits; s += kThreads) m = fmaxf(m, parts[s * partial_floats(D)]);
-  const float M = block_reduce(m, scratch, true);
-  // The factors past the last split are 0, up to merge_factor_slots: the unrolled sum below may read a few ahead.
+  for (int s = tid; s < a.splits; s += kMergeThreads) m = fmaxf(m, parts[s * F]);
+  const float M = block_reduce<kMergeThreads / 32>(m, scratch, true);
   float l = 0.0f;
-  for (int s = tid; s < merge_factor_slots(a.splits); s += kThreads) {
-    float f = 0.0f;
-    if (s < a.splits) {
-      const float ls = parts[s * partial_floats(D) + 1];
-      f = ls == 0.0f ? 0.0f : exp2_approx(parts[s * partial_floats(D)] - M);
-      l = fmaf(ls, f, l);
-    }
+  for (int s = tid; s < a.splits; s += kMergeThreads) {
+    const float ls = parts[s * F + 1];
+    const float f = ls == 0.0f ? 0.0f : exp2_approx(parts[s * F] - M);
+    l = fmaf(ls, f, l);
     factor[s] = f;
   }
-  const float L = block_reduce(l, scratch, false);  // its barriers also publish `factor`
-  auto x = [&](int d) {
-    float y = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < a.splits; ++s) {
-      // Unconditional, so that the unrolled loads issue together: a split without keys has a finite part of 0.
-      y = fmaf(parts[s * partial_floats(D) + 2 + d], factor[s], y);
-    }
-    return y;
+  const float L = block_reduce<kMergeThreads / 32>(l, scratch, false);  // its barriers also publish `factor`
+  // A split without keys has a finite part of 0 and a factor of 0.
+  float4 y = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  auto add = [&](const float4& o, float f) {
+    y.x = fmaf(o.x, f, y.x), y.y = fmaf(o.y, f, y.y), y.z = fmaf(o.z, f, y.z), y.w = fmaf(o.w, f, y.w);
   };
-  raise_unfinished(a.unfinished, finish_row<T>(a, b, i, h, M, L, tid, kThreads, x));
+#pragma unroll
+  for (int k = 0; k < kMergeAhead; ++k) {
+    const int s = group + k * kGroups;
+    if (s < a.splits) add(ahead[k], factor[s]);
+  }
+#pragma unroll 4
+  for (int s = group + kMergeAhead * kGroups; s < a.splits; s += kGroups)
+    add(*reinterpret_cast<const float4*>(parts + s * F + kPartialHeader + 4 * quad), factor[s]);
+  sums[group][quad] = y;
+  __syncthreads();
+  auto x = [&](int d) {
+    float z = 0.0f;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) z += reinterpret_cast<const float*>(&sums[g][d / 4])[d % 4];
+    return z;
+  };
+  raise_unfinished(a.unfinished, finish_row<T>(a, b, i, h, M, L, tid, kMergeThreads, x));
 }
 
 template <typename T, int D, int NT>
@@ -492,7 +521,7 @@ void launch_dense_decode(const ForwardCall& c) {
     FLASHTQ_CUDA_CHECK_LAUNCH("dense decode");
     if (plan.splits > 1) {
       const std::int64_t rows = p.B * p.H * p.Sq;
-      launch_dependent(merge_kernel<T, D>, dim3(unsigned(rows)), dim3(kThreads), stream, "dense decode merge", a);
+      launch_dependent(merge_kernel<T, D>, dim3(unsigned(rows)), dim3(kMergeThreads), stream, "dense decode merge", a);
     }
   });
 }

@@ -74,10 +74,19 @@ __global__ void __launch_bounds__(32 * kWarps) repair_forward_rows(ForwardCall c
     bool finite = row_is_finite<T>(c.out, b, i, h, p.D, lane);
     if (c.lse != nullptr && lane == 0) finite &= !isnan(c.lse[p.lse_at(b, h, i)]);
     if (__all_sync(0xFFFFFFFFu, finite)) continue;
-    const repair::RowStats stats = repair::row_stats<T>(p, c.q, c.k, b, h, i);
+    // With pages, the sequence's own length and causal offset (as the decode kernel takes them) and its keys
+    // through the table.
+    DenseProblem row_problem = p;
+    const PagedTable pages = p.paged ? c.table : PagedTable{};
+    if (pages.page_table != nullptr) {
+      const std::int64_t n = pages.seq_lens_k[b];
+      row_problem.Sk = n < 0 ? 0 : n > p.Sk ? p.Sk : n;
+      if (pages.offset_from_end) row_problem.causal_offset = row_problem.Sk - p.Sq;
+    }
+    const repair::RowStats stats = repair::row_stats<T>(row_problem, c.q, c.k, b, h, i, pages);
     T* out = static_cast<T*>(c.out.data) + row_offset(c.out, b, i, h);
     for (std::int64_t d = lane; d < p.D; d += 32)
-      out[d] = from_float<T>(repair::output<T>(p, c.q, c.k, c.v, stats, b, h, i, d));
+      out[d] = from_float<T>(repair::output<T>(row_problem, c.q, c.k, c.v, stats, b, h, i, d, pages));
     if (c.lse != nullptr && lane == 0) c.lse[p.lse_at(b, h, i)] = float(stats.lse());
   }
 }

@@ -30,11 +30,22 @@ __device__ double dot(const TensorView& x, std::int64_t bx, std::int64_t sx, std
   return acc;
 }
 
+// Where key j of sequence b lies in k and v: row j of batch b, or with pages (the table not null) row j % page_size
+// of its page, the entry clamped into the pool as the decode kernel clamps it.
+struct KeyAt {
+  std::int64_t b, j;
+};
+__device__ __forceinline__ KeyAt key_at(const PagedTable& pages, std::int64_t b, std::int64_t j) {
+  if (pages.page_table == nullptr) return {b, j};
+  const std::int64_t page = pages.page_table[b * pages.max_pages + j / pages.page_size];
+  return {page < 0 ? 0 : page >= pages.num_pages ? pages.num_pages - 1 : page, j % pages.page_size};
+}
+
 // Score of (b, h, i, j) in double, -inf when invisible or masked (a -inf mask entry masks whatever
 // the key holds).
 template <typename T>
 __device__ double score(const DenseProblem& p, const TensorView& q, const TensorView& k, std::int64_t b, std::int64_t h,
-                        std::int64_t i, std::int64_t j) {
+                        std::int64_t i, std::int64_t j, const PagedTable& pages = {}) {
   if (!core::key_visible(p, i, j)) return -INFINITY;
   double mask = 0;
   if (p.mask != nullptr) {
@@ -42,7 +53,8 @@ __device__ double score(const DenseProblem& p, const TensorView& q, const Tensor
         double(p.mask[b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]]);
     if (mask == -INFINITY) return -INFINITY;
   }
-  const double s = core::softcapped(p, double(p.scale) * dot<T>(q, b, i, h, k, b, j, h / p.group(), p.D)) + mask;
+  const KeyAt at = key_at(pages, b, j);
+  const double s = core::softcapped(p, double(p.scale) * dot<T>(q, b, i, h, k, at.b, at.j, h / p.group(), p.D)) + mask;
   return s <= -1e30 ? -INFINITY : s;
 }
 
@@ -71,14 +83,15 @@ struct RowStats {
 };
 template <typename T>
 __device__ __noinline__ RowStats row_stats(const DenseProblem& p, const TensorView& q, const TensorView& k,
-                                           std::int64_t b, std::int64_t h, std::int64_t i) {
+                                           std::int64_t b, std::int64_t h, std::int64_t i,
+                                           const PagedTable& pages = {}) {
   const double sink = p.sinks != nullptr ? double(p.sinks[h]) : -INFINITY;
   RowStats r;
   r.m = sink;
-  for (std::int64_t j = 0; j < p.Sk; ++j) r.m = fmax(r.m, score<T>(p, q, k, b, h, i, j));
+  for (std::int64_t j = 0; j < p.Sk; ++j) r.m = fmax(r.m, score<T>(p, q, k, b, h, i, j, pages));
   if (r.m == -INFINITY) return r;
   r.l = ::exp(sink - r.m);
-  for (std::int64_t j = 0; j < p.Sk; ++j) r.l += ::exp(score<T>(p, q, k, b, h, i, j) - r.m);
+  for (std::int64_t j = 0; j < p.Sk; ++j) r.l += ::exp(score<T>(p, q, k, b, h, i, j, pages) - r.m);
   return r;
 }
 
@@ -86,12 +99,13 @@ __device__ __noinline__ RowStats row_stats(const DenseProblem& p, const TensorVi
 template <typename T>
 __device__ __noinline__ float output(const DenseProblem& p, const TensorView& q, const TensorView& k,
                                      const TensorView& v, const RowStats& r, std::int64_t b, std::int64_t h,
-                                     std::int64_t i, std::int64_t d) {
+                                     std::int64_t i, std::int64_t d, const PagedTable& pages = {}) {
   if (r.m == -INFINITY) return 0.0f;
   double o = 0;
   for (std::int64_t j = 0; j < p.Sk; ++j) {
-    const double w = ::exp(score<T>(p, q, k, b, h, i, j) - r.m) / r.l * dropout_factor(p, b, h, i, j);
-    if (w != 0.0) o += w * element<T>(v, b, j, h / p.group(), d);
+    const double w = ::exp(score<T>(p, q, k, b, h, i, j, pages) - r.m) / r.l * dropout_factor(p, b, h, i, j);
+    const KeyAt at = key_at(pages, b, j);
+    if (w != 0.0) o += w * element<T>(v, at.b, at.j, h / p.group(), d);
   }
   return float(o);
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/page_window.cuh"
 #include "flashtq/problem.hpp"
 
 namespace flashtq::cuda {
@@ -86,25 +87,18 @@ __device__ __forceinline__ TqSequence sequence_of(const AttendParams& a, std::in
 }
 
 // A warp's walk over consecutive tiles of one sequence (a tile within one page): how far each tile's timesteps
-// lie from where a contiguous image has them (0 without pages), the next page's table entry loaded a page
-// ahead, so that its latency hides behind the current page's tiles instead of stalling each tile's copies.
+// lie from where a contiguous image has them (0 without pages), the table read through a WarpPageWindow. Every
+// lane of the warp calls moved_at with the same timestep.
 struct PageWalk {
   TqSequence sq;
-  std::int64_t limit;                            // the walk's end: no entry past it is loaded
-  std::int64_t page = -2, moved = 0, ahead = 0;  // -2: no page yet (and none loaded ahead)
+  std::int64_t limit;  // the walk's end: no entry past it is loaded
+  std::int64_t page = -2;
+  WarpPageWindow entries{sq.pages, (limit + (std::int64_t(1) << sq.page_shift) - 1) >> sq.page_shift, sq.page_count};
 
   __device__ __forceinline__ std::int64_t moved_at(std::int64_t t) {
     if (sq.pages == nullptr) return 0;
-    const std::int64_t p = t >> sq.page_shift;
-    if (p != page) {
-      moved = p == page + 1 ? ahead : offset_of(p);
-      page = p;
-      if (((p + 1) << sq.page_shift) < limit) ahead = offset_of(p + 1);
-    }
-    return moved;
-  }
-  __device__ __forceinline__ std::int64_t offset_of(std::int64_t p) const {
-    return sq.timestep(p << sq.page_shift) - (p << sq.page_shift);
+    page = t >> sq.page_shift;
+    return (entries(page) - page) << sq.page_shift;
   }
 };
 
