@@ -132,7 +132,23 @@ __device__ __forceinline__ unsigned shared_address(const void* smem) {
   return static_cast<unsigned>(__cvta_generic_to_shared(smem));
 }
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* global) {
+#ifdef FLASHTQ_EXPERIMENT_CP_ASYNC_LINE
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
+#endif
+}
+// As cp_async16, but the 16 bytes are zero-filled instead of read when !fill (global must still be a valid
+// address). kWholeLine: L2 fetches the whole 128-byte line from DRAM on a miss (.L2::128B), for kernels that stream
+// rows whose other chunks their neighbouring lanes ask for at the same moment.
+template <bool kWholeLine = false>
+__device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* global, bool fill) {
+  if constexpr (kWholeLine) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global),
+                 "r"(fill ? 16 : 0));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(fill ? 16 : 0));
+  }
 }
 __device__ __forceinline__ void cp_async4(unsigned dst, const void* global) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(global));

@@ -56,21 +56,6 @@ struct Shape {
 constexpr int kPartialHeader = 4;
 __host__ __device__ constexpr int partial_floats(int D) { return D + kPartialHeader; }
 
-__device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool fill) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(fill ? 16 : 0));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], unsigned address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], unsigned address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-
 struct DecodeArgs {
   DenseProblem p;
   TensorView q, k, v, out;
@@ -182,8 +167,8 @@ __global__ void __launch_bounds__(kThreads, Shape<D, NT>::kBlocksPerSm < 4 ? Sha
       const int row = lane_row + x * kRowsPerPass, j = j0 + row;
       const bool in = j >= fill_begin && j < fill_end;
       const int rs = in ? row : 0;  // a readable address even when nothing is read
-      cp_async16_zfill(st + unsigned(x * kRowsPerPass * S::kRowBytes), k_head + k_tile + rs * k_row, in);
-      cp_async16_zfill(st + unsigned(S::kTileBytes + x * kRowsPerPass * S::kRowBytes), v_head + v_tile + rs * v_row,
+      cp_async16_zfill<true>(st + unsigned(x * kRowsPerPass * S::kRowBytes), k_head + k_tile + rs * k_row, in);
+      cp_async16_zfill<true>(st + unsigned(S::kTileBytes + x * kRowsPerPass * S::kRowBytes), v_head + v_tile + rs * v_row,
                        in);
     }
     cp_async_commit();

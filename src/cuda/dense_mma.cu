@@ -65,22 +65,22 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto issue = [&](std::int64_t j0, int stage) {
     stage_rows<T, D, 8, kThreads>(k_stages + stage * kKeys, kv, b, hk, j0, kKeys, p.Sk, tid);
     stage_rows<T, D, 8, kThreads>(v_stages + stage * kKeys, vv, b, hk, j0, kKeys, p.Sk, tid);
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
   };
   stage_rows<T, D, 8, kThreads>(q_tile, qv, b, h, i0, kRows, p.Sq, tid);  // committed with the first K/V tile
   const std::int64_t first = range.begin / kKeys * kKeys;
   if (first < range.end) {
     issue(first, 0);
   } else {
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
   }
   int stage = 0;
   for (std::int64_t j0 = first; j0 < range.end; j0 += kKeys, stage ^= 1) {
     if (j0 + kKeys < range.end) {
       issue(j0 + kKeys, stage ^ 1);
-      asm volatile("cp.async.wait_group 1;\n" ::);
+      cp_async_wait<1>();
     } else {
-      asm volatile("cp.async.wait_group 0;\n" ::);
+      cp_async_wait<0>();
     }
     __syncthreads();  // this stage's tile (and, the first time, Q) is visible to every warp
     const Row* k_tile = k_stages + stage * kKeys;
@@ -99,9 +99,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int x = 0; x < 2; ++x) {
           const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(
               &q_tile[kAtomRows * a + 16 * warp + lane % 8 + 8 * ((lane / 8) & 1)][16 * (ks + x) + 8 * (lane / 16)]));
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(qa[a][x][0]), "=r"(qa[a][x][1]), "=r"(qa[a][x][2]), "=r"(qa[a][x][3])
-                       : "r"(addr));
+          ldmatrix_x4(qa[a][x], addr);
         }
       }
 #pragma unroll
@@ -109,9 +107,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         std::uint32_t kb[4];
         const unsigned addr =
             static_cast<unsigned>(__cvta_generic_to_shared(&k_tile[nt * 8 + lane % 8][16 * ks + 8 * (lane / 8)]));
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3])
-                     : "r"(addr));
+        ldmatrix_x4(kb, addr);
 #pragma unroll
         for (int a = 0; a < 2; ++a) {
           mma<T>(s[a][nt], qa[a][0], kb[0], kb[1]);
@@ -140,9 +136,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         std::uint32_t vb[4];
         const unsigned addr = static_cast<unsigned>(
             __cvta_generic_to_shared(&v_tile[16 * kk + lane % 8 + 8 * ((lane / 8) & 1)][(nt + lane / 16) * 8]));
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(vb[0]), "=r"(vb[1]), "=r"(vb[2]), "=r"(vb[3])
-                     : "r"(addr));
+        ldmatrix_x4_trans(vb, addr);
 #pragma unroll
         for (int a = 0; a < 2; ++a) {
           mma<T>(o[a][nt], pa[a], vb[0], vb[1]);

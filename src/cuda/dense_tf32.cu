@@ -20,6 +20,7 @@
 #include "cuda/dense_softmax.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/launch.hpp"
+#include "cuda/mma.cuh"
 #include "cuda/row_blocks.cuh"
 #include "cuda/stage_rows.cuh"
 
@@ -158,9 +159,7 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
           const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(
               &q_tile[C::kAtomRows * a + 16 * warp + lane % 8 + 8 * ((lane / 8) & 1)][8 * (ks + x) + 4 * (lane / 16)]));
           std::uint32_t r[4];
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                       : "r"(addr));
+          ldmatrix_x4(r, addr);
 #pragma unroll
           for (int e = 0; e < 4; ++e) qa[a][x][e] = parts_of<M>(r[e]);
         }
@@ -170,9 +169,7 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
         std::uint32_t r[4];
         const unsigned addr =
             static_cast<unsigned>(__cvta_generic_to_shared(&k_tile[nt * 8 + lane % 8][8 * ks + 4 * (lane / 8)]));
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(addr));
+        ldmatrix_x4(r, addr);
         const Parts kb[2][2] = {{parts_of<M>(r[0]), parts_of<M>(r[1])}, {parts_of<M>(r[2]), parts_of<M>(r[3])}};
 #pragma unroll
         for (int x = 0; x < 2; ++x) {

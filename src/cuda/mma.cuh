@@ -40,6 +40,20 @@ __device__ __forceinline__ std::uint32_t bf16_pair(float lo, float hi) {
   return *reinterpret_cast<const std::uint32_t*>(&h);
 }
 
+// Four 8x8 matrices of 16-bit elements from shared memory: lanes 8 m .. 8 m + 7 give the addresses of matrix m's
+// rows, and lane (row, col) receives row `row`, elements 2 col, 2 col + 1 of matrix m in r[m] (with .trans, of its
+// transpose): the A or B fragments of mma_16816.
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], unsigned address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], unsigned address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
 // The transpose of an 8x8 matrix of 16-bit elements held as in a D fragment's half (lane (row, col) holds row
 // `row`, columns 2 col, 2 col + 1): afterwards the lane holds row `row` of the transpose, columns 2 col, 2 col + 1.
 __device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
