@@ -131,16 +131,18 @@ __device__ __forceinline__ float exp2_approx(float x) {
 __device__ __forceinline__ unsigned shared_address(const void* smem) {
   return static_cast<unsigned>(__cvta_generic_to_shared(smem));
 }
+// kWholeLine: on a miss L2 fetches the whole 128-byte line from DRAM (.L2::128B), for kernels that stream rows whose
+// other chunks their neighbouring lanes ask for at the same moment.
+template <bool kWholeLine = false>
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* global) {
-#ifdef FLASHTQ_EXPERIMENT_CP_ASYNC_LINE
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
-#else
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
-#endif
+  if constexpr (kWholeLine) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
+  }
 }
 // As cp_async16, but the 16 bytes are zero-filled instead of read when !fill (global must still be a valid
-// address). kWholeLine: L2 fetches the whole 128-byte line from DRAM on a miss (.L2::128B), for kernels that stream
-// rows whose other chunks their neighbouring lanes ask for at the same moment.
+// address).
 template <bool kWholeLine = false>
 __device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* global, bool fill) {
   if constexpr (kWholeLine) {
@@ -153,7 +155,10 @@ __device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* globa
 __device__ __forceinline__ void cp_async4(unsigned dst, const void* global) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(global));
 }
-__device__ __forceinline__ void cp_async16(void* smem, const void* global) { cp_async16(shared_address(smem), global); }
+template <bool kWholeLine = false>
+__device__ __forceinline__ void cp_async16(void* smem, const void* global) {
+  cp_async16<kWholeLine>(shared_address(smem), global);
+}
 __device__ __forceinline__ void cp_async4(void* smem, const void* global) { cp_async4(shared_address(smem), global); }
 // A 32-bit load from a shared-window address (volatile: never moved above a cp.async wait).
 __device__ __forceinline__ std::uint32_t lds32(unsigned address) {

@@ -31,6 +31,9 @@
 namespace flashtq::cuda {
 namespace {
 
+// The packed words stream through once: their copies ask L2 for whole 128-byte lines (docs/benchmarks.md).
+constexpr bool kWholeLines = true;
+
 constexpr int kWarps = 4;
 
 // D[16x8] += A[16x32] (s8, row-major) . B[32x8] (u8, column-major), exact in 32-bit integers.
@@ -125,7 +128,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   const bool v_aligned = (reinterpret_cast<std::uintptr_t>(values) & 15u) == 0;
   auto copy16 = [](void* dst, const std::uint32_t* src, bool aligned) {
     if (aligned) {
-      cp_async16(dst, src);
+      cp_async16<kWholeLines>(dst, src);
     } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i) cp_async4(static_cast<std::uint32_t*>(dst) + i, src + i);
@@ -148,9 +151,10 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     const std::int64_t moved = kPaged ? walk.moved_at(t0) : 0;  // in tokens, either way
     if (t0 + 16 <= w_end && k_aligned && v_aligned) {
       const std::uint32_t tile = std::uint32_t(t0 - w_begin) / 16;
-      cp_async16(&st.key[ka][pa], key_src_a + tile * key_step_a + moved * std::int64_t(key_step_a / 16));
-      if (lane < 16) cp_async16(&st.key[kb][pb], key_src_b + tile * key_step_b + moved * std::int64_t(key_step_b / 16));
-      cp_async16(&st.value[lane / 2][4 * (lane % 2)], value_src + tile * 128 + moved * 8);
+      cp_async16<kWholeLines>(&st.key[ka][pa], key_src_a + tile * key_step_a + moved * std::int64_t(key_step_a / 16));
+      if (lane < 16)
+        cp_async16<kWholeLines>(&st.key[kb][pb], key_src_b + tile * key_step_b + moved * std::int64_t(key_step_b / 16));
+      cp_async16<kWholeLines>(&st.value[lane / 2][4 * (lane % 2)], value_src + tile * 128 + moved * 8);
       cp_async4(lane < 16 ? &st.key_norm[lane] : &st.value_norm[lane - 16], norm_src + tile * 16 + moved);
       cp_async_commit();
       return;
@@ -286,7 +290,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     const uint4* src =
         reinterpret_cast<const uint4*>(reinterpret_cast<const KeyFragments*>(a.key_fragments) + j * (a.H / 4) + h0 / 4);
     for (int i = tid; i < int(sizeof(KeyFragments) / 16); i += 32 * kWarps)
-      cp_async16(reinterpret_cast<uint4*>(&frag) + i, src + i);
+      cp_async16<kWholeLines>(reinterpret_cast<uint4*>(&frag) + i, src + i);
     cp_async_commit();
   }
   cp_async_wait<0>();  // the first tile and the key fragments

@@ -37,6 +37,9 @@
 namespace flashtq::cuda {
 namespace {
 
+// The packed words stream through once: their copies ask L2 for whole 128-byte lines (docs/benchmarks.md).
+constexpr bool kWholeLines = true;
+
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kTile = 16;         // timesteps per tile
 constexpr int kHeads = kTcHeads;  // query heads per block (the mma's 8 columns)
@@ -110,7 +113,7 @@ __device__ __forceinline__ void stage_words(unsigned stage, const std::uint32_t*
   }
   const std::uint32_t* base = src - lead;
   const int total = lead + n, chunks = total >> 2;
-  for (int c = lane; c < chunks; c += 32) cp_async16(stage + 16 * c, base + 4 * c);
+  for (int c = lane; c < chunks; c += 32) cp_async16<kWholeLines>(stage + 16 * c, base + 4 * c);
   for (int i = 4 * chunks + lane; i < total; i += 32) cp_async4(stage + 4 * i, base + i);
 }
 
@@ -130,7 +133,7 @@ __device__ __forceinline__ void stage_tile(unsigned stage, const std::uint32_t* 
   const unsigned dst = stage + 16u * unsigned(lane);
 #pragma unroll
   for (int k = 0; k < kCopies; ++k)
-    if (lane + 32 * k < chunks) cp_async16(dst + 512u * unsigned(k), src + 128 * k);
+    if (lane + 32 * k < chunks) cp_async16<kWholeLines>(dst + 512u * unsigned(k), src + 128 * k);
 }
 
 // 32 bits of a bit stream from shared word address `word` on, shifted right by `shift`: one load where the lane's
@@ -378,7 +381,7 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
     if (ends_value_block(t0)) {
       const std::uint32_t* mean = value_means + (at >> value_shift) * (D / 2);
       if (means_vector) {
-        if (lane < D / 8) cp_async16(st + 4u * unsigned(kValueMeanAt + 4 * lane), mean + 4 * lane);
+        if (lane < D / 8) cp_async16<kWholeLines>(st + 4u * unsigned(kValueMeanAt + 4 * lane), mean + 4 * lane);
       } else {
         for (int i = lane; i < D / 2; i += 32) cp_async4(st + 4u * unsigned(kValueMeanAt + i), mean + i);
       }
