@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(kThreads, Shape<D, NT>::kBlocksPerSm < 4 ? Sha
       const bool in = j >= fill_begin && j < fill_end;
       const int rs = in ? row : 0;  // a readable address even when nothing is read
       cp_async16_zfill<true>(st + unsigned(x * kRowsPerPass * S::kRowBytes), k_head + k_tile + rs * k_row, in);
-      cp_async16_zfill<true>(st + unsigned(S::kTileBytes + x * kRowsPerPass * S::kRowBytes), v_head + v_tile + rs * v_row,
-                       in);
+      cp_async16_zfill<true>(st + unsigned(S::kTileBytes + x * kRowsPerPass * S::kRowBytes),
+                             v_head + v_tile + rs * v_row, in);
     }
     cp_async_commit();
   };

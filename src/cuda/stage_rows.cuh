@@ -14,9 +14,7 @@ namespace flashtq::cuda {
 template <typename T, int D, int Pad, int Threads>
 __device__ __forceinline__ void stage_rows(T (*tile)[D + Pad], const TensorView& t, std::int64_t b, std::int64_t h,
                                            std::int64_t row0, int rows, std::int64_t limit, int tid) {
-  auto copy = [](T* dst, const T* src, bool inside) {
-    cp_async16_zfill(shared_address(dst), src, inside);
-  };
+  auto copy = [](T* dst, const T* src, bool inside) { cp_async16_zfill(shared_address(dst), src, inside); };
   constexpr int per_chunk = 16 / int(sizeof(T)), per_row = D / per_chunk;
   if constexpr (Threads % per_row == 0) {
     constexpr int pass_rows = Threads / per_row;
