@@ -534,9 +534,9 @@ TqCase draw_tq_decode_case(std::mt19937_64& rng, const Backend& backend) {
   if (range(0, 1) == 1) {  // half: a preset's layout, its exact tokens and block means, GQA groups of 1 to 16
     const std::vector<TqPreset>& presets = tq_presets();
     const char* name = presets[std::size_t(range(0, std::int64_t(presets.size()) - 1))].name;
-    const std::int64_t dims[] = {64, 128, 256}, groups[] = {1, 3, 4, 8, 16};
+    const std::int64_t dims[] = {64, 128, 256}, groups[] = {1, 3, 4, 6, 8, 16};
     const std::int64_t D = dims[range(0, 2)];
-    c.H = c.layout.n_kv_heads * groups[range(0, 4)];
+    c.H = c.layout.n_kv_heads * groups[range(0, 5)];
     if (D == 256) c.tokens = range(1, 1500);
     const TqLayout widths = tq_preset_layout(name, D, c.layout.n_kv_heads, 1 << 16);
     const TqLayout p = tq_preset_layout(name, D, c.layout.n_kv_heads,

@@ -421,6 +421,7 @@ void add_codebook(Params& P, const TqCodebook& cb) {
 }
 
 constexpr std::int64_t kSplitTokens = 256;  // timesteps per workgroup of the attention kernel
+constexpr std::int64_t kHeadsPerGroup = 4;  // query heads of one kv head a workgroup serves (tq_attend.wgsl)
 
 std::int64_t n_splits(const TqAttendCall& c) {
   return std::max<std::int64_t>(1, (c.longest_row + kSplitTokens - 1) / kSplitTokens);
@@ -682,6 +683,8 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   std::uint32_t page_shift = 0;
   while (l.paged() && (std::int64_t(1) << page_shift) < l.page_size) ++page_shift;
   P.u(l.paged() ? 1 : 0).u(page_shift).u(l.paged() ? c.pages.max_pages : 0, "max_pages").u(c.reach, "reach");
+  const std::int64_t group = c.n_heads / l.n_kv_heads, head_chunks = (group + kHeadsPerGroup - 1) / kHeadsPerGroup;
+  P.u(group).u(head_chunks).u(0).u(0);
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
   add_parts(P, coded_parts(l, true));
   for (int i = 0; i < 16; ++i) P.f(c.tables.key_centroids[std::size_t(i)]);
@@ -690,7 +693,7 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   dispatch_chunked(
       "tq_attend#partial", P, row0,
       {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}, {nullptr}, {nullptr}, {pages}},
-      {splits, c.n_heads, rows}, 2);
+      {splits, l.n_kv_heads * head_chunks, rows}, 2);
   dispatch_chunked("tq_attend#merge", P, row0,
                    {{nullptr}, {nullptr}, {nullptr}, {nullptr}, {ws.buffer}, {out.buffer}, {sinks.buffer}},
                    {c.n_heads, rows, 1}, 1);

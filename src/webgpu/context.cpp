@@ -84,6 +84,7 @@ struct Device {
   WGPUQueue queue = nullptr;
   WGPULimits limits{};
   std::string description;
+  Features features;  // the optional ones this device was created with
   bool cpu = false;
   bool lost = false;
   std::string lost_message;
@@ -149,9 +150,24 @@ Context::Context() {
   w.AdapterGetInfo(dev_->adapter, &info);
   dev_->description = text(info.device) + " (" + text(info.description) + ")";
   dev_->cpu = info.adapterType == WGPUAdapterType_CPU;
+  dev_->features.subgroup_min_size = info.subgroupMinSize;
+  dev_->features.subgroup_max_size = info.subgroupMaxSize;
   w.AdapterInfoFreeMembers(info);
   WGPULimits supported{};
   w.AdapterGetLimits(dev_->adapter, &supported);
+  // The optional features the kernels have variants for, where the adapter offers them (the variants
+  // without them stay the fall-back, and FLASHTQ_WEBGPU_FEATURES=none keeps to those).
+  std::vector<WGPUFeatureName> wanted;
+  const char* features_env = std::getenv("FLASHTQ_WEBGPU_FEATURES");
+  const bool optional_allowed = !features_env || std::string(features_env) != "none";
+  if (optional_allowed && w.AdapterHasFeature(dev_->adapter, WGPUFeatureName_Subgroups)) {
+    wanted.push_back(WGPUFeatureName_Subgroups);
+    dev_->features.subgroups = true;
+  }
+  if (optional_allowed && w.AdapterHasFeature(dev_->adapter, WGPUFeatureName_ShaderF16)) {
+    wanted.push_back(WGPUFeatureName_ShaderF16);
+    dev_->features.shader_f16 = true;
+  }
 
   // The device asks for the adapter's own limits (storage buffers per stage, binding sizes).
   struct DeviceResult {
@@ -161,6 +177,8 @@ Context::Context() {
   } dr;
   WGPUDeviceDescriptor ddesc{};
   ddesc.requiredLimits = &supported;
+  ddesc.requiredFeatureCount = wanted.size();
+  ddesc.requiredFeatures = wanted.data();
   ddesc.deviceLostCallbackInfo.mode = WGPUCallbackMode_AllowProcessEvents;
   ddesc.deviceLostCallbackInfo.callback = [](const WGPUDevice*, WGPUDeviceLostReason reason, WGPUStringView message,
                                              void* u1, void*) {
@@ -219,7 +237,13 @@ std::string Context::unusable_reason() {
   return unusable_reason_text();
 }
 
-std::string Context::adapter_description() const { return dev_->description; }
+std::string Context::adapter_description() const {
+  std::string optional;
+  if (dev_->features.subgroups) optional += "subgroups";
+  if (dev_->features.shader_f16) optional += std::string(optional.empty() ? "" : ", ") + "shader-f16";
+  return dev_->description + " [" + (optional.empty() ? std::string("no optional features") : optional) + "]";
+}
+const Features& Context::features() const { return dev_->features; }
 bool Context::is_cpu_adapter() const { return dev_->cpu; }
 std::uint32_t Context::max_groups_per_dimension() const { return dev_->limits.maxComputeWorkgroupsPerDimension; }
 

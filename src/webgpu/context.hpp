@@ -34,6 +34,15 @@ struct Binding {
   void* buffer = nullptr;  // WGPUBuffer
 };
 
+// The optional WebGPU features the device was created with (requested wherever the adapter offers
+// them, unless FLASHTQ_WEBGPU_FEATURES=none); kernels with a variant for one use it when it is here.
+struct Features {
+  bool subgroups = false;
+  bool shader_f16 = false;
+  std::uint32_t subgroup_min_size = 0;  // the adapter's range (0 when unknown)
+  std::uint32_t subgroup_max_size = 0;
+};
+
 class Context {
  public:
   // The process's context; an Error names what failed when there is no usable adapter.
@@ -43,7 +52,9 @@ class Context {
   // Why not, when usable() is false.
   static std::string unusable_reason();
 
+  // The adapter and, in brackets, the optional features in use.
   std::string adapter_description() const;
+  const Features& features() const;
   bool is_cpu_adapter() const;
 
   void* allocate(std::size_t bytes);

@@ -1,8 +1,9 @@
 // TurboQuant attention over the packed cache (docs/spec.md §2), after the seed 003, split over the sequence:
-//   partial: one workgroup per (split, head, query row) scores tiles of 128 tokens straight from the
-//            packed words (thread t: token t of the tile), keeps a running max and sum, and
-//            accumulates values in rotated space (thread t: coordinates t, t + 128); writes
-//            (max, sum, acc[D]) to the workspace.
+//   partial: one workgroup per (split, up to four heads of a kv head, query row) scores tiles of 128
+//            tokens straight from the packed words (thread t: token t of the tile, for every head of
+//            the workgroup: each code decoded once), keeps running maxima and sums, and accumulates
+//            values in rotated space (thread t: coordinates t, t + 128); writes (max, sum, acc[D]) of
+//            each head to the workspace.
 //   merge:   one workgroup per (head, query row) combines the splits by their maxima, normalises,
 //            and rotates back once (inverse RHT_polar).
 // Decode and chunked prefill are the same kernel: row j of sequence b sees timesteps
@@ -28,6 +29,7 @@ struct Params {
   // A pool (docs/turboquant_layout.md, "Pages"): PAGES holds each sequence's max_pages page indices, then each
   // one's exact set; reach = max_pages << page_shift clamps positions (capacity for a contiguous image).
   paged: u32, page_shift: u32, max_pages: u32, reach: u32,
+  group: u32, head_chunks: u32, pad0: u32, pad1: u32,  // heads per kv head; workgroups per (kv head, row)
   polar: array<vec4<u32>, 2>,
   parts: array<vec4<u32>, 6>,
   key_centroids: array<vec4<f32>, 4>,
@@ -47,11 +49,14 @@ struct Params {
 
 const TILE: u32 = 128u;
 
-var<workgroup> q_rot: array<f32, 256>;
-var<workgroup> q_jl: array<f32, 256>;
-var<workgroup> weight: array<f32, 128>;  // score, then p * |v| of each token of the tile
-var<workgroup> prob: array<f32, 128>;    // p of each token of the tile
-var<workgroup> stats: vec4<f32>;         // unused, correction, running max, running sum
+// The queries of the (up to) four heads a workgroup serves, component g for head g of its group.
+var<workgroup> q_rot: array<vec4<f32>, 256>;
+var<workgroup> q_jl: array<vec4<f32>, 256>;
+var<workgroup> weight: array<vec4<f32>, 128>;   // score, then p * |v| of each token of the tile
+var<workgroup> prob: array<vec4<f32>, 128>;     // p of each token of the tile
+var<workgroup> partials: array<vec4<f32>, 32>;  // the first step of a reduction over the tile
+var<workgroup> running_max: vec4<f32>;
+var<workgroup> correction: vec4<f32>;  // of the running sums, for the tile's new maxima
 var<workgroup> begin_shared: u32;
 var<workgroup> end_shared: u32;
 
@@ -131,107 +136,131 @@ fn first_visible(row: u32) -> u32 {
   return u32(p) - P.window + 1u;
 }
 
+// The largest of v[0..128) of the workgroup array, per component: 32 threads take four entries each, then
+// thread 0 the 32 results (every thread calls it: it holds barriers; the result is uniform).
+fn tile_max(tid: u32) -> vec4<f32> {
+  if (tid < 32u) { partials[tid] = max(max(weight[tid], weight[tid + 32u]), max(weight[tid + 64u], weight[tid + 96u])); }
+  workgroupBarrier();
+  if (tid == 0u) {
+    var m = running_max;
+    for (var i = 0u; i < 32u; i++) { m = max(m, partials[i]); }
+    correction = exp(running_max - m);
+    running_max = m;
+  }
+  workgroupBarrier();
+  return running_max;
+}
+
+// The coded part of a key's score for the four heads: each part's norm half times its codes' dot with q_rot
+// (the outlier part with its own centroids), the QJL correction, the block mean's dot.
+fn coded_key_scores(keys: u32, kvh: u32, at: u32, D: u32, jl_sums: vec4<f32>) -> vec4<f32> {
+  let slot = kvh * P.capacity + at;
+  let codes = keys + slot * P.key_code_words;
+  let norms = keys + P.key_norm_off + slot * P.key_norm_words;
+  let jl = keys + P.key_jl_off + slot * (D / 32u);
+  var dot = vec4<f32>(0.0);
+  var positive = vec4<f32>(0.0);
+  for (var p = 0u; p < P.n_parts; p++) {
+    let part = P.parts[p];  // offset, size, bits, bit_offset
+    let outlier = P.outliers != 0u && p == 0u;
+    var polar = vec4<f32>(0.0);
+    for (var i = 0u; i < part.y; i++) {
+      let idx = key_code(codes, part.w + i * part.z, part.z);
+      let c = select(P.key_centroids[idx / 4u][idx % 4u], P.outlier_centroids[idx / 4u][idx % 4u], outlier);
+      let d = part.x + i;
+      polar = fma(q_rot[d], vec4<f32>(c), polar);
+      if (P.qjl != 0u && ((KEYS[jl + d / 32u] >> (d % 32u)) & 1u) != 0u) { positive += q_jl[d]; }
+    }
+    dot = fma(vec4<f32>(unpack2x16float(KEYS[norms + p / 2u])[p % 2u]), polar, dot);  // part p's norm half
+  }
+  if (P.qjl != 0u) {
+    let nw = KEYS[norms];
+    dot += f16_lo(nw) * f16_hi(nw) * P.qjl_scale * (2.0 * positive - jl_sums);
+  }
+  if (P.key_block != 0u) {  // the block's mean, which the codes do not hold
+    let mean = keys + P.key_mean_off + (kvh * P.key_mean_blocks + at / P.key_block) * (D / 2u);
+    for (var d = 0u; d < D; d++) { dot = fma(q_rot[d], vec4<f32>(key_mean(mean, d)), dot); }
+  }
+  return dot;
+}
+
+// One workgroup per (split, up to four heads of one kv head, query row): each token's packed words are read and
+// decoded once for the heads of its group (a GQA group of more than four heads takes several workgroups).
 @compute @workgroup_size(128)
 fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   let tid = lid.x;
   let split = wid.x;
-  let h = wid.y;
+  let kvh = wid.y / P.head_chunks;
+  let h0 = kvh * P.group + (wid.y % P.head_chunks) * 4u;  // the first of this workgroup's heads
+  let n_heads = min(4u, P.group - (wid.y % P.head_chunks) * 4u);
   let row = P.row0 + wid.z;
   let D = P.D;
   let b = row / P.nq;
-  let kvh = h / (P.H / P.n_kv);
   let t_begin = split * P.split_tokens;
   if (tid == 0u) {
     end_shared = min(t_begin + P.split_tokens, seq_len(row));
     begin_shared = max(t_begin, first_visible(row));
+    running_max = vec4<f32>(bitcast<f32>(NEG_INF_BITS));
   }
   // The bounds every thread loops over, made uniform for the barriers in the loop.
   let t_end = workgroupUniformLoad(&end_shared);
   let t_first = workgroupUniformLoad(&begin_shared);
-  for (var d = tid; d < D; d += TILE) {
-    q_rot[d] = SCRATCH[scratch_vector(P.scratch_off, P.region, 0u, row, P.H, h, D) + d];
-    q_jl[d] = SCRATCH[scratch_vector(P.scratch_off, P.region, 1u, row, P.H, h, D) + d];
+  for (var i = tid; i < 4u * D; i += TILE) {  // the heads past the group's last hold zeros
+    let g = i / D;
+    let d = i % D;
+    var qr = 0.0;
+    var qj = 0.0;
+    if (g < n_heads) {
+      qr = SCRATCH[scratch_vector(P.scratch_off, P.region, 0u, row, P.H, h0 + g, D) + d];
+      qj = SCRATCH[scratch_vector(P.scratch_off, P.region, 1u, row, P.H, h0 + g, D) + d];
+    }
+    q_rot[d][g] = qr;
+    q_jl[d][g] = qj;
   }
-  if (tid == 0u) { stats = vec4<f32>(0.0, 0.0, bitcast<f32>(NEG_INF_BITS), 0.0); }
+  var jl_sums = vec4<f32>(0.0);
+  for (var g = 0u; g < n_heads; g++) { jl_sums[g] = SCRATCH[scratch_sum(P.scratch_off, P.region, row, P.H, h0 + g)]; }
   workgroupBarrier();
-  let jl_sum = SCRATCH[scratch_sum(P.scratch_off, P.region, row, P.H, h)];
   let keys = P.k_off + b * P.key_words;
   let values = P.v_off + b * P.value_words;
   let value_code_words = D * P.value_bits / 32u;
   let seq_end = sequence_end(row);
   let exact_base = (min(exact_set(b), P.exact_sets - 1u) * P.n_kv + kvh) * P.exact_rows * (D / 2u);
-  var acc0 = 0.0;
-  var acc1 = 0.0;
+  var acc0 = vec4<f32>(0.0);  // coordinate tid of the four heads' value sums (rotated space)
+  var acc1 = vec4<f32>(0.0);  // coordinate tid + 128
+  var sums = vec4<f32>(0.0);  // this thread's share of the four running sums (token tid of every tile)
   var t0 = t_first;
   loop {
     if (t0 >= t_end) { break; }  // uniform: every thread sees the same bounds
     // scores: thread tid takes token t0 + tid
     let t = t0 + tid;
-    var s = bitcast<f32>(NEG_INF_BITS);
+    var s = vec4<f32>(bitcast<f32>(NEG_INF_BITS));
     let er = exact_row(t, seq_end);
     if (t < t_end && er >= 0) {  // a sink or recent timestep: its exact rotated row
       let base = keys + P.key_exact_off + exact_base + u32(er) * (D / 2u);
-      var dot = 0.0;
-      for (var d = 0u; d < D; d++) { dot = fma(q_rot[d], exact_key(base, d), dot); }
+      var dot = vec4<f32>(0.0);
+      for (var d = 0u; d < D; d++) { dot = fma(q_rot[d], vec4<f32>(exact_key(base, d)), dot); }
       s = P.scale * dot;
     } else if (t < t_end) {
-      let at = timestep(b, t);
-      let slot = kvh * P.capacity + at;
-      let codes = keys + slot * P.key_code_words;
-      let norms = keys + P.key_norm_off + slot * P.key_norm_words;
-      let jl = keys + P.key_jl_off + slot * (D / 32u);
-      var dot = 0.0;
-      var positive = 0.0;
-      for (var p = 0u; p < P.n_parts; p++) {
-        let part = P.parts[p];  // offset, size, bits, bit_offset
-        let outlier = P.outliers != 0u && p == 0u;
-        var polar = 0.0;
-        for (var i = 0u; i < part.y; i++) {
-          let idx = key_code(codes, part.w + i * part.z, part.z);
-          let c = select(P.key_centroids[idx / 4u][idx % 4u], P.outlier_centroids[idx / 4u][idx % 4u], outlier);
-          let d = part.x + i;
-          polar = fma(q_rot[d], c, polar);
-          if (P.qjl != 0u && ((KEYS[jl + d / 32u] >> (d % 32u)) & 1u) != 0u) { positive += q_jl[d]; }
-        }
-        dot = fma(unpack2x16float(KEYS[norms + p / 2u])[p % 2u], polar, dot);  // part p's norm half
-      }
-      if (P.qjl != 0u) {
-        let nw = KEYS[norms];
-        dot += f16_lo(nw) * f16_hi(nw) * P.qjl_scale * (2.0 * positive - jl_sum);
-      }
-      if (P.key_block != 0u) {  // the block's mean, which the codes do not hold
-        let mean = keys + P.key_mean_off + (kvh * P.key_mean_blocks + at / P.key_block) * (D / 2u);
-        for (var d = 0u; d < D; d++) { dot = fma(q_rot[d], key_mean(mean, d), dot); }
-      }
-      s = P.scale * dot;
+      s = P.scale * coded_key_scores(keys, kvh, timestep(b, t), D, jl_sums);
     }
-    if (P.softcap > 0.0 && t < t_end) { s = P.softcap * softcap_tanh(s, P.softcap); }  // docs/spec.md §1.8
+    if (P.softcap > 0.0 && t < t_end) {  // docs/spec.md §1.8
+      for (var g = 0u; g < 4u; g++) { s[g] = P.softcap * softcap_tanh(s[g], P.softcap); }
+    }
     weight[tid] = s;
     workgroupBarrier();
-    if (tid == 0u) {
-      var m = stats.z;
-      for (var i = 0u; i < TILE; i++) { m = max(m, weight[i]); }
-      stats.y = exp(stats.z - m);  // correction of the running sums
-      stats.z = m;
-    }
-    workgroupBarrier();
-    let m = stats.z;
-    var p = 0.0;
-    var w = 0.0;
+    let m = tile_max(tid);
+    let corr = correction;
+    var p = vec4<f32>(0.0);
+    var w = vec4<f32>(0.0);
     if (t < t_end) {
       p = exp(s - m);
       w = p;
       if (er < 0) { w = p * f16_lo(VALUES[values + P.value_norm_off + kvh * P.capacity + timestep(b, t)]); }
     }
+    sums = fma(sums, corr, p);
     prob[tid] = p;
     weight[tid] = w;
-    let corr = stats.y;
     workgroupBarrier();
-    if (tid == 0u) {
-      var l = stats.w * corr;
-      for (var i = 0u; i < TILE; i++) { l += prob[i]; }
-      stats.w = l;
-    }
     // values in rotated space: coordinates tid and tid + 128
     acc0 *= corr;
     acc1 *= corr;
@@ -241,36 +270,45 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
       let ei = exact_row(t0 + i, seq_end);
       if (ei >= 0) {
         let eb = values + P.value_exact_off + exact_base + u32(ei) * (D / 2u);
-        if (tid < D) { acc0 = fma(wi, exact_value(eb, tid), acc0); }
-        if (tid + TILE < D) { acc1 = fma(wi, exact_value(eb, tid + TILE), acc1); }
+        if (tid < D) { acc0 = fma(wi, vec4<f32>(exact_value(eb, tid)), acc0); }
+        if (tid + TILE < D) { acc1 = fma(wi, vec4<f32>(exact_value(eb, tid + TILE)), acc1); }
         continue;
       }
       let at = timestep(b, t0 + i);
       let base = values + (kvh * P.capacity + at) * value_code_words;
       if (tid < D) {
         let idx = value_code(base, tid, P.value_bits);
-        acc0 = fma(wi, P.value_centroids[idx / 4u][idx % 4u], acc0);
+        acc0 = fma(wi, vec4<f32>(P.value_centroids[idx / 4u][idx % 4u]), acc0);
       }
       if (tid + TILE < D) {
         let idx = value_code(base, tid + TILE, P.value_bits);
-        acc1 = fma(wi, P.value_centroids[idx / 4u][idx % 4u], acc1);
+        acc1 = fma(wi, vec4<f32>(P.value_centroids[idx / 4u][idx % 4u]), acc1);
       }
       if (P.value_block != 0u) {  // p mu_b: the block's mean, which the codes do not hold
         let mean = values + P.value_mean_off + (kvh * P.value_mean_blocks + at / P.value_block) * (D / 2u);
         let pi = prob[i];
-        if (tid < D) { acc0 = fma(pi, value_mean(mean, tid), acc0); }
-        if (tid + TILE < D) { acc1 = fma(pi, value_mean(mean, tid + TILE), acc1); }
+        if (tid < D) { acc0 = fma(pi, vec4<f32>(value_mean(mean, tid)), acc0); }
+        if (tid + TILE < D) { acc1 = fma(pi, vec4<f32>(value_mean(mean, tid + TILE)), acc1); }
       }
     }
     workgroupBarrier();
     t0 += TILE;
   }
-  let out = P.ws_off + ((row * P.H + h) * P.splits + split) * (D + 2u);
-  if (tid < D) { WS[out + 2u + tid] = acc0; }
-  if (tid + TILE < D) { WS[out + 2u + tid + TILE] = acc1; }
-  if (tid == 0u) {
-    WS[out] = stats.z;
-    WS[out + 1u] = stats.w;
+  // The running sums: the threads' shares added up (each was scaled by every tile's correction).
+  prob[tid] = sums;
+  workgroupBarrier();
+  if (tid < 32u) { partials[tid] = (prob[tid] + prob[tid + 32u]) + (prob[tid + 64u] + prob[tid + 96u]); }
+  workgroupBarrier();
+  for (var g = 0u; g < n_heads; g++) {
+    let out = P.ws_off + ((row * P.H + h0 + g) * P.splits + split) * (D + 2u);
+    if (tid < D) { WS[out + 2u + tid] = acc0[g]; }
+    if (tid + TILE < D) { WS[out + 2u + tid + TILE] = acc1[g]; }
+    if (tid == 0u) {
+      var l = 0.0;
+      for (var i = 0u; i < 32u; i++) { l += partials[i][g]; }
+      WS[out] = running_max[g];
+      WS[out + 1u] = l;
+    }
   }
 }
 
