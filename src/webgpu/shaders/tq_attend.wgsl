@@ -10,7 +10,8 @@
 // [0, min(start_b + j + 1, max_seq, capacity)), with a sliding window only those after p - window.
 // Keys with outlier channels are scored part by part (_tq_parts.wgsl: each part's norm half times its
 // codes' dot with q_rot, the outlier part with its own centroids); with block means (docs/turboquant_layout.md)
-// a coded key's score adds <q_rot, mu_b> and a coded value adds p mu_b, its block's f16 mean, read per token.
+// a coded key's score adds <q_rot, mu_b> (computed once per block and split) and the coded values of a block add
+// (sum of their p) mu_b, its f16 mean read once per block and tile.
 
 struct Params {
   D: u32, n_kv: u32, capacity: u32, key_bits: u32,
@@ -55,6 +56,7 @@ var<workgroup> q_jl: array<vec4<f32>, 256>;
 var<workgroup> weight: array<vec4<f32>, 128>;   // score, then p * |v| of each token of the tile
 var<workgroup> prob: array<vec4<f32>, 128>;     // p of each token of the tile
 var<workgroup> partials: array<vec4<f32>, 32>;  // the first step of a reduction over the tile
+var<workgroup> mean_dots: array<vec4<f32>, 33>;  // <q_rot, mu_b> of the split's key blocks (at most 256 / 8 + 1)
 var<workgroup> running_max: vec4<f32>;
 var<workgroup> correction: vec4<f32>;  // of the running sums, for the tile's new maxima
 var<workgroup> begin_shared: u32;
@@ -152,24 +154,41 @@ fn tile_max(tid: u32) -> vec4<f32> {
 }
 
 // The coded part of a key's score for the four heads: each part's norm half times its codes' dot with q_rot
-// (the outlier part with its own centroids), the QJL correction, the block mean's dot.
-fn coded_key_scores(keys: u32, kvh: u32, at: u32, D: u32, jl_sums: vec4<f32>) -> vec4<f32> {
+// (the outlier part with its own centroids), the QJL correction; the block mean's dot comes in as `dot`.
+fn coded_key_scores(keys: u32, kvh: u32, at: u32, D: u32, jl_sums: vec4<f32>, mean_dot: vec4<f32>) -> vec4<f32> {
   let slot = kvh * P.capacity + at;
   let codes = keys + slot * P.key_code_words;
   let norms = keys + P.key_norm_off + slot * P.key_norm_words;
   let jl = keys + P.key_jl_off + slot * (D / 32u);
-  var dot = vec4<f32>(0.0);
+  var dot = mean_dot;
   var positive = vec4<f32>(0.0);
   for (var p = 0u; p < P.n_parts; p++) {
     let part = P.parts[p];  // offset, size, bits, bit_offset
     let outlier = P.outliers != 0u && p == 0u;
     var polar = vec4<f32>(0.0);
+    // The codes' words are read once each (two at a time: a code may straddle them), the QJL bits a word per
+    // 32 coordinates.
+    var at_word = 0xffffffffu;
+    var lo = 0u;
+    var hi = 0u;
+    var signs = 0u;
     for (var i = 0u; i < part.y; i++) {
-      let idx = key_code(codes, part.w + i * part.z, part.z);
+      let bit = part.w + i * part.z;
+      if (bit / 32u != at_word) {
+        at_word = bit / 32u;
+        lo = KEYS[codes + at_word];
+        hi = KEYS[codes + at_word + 1u];
+      }
+      var idx = lo >> (bit % 32u);
+      if ((bit % 32u) + part.z > 32u) { idx |= hi << (32u - bit % 32u); }
+      idx &= (1u << part.z) - 1u;
       let c = select(P.key_centroids[idx / 4u][idx % 4u], P.outlier_centroids[idx / 4u][idx % 4u], outlier);
       let d = part.x + i;
       polar = fma(q_rot[d], vec4<f32>(c), polar);
-      if (P.qjl != 0u && ((KEYS[jl + d / 32u] >> (d % 32u)) & 1u) != 0u) { positive += q_jl[d]; }
+      if (P.qjl != 0u) {
+        if (i == 0u || d % 32u == 0u) { signs = KEYS[jl + d / 32u]; }
+        if (((signs >> (d % 32u)) & 1u) != 0u) { positive += q_jl[d]; }
+      }
     }
     dot = fma(vec4<f32>(unpack2x16float(KEYS[norms + p / 2u])[p % 2u]), polar, dot);  // part p's norm half
   }
@@ -177,11 +196,16 @@ fn coded_key_scores(keys: u32, kvh: u32, at: u32, D: u32, jl_sums: vec4<f32>) ->
     let nw = KEYS[norms];
     dot += f16_lo(nw) * f16_hi(nw) * P.qjl_scale * (2.0 * positive - jl_sums);
   }
-  if (P.key_block != 0u) {  // the block's mean, which the codes do not hold
-    let mean = keys + P.key_mean_off + (kvh * P.key_mean_blocks + at / P.key_block) * (D / 2u);
-    for (var d = 0u; d < D; d++) { dot = fma(q_rot[d], vec4<f32>(key_mean(mean, d)), dot); }
-  }
   return dot;
+}
+
+// acc += p_sum mu_b at coordinates tid and tid + 128, for value block `block` of kv head kvh (none: 0xffffffff).
+fn add_value_mean(values: u32, kvh: u32, block: u32, p_sum: vec4<f32>, tid: u32, D: u32, acc0: ptr<function, vec4<f32>>,
+                  acc1: ptr<function, vec4<f32>>) {
+  if (block == 0xffffffffu) { return; }
+  let mean = values + P.value_mean_off + (kvh * P.value_mean_blocks + block) * (D / 2u);
+  if (tid < D) { *acc0 = fma(p_sum, vec4<f32>(value_mean(mean, tid)), *acc0); }
+  if (tid + TILE < D) { *acc1 = fma(p_sum, vec4<f32>(value_mean(mean, tid + TILE)), *acc1); }
 }
 
 // One workgroup per (split, up to four heads of one kv head, query row): each token's packed words are read and
@@ -225,6 +249,18 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
   let value_code_words = D * P.value_bits / 32u;
   let seq_end = sequence_end(row);
   let exact_base = (min(exact_set(b), P.exact_sets - 1u) * P.n_kv + kvh) * P.exact_rows * (D / 2u);
+  // The key blocks' means, which the codes do not hold: their dots with q_rot once (thread j: the split's block j;
+  // a block's first visible timestep finds its place in a pool, since a page holds whole blocks).
+  let key_block = max(P.key_block, 1u);
+  let first_block = t_first / key_block;
+  if (P.key_block != 0u && t_first < t_end && tid <= (t_end - 1u) / key_block - first_block) {
+    let at = timestep(b, max(t_first, (first_block + tid) * key_block));
+    let mean = keys + P.key_mean_off + (kvh * P.key_mean_blocks + at / key_block) * (D / 2u);
+    var dot = vec4<f32>(0.0);
+    for (var d = 0u; d < D; d++) { dot = fma(q_rot[d], vec4<f32>(key_mean(mean, d)), dot); }
+    mean_dots[tid] = dot;
+  }
+  workgroupBarrier();
   var acc0 = vec4<f32>(0.0);  // coordinate tid of the four heads' value sums (rotated space)
   var acc1 = vec4<f32>(0.0);  // coordinate tid + 128
   var sums = vec4<f32>(0.0);  // this thread's share of the four running sums (token tid of every tile)
@@ -241,7 +277,9 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
       for (var d = 0u; d < D; d++) { dot = fma(q_rot[d], vec4<f32>(exact_key(base, d)), dot); }
       s = P.scale * dot;
     } else if (t < t_end) {
-      s = P.scale * coded_key_scores(keys, kvh, timestep(b, t), D, jl_sums);
+      var mean_dot = vec4<f32>(0.0);
+      if (P.key_block != 0u) { mean_dot = mean_dots[t / key_block - first_block]; }
+      s = P.scale * coded_key_scores(keys, kvh, timestep(b, t), D, jl_sums, mean_dot);
     }
     if (P.softcap > 0.0 && t < t_end) {  // docs/spec.md §1.8
       for (var g = 0u; g < 4u; g++) { s[g] = P.softcap * softcap_tanh(s[g], P.softcap); }
@@ -265,6 +303,8 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
     acc0 *= corr;
     acc1 *= corr;
     let n = min(TILE, t_end - t0);
+    var block = 0xffffffffu;       // the value block of the tokens summed in block_p (none yet)
+    var block_p = vec4<f32>(0.0);  // their p: the block's mean is added once, times this sum
     for (var i = 0u; i < n; i++) {
       let wi = weight[i];
       let ei = exact_row(t0 + i, seq_end);
@@ -285,12 +325,15 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
         acc1 = fma(wi, vec4<f32>(P.value_centroids[idx / 4u][idx % 4u]), acc1);
       }
       if (P.value_block != 0u) {  // p mu_b: the block's mean, which the codes do not hold
-        let mean = values + P.value_mean_off + (kvh * P.value_mean_blocks + at / P.value_block) * (D / 2u);
-        let pi = prob[i];
-        if (tid < D) { acc0 = fma(pi, vec4<f32>(value_mean(mean, tid)), acc0); }
-        if (tid + TILE < D) { acc1 = fma(pi, vec4<f32>(value_mean(mean, tid + TILE)), acc1); }
+        if (at / P.value_block != block) {
+          add_value_mean(values, kvh, block, block_p, tid, D, &acc0, &acc1);
+          block = at / P.value_block;
+          block_p = vec4<f32>(0.0);
+        }
+        block_p += prob[i];
       }
     }
+    add_value_mean(values, kvh, block, block_p, tid, D, &acc0, &acc1);
     workgroupBarrier();
     t0 += TILE;
   }
