@@ -125,8 +125,10 @@ void dispatch_chunked(const std::string& kernel, Params P, std::size_t first_at,
   }
 }
 
-// The dense kernel `shader`, its wide variant past head_dim 256 (each thread holds up to 512 of a row).
-std::string wide_rows(const std::string& shader, const DenseProblem& p) {
+// The dense kernel `shader` for a problem: the variant built for its head_dim where there is one (the common
+// sizes), else the generic one, wide past head_dim 256 (each thread holds up to 512 of a row).
+std::string dense_variant(const std::string& shader, const DenseProblem& p) {
+  if (p.D == 64 || p.D == 128 || p.D == 256) return shader + "@d" + std::to_string(p.D);
   return p.D > 256 ? shader + "@wide" : shader;
 }
 
@@ -291,7 +293,7 @@ class WebGpuBackend final : public Backend {
     P.u(0);
     add_table(P, table, p, c.ragged, c.table);
     dispatch_chunked(
-        wide_rows("dense_forward", p), P, y0,
+        dense_variant("dense_forward", p), P, y0,
         {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}, {sinks.buffer}, {table_buffer}},
         {groups(p.Sq, 64), p.B * p.H, 1}, 1);
     outputs.finish();
@@ -337,9 +339,9 @@ class WebGpuBackend final : public Backend {
       all.push_back({table_buffer});
       return all;
     };
-    dispatch_chunked(wide_rows("dense_backward", p) + "#dq", P, y0, with({{dq.buffer}}),
+    dispatch_chunked(dense_variant("dense_backward", p) + "#dq", P, y0, with({{dq.buffer}}),
                      {groups(p.Sq, 64), p.B * p.H, 1}, 1);
-    dispatch_chunked(wide_rows("dense_backward", p) + "#dkdv", P, y0, with({{dk.buffer}, {dv.buffer}}),
+    dispatch_chunked(dense_variant("dense_backward", p) + "#dkdv", P, y0, with({{dk.buffer}, {dv.buffer}}),
                      {groups(p.Sk, 64), p.B * p.Hkv, 1}, 1);
     if (c.dsinks) {  // from the delta the dq kernel wrote; a ragged batch's [H, Tq] rows as one sequence
       const Placed dsinks = outputs.add(place(c.dsinks, p.H, 4, "dsinks"), p.H, 4);

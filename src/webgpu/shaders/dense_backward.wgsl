@@ -42,6 +42,8 @@ struct Params {
 const ROWS: u32 = 64u;
 // head_dim / 4 at most: what a thread holds of a row; the "wide" variant (head_dim up to 512) has 128.
 const MAX_D4: u32 = 64u;
+// A variant built for one head_dim ("@d128": context.cpp) fixes head_dim / 4 here (constant loop counts); 0: P.D.
+const FIXED_D4: u32 = 0u;
 
 fn ld(sel: u32, i: u32) -> f32 {
   let w = word_of(i, P.dtype);
@@ -121,7 +123,7 @@ var<workgroup> tile_delta: array<f32, 64>;
 
 @compute @workgroup_size(64)
 fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-  let d4 = P.D / 4u;
+  let d4 = select(P.D / 4u, FIXED_D4, FIXED_D4 != 0u);
   let b = (P.y0 + wid.y) / P.H;
   let h = (P.y0 + wid.y) % P.H;
   let hk = h / (P.H / P.Hkv);
@@ -204,7 +206,7 @@ fn dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
 
 @compute @workgroup_size(64)
 fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-  let d4 = P.D / 4u;
+  let d4 = select(P.D / 4u, FIXED_D4, FIXED_D4 != 0u);
   let b = (P.y0 + wid.y) / P.Hkv;
   let hk = (P.y0 + wid.y) % P.Hkv;
   let group = P.H / P.Hkv;

@@ -34,6 +34,10 @@ struct Params {
 const ROWS: u32 = 64u;
 // head_dim / 4 at most: what a thread holds of a row; the "wide" variant (head_dim up to 512) has 128.
 const MAX_D4: u32 = 64u;
+// A variant built for one head_dim ("@d128": context.cpp) fixes head_dim / 4 and the keys per tile here, so that
+// the loops over a row have a constant count (unrolled, the row arrays held in registers); 0: read from P.
+const FIXED_D4: u32 = 0u;
+const FIXED_TILE: u32 = 0u;
 // Scores are computed in units of 2^64 (q is scaled by 2^-64, exactly), so that scores past f32's range
 // (up to 2^64 times it) still give the oracle's softmax (docs/spec.md §3): a power of two changes no
 // rounding, and only products below 2^-62 lose bits (to subnormals or flushing), far below f32's
@@ -95,7 +99,7 @@ fn key_row(b: u32, s: Sequence, j: u32, hk: u32, off: u32, sb: u32, ss: u32, sh:
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-  let d4 = P.D / 4u;
+  let d4 = select(P.D / 4u, FIXED_D4, FIXED_D4 != 0u);
   let b = (P.y0 + wid.y) / P.H;
   let h = (P.y0 + wid.y) % P.H;
   let hk = h / (P.H / P.Hkv);
@@ -130,9 +134,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   let m_base = P.m_off + sq.mask0 + h * P.m_sh + row * P.m_sq;
   var m_run = MASKED_UNITS;
   var l_run = 0.0;
-  let tile_k = i32(P.tile_k);
+  let tile_k = i32(select(P.tile_k, FIXED_TILE, FIXED_TILE != 0u));
   for (var ks = k_begin; ks < k_end; ks += tile_k) {
-    for (var i = lid.x; i < P.tile_k * d4; i += ROWS) {
+    for (var i = lid.x; i < u32(tile_k) * d4; i += ROWS) {
       let r = i / d4;
       let c = i % d4;
       let j = u32(ks) + r;
