@@ -459,12 +459,14 @@ static std::string shader_variant(std::string source, const std::string& variant
   };
   if (variant == "wide") {
     set("MAX_D4", 128);
-  } else if (variant.size() > 1 && variant[0] == 'd' && variant.find_first_not_of("0123456789", 1) == std::string::npos) {
+  } else if (variant.size() > 1 && variant[0] == 'd' &&
+             variant.find_first_not_of("0123456789", 1) == std::string::npos) {
     const std::uint32_t d = std::uint32_t(std::stoul(variant.substr(1)));
     if (d == 0 || d % 4 != 0 || d > 512) throw Error("webgpu", "internal: no shader variant '" + variant + "'");
     set("MAX_D4", d / 4);
     set("FIXED_D4", d / 4);
-    if (source.find("const FIXED_TILE: u32") != std::string::npos) set("FIXED_TILE", std::min<std::uint32_t>(64, 2048 / d));
+    if (source.find("const FIXED_TILE: u32") != std::string::npos)
+      set("FIXED_TILE", std::min<std::uint32_t>(64, 2048 / d));
   } else {
     throw Error("webgpu", "internal: no shader variant '" + variant + "' of this shader");
   }
