@@ -359,5 +359,37 @@ TEST(KernelChoiceOnGpu, TurboQuantChunksRanTheBf16Prefill) {
   EXPECT_EQ(seed.kernel, "tq_attend_prefill_bf16") << c.describe();
 }
 
+// On a WebGPU adapter (lavapipe in CI): the tiled forward serves 16-bit inputs at head_dim 64 and 128 with every
+// feature on, the one-row-a-thread kernel the rest; TurboQuant attention its grouped kernel.
+TEST(KernelChoiceOnWebGpu, EachDenseShapeRanItsKernel) {
+  Backend* b = nullptr;
+  for (Backend* x : all_backends())
+    if (x->name() == "webgpu" && x->available()) b = x;
+  if (!b) GTEST_SKIP() << "no WebGPU adapter here";
+  struct Expect {
+    DType t;
+    std::int64_t D;
+    const char* forward;
+  };
+  const Expect cases[] = {{DType::f16, 128, "dense_forward_tiled"},  {DType::bf16, 64, "dense_forward_tiled"},
+                          {DType::bf16, 128, "dense_forward_tiled"}, {DType::f32, 128, "dense_forward_rows"},
+                          {DType::f16, 256, "dense_forward_rows"},   {DType::bf16, 96, "dense_forward_rows"}};
+  for (const Expect& e : cases) {
+    conformance::DenseCase c = dense_case(e.t, e.D, false, 77, 150);  // rows past one workgroup's, keys past a tile's
+    c.softcap = 5.0f, c.sinks = true, c.window = 60, c.causal_offset = 20, c.mask = true, c.dropout_p = 0.2f,
+    c.seed = 9;
+    const conformance::CheckResult r = conformance::check_forward(*b, c);
+    EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
+    EXPECT_EQ(r.kernel, e.forward) << c.describe();
+  }
+  conformance::TqCase c;
+  c.layout = tq_preset_layout("default", 128, 2, 1024);
+  c.H = 12, c.tokens = 700, c.n_queries = 1, c.start_pos = 699;  // a GQA group of 6: two workgroups of heads
+  c.seed = 5, c.data_seed = fresh_seed();
+  const conformance::CheckResult r = conformance::check_tq_attend(*b, c);
+  EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
+  EXPECT_EQ(r.kernel, "tq_attend_grouped") << c.describe();
+}
+
 }  // namespace
 }  // namespace flashtq

@@ -132,6 +132,15 @@ std::string dense_variant(const std::string& shader, const DenseProblem& p) {
   return p.D > 256 ? shader + "@wide" : shader;
 }
 
+// The forward's kernels (dense_forward.wgsl): `tiled` (32 rows of a workgroup against tiles of 32 keys, 16-bit
+// elements in workgroup memory) for 16-bit inputs at head_dim 64 and 128, else `main` (64 rows, one a thread).
+enum class ForwardKernel { tiled, rows };
+
+ForwardKernel choose_forward(const DenseProblem& p) {
+  const bool half = p.dtype == DType::f16 || p.dtype == DType::bf16;
+  return half && (p.D == 64 || p.D == 128) ? ForwardKernel::tiled : ForwardKernel::rows;
+}
+
 // Keys (or query rows) per workgroup-memory tile: 512 vec4 per operand.
 std::int64_t tile_rows(std::int64_t D) { return std::min<std::int64_t>(64, 2048 / D); }
 
@@ -234,6 +243,7 @@ class WebGpuBackend final : public Backend {
     return Context::usable() ? Context::get().adapter_description() : "no adapter";
   }
   Memory memory() const override { return Memory::webgpu; }
+  std::string last_kernel() const override { return last_kernel_; }
   Memory page_table_memory() const override { return Memory::host; }
   bool available() const override { return Context::usable(); }
   std::string unavailable_reason() const override { return Context::unusable_reason(); }
@@ -292,14 +302,20 @@ class WebGpuBackend final : public Backend {
     const std::size_t y0 = P.size();
     P.u(0);
     add_table(P, table, p, c.ragged, c.table);
+    const ForwardKernel kernel = choose_forward(p);
+    const bool tiled = kernel == ForwardKernel::tiled;
+    last_kernel_ = tiled ? "dense_forward_tiled" : "dense_forward_rows";
+    const std::string shader = dense_variant("dense_forward", p) +
+                               (tiled ? std::string(p.dtype == DType::f16 ? "+f16" : "+bf16") + "#tiled" : "");
     dispatch_chunked(
-        dense_variant("dense_forward", p), P, y0,
+        shader, P, y0,
         {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}, {sinks.buffer}, {table_buffer}},
-        {groups(p.Sq, 64), p.B * p.H, 1}, 1);
+        {groups(p.Sq, tiled ? 32 : 64), p.B * p.H, 1}, 1);
     outputs.finish();
   }
 
   void backward(const BackwardCall& c) override {
+    last_kernel_ = "dense_backward_rows";
     const DenseProblem& p = c.p;
     Context& ctx = Context::get();
     const Placed q = place(c.q, "q"), k = place(c.k, "k"), v = place(c.v, "v"), out = place(c.out, "out"),
@@ -389,7 +405,10 @@ class WebGpuBackend final : public Backend {
   std::size_t tq_attend_workspace(const TqAttendCall& c) const override;
 
  private:
+  static thread_local const char* last_kernel_;  // of this thread's last forward, backward or tq_attend
 };
+
+thread_local const char* WebGpuBackend::last_kernel_ = "";
 
 // ---- TurboQuant ----
 
@@ -633,6 +652,7 @@ std::size_t WebGpuBackend::tq_attend_workspace(const TqAttendCall& c) const {
 }
 
 void WebGpuBackend::tq_attend(const TqAttendCall& c) {
+  last_kernel_ = "tq_attend_grouped";
   Context& ctx = Context::get();
   const TqLayout& l = c.layout();
   const std::int64_t D = l.head_dim, rows = c.rows(), splits = n_splits(c);

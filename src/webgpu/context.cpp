@@ -445,11 +445,12 @@ void Context::download(void* dst, const void* src, std::size_t bytes) {
   if (mr.status != WGPUMapAsyncStatus_Success) throw Error("webgpu", "reading a buffer back failed: " + mr.message);
 }
 
-// Variant `variant` of a dense shader's source (a kernel named "shader@variant"): "wide" holds rows of head_dim up to
-// 512 in each thread's arrays instead of 256 (a constant the dense kernels size them by); "d<N>" is built for
+// Variants of a dense shader's source (a kernel named "shader@variant+variant"): "wide" holds rows of head_dim up
+// to 512 in each thread's arrays instead of 256 (a constant the dense kernels size them by); "d<N>" is built for
 // head_dim N alone (N / 4 a row's vec4s, min(64, 2048 / N) keys a tile: backend.cpp's tile_rows), so its loops
-// over a row have constant counts.
-static std::string shader_variant(std::string source, const std::string& variant) {
+// over a row have constant counts; "f16" and "bf16" fix the dtype the tiled forward unpacks.
+static std::string shader_variant(std::string source, const std::string& variants) {
+  std::string variant;
   auto set = [&](const std::string& constant, std::uint32_t value) {
     const std::string line = "const " + constant + ": u32 = ";
     const std::size_t at = source.find(line);
@@ -457,18 +458,25 @@ static std::string shader_variant(std::string source, const std::string& variant
     const std::size_t end = source.find(';', at);
     source.replace(at, end - at, line + std::to_string(value) + "u");
   };
-  if (variant == "wide") {
-    set("MAX_D4", 128);
-  } else if (variant.size() > 1 && variant[0] == 'd' &&
-             variant.find_first_not_of("0123456789", 1) == std::string::npos) {
-    const std::uint32_t d = std::uint32_t(std::stoul(variant.substr(1)));
-    if (d == 0 || d % 4 != 0 || d > 512) throw Error("webgpu", "internal: no shader variant '" + variant + "'");
-    set("MAX_D4", d / 4);
-    set("FIXED_D4", d / 4);
-    if (source.find("const FIXED_TILE: u32") != std::string::npos)
-      set("FIXED_TILE", std::min<std::uint32_t>(64, 2048 / d));
-  } else {
-    throw Error("webgpu", "internal: no shader variant '" + variant + "' of this shader");
+  for (std::size_t from = 0; from <= variants.size();) {  // variants joined by '+'
+    const std::size_t plus = std::min(variants.find('+', from), variants.size());
+    variant = variants.substr(from, plus - from);
+    from = plus + 1;
+    if (variant == "wide") {
+      set("MAX_D4", 128);
+    } else if (variant == "f16" || variant == "bf16") {
+      set("FIXED_DTYPE", variant == "f16" ? 1 : 2);
+    } else if (variant.size() > 1 && variant[0] == 'd' &&
+               variant.find_first_not_of("0123456789", 1) == std::string::npos) {
+      const std::uint32_t d = std::uint32_t(std::stoul(variant.substr(1)));
+      if (d == 0 || d % 4 != 0 || d > 512) throw Error("webgpu", "internal: no shader variant '" + variant + "'");
+      set("MAX_D4", d / 4);
+      set("FIXED_D4", d / 4);
+      if (source.find("const FIXED_TILE: u32") != std::string::npos)
+        set("FIXED_TILE", std::min<std::uint32_t>(64, 2048 / d));
+    } else {
+      throw Error("webgpu", "internal: no shader variant '" + variant + "' of this shader");
+    }
   }
   return source;
 }

@@ -1,5 +1,5 @@
 // `flashtq bench --gpu`: every available GPU backend (cuda, webgpu) side by side in one run, on
-// the same shapes: the dense f32 forward and TurboQuant decode (rotate + attend) over a packed
+// the same shapes: the dense f32 and f16 forward and TurboQuant decode (rotate + attend) over a packed
 // cache. Times are medians of repeated calls, each followed by the backend's synchronize().
 #include <fmt/core.h>
 
@@ -11,6 +11,7 @@
 
 #include "commands.hpp"
 #include "conformance/device_buffer.hpp"
+#include "core/half.hpp"
 #include "flashtq/flashtq.hpp"
 #include "timing.hpp"
 
@@ -35,13 +36,22 @@ std::vector<float> random_floats(std::size_t n, std::mt19937_64& rng) {
   return x;
 }
 
-nlohmann::json dense_forward(Backend& b, std::int64_t S, int repeats) {
+// The inputs in `dtype` (f32, or f16 with each value rounded once).
+conformance::DeviceBuffer upload_as(Backend& b, const std::vector<float>& x, DType dtype) {
+  if (dtype == DType::f32) return conformance::DeviceBuffer(b, x);
+  std::vector<std::uint16_t> h(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) h[i] = core::f32_to_f16(x[i]);
+  return conformance::DeviceBuffer(b, h);
+}
+
+nlohmann::json dense_forward(Backend& b, std::int64_t S, DType dtype, int repeats) {
   const std::int64_t B = 1, H = 16, D = 128;
   std::mt19937_64 rng(3);
   const std::size_t n = std::size_t(B * S * H * D);
-  conformance::DeviceBuffer q(b, random_floats(n, rng)), k(b, random_floats(n, rng)), v(b, random_floats(n, rng)),
-      o(b, n * 4);
-  auto view = [&](void* p) { return TensorView::bshd(p, DType::f32, B, S, H, D, b.memory()); };
+  conformance::DeviceBuffer q = upload_as(b, random_floats(n, rng), dtype),
+                            k = upload_as(b, random_floats(n, rng), dtype),
+                            v = upload_as(b, random_floats(n, rng), dtype), o(b, n * dtype_size(dtype));
+  auto view = [&](void* p) { return TensorView::bshd(p, dtype, B, S, H, D, b.memory()); };
   const double s = median_synced(
       b,
       [&] {
@@ -49,8 +59,15 @@ nlohmann::json dense_forward(Backend& b, std::int64_t S, int repeats) {
       },
       repeats);
   const double flops = 4.0 * double(B * H) * double(S) * double(S) * double(D);
-  return {{"op", "dense_forward_f32"}, {"B", B}, {"S", S}, {"H", H}, {"D", D}, {"causal", false}, {"ms", s * 1e3},
-          {"tflops", flops / s / 1e12}};
+  return {{"op", dtype == DType::f32 ? "dense_forward_f32" : "dense_forward_f16"},
+          {"B", B},
+          {"S", S},
+          {"H", H},
+          {"D", D},
+          {"causal", false},
+          {"ms", s * 1e3},
+          {"tflops", flops / s / 1e12},
+          {"kernel", b.last_kernel()}};
 }
 
 nlohmann::json turboquant_decode(Backend& b, std::int64_t ctx, int repeats) {
@@ -113,7 +130,7 @@ nlohmann::json bench_gpu_backends(bool quick) {
       rows.push_back(r);
     };
     for (std::int64_t S : quick ? std::vector<std::int64_t>{512} : std::vector<std::int64_t>{1024, 4096})
-      record(dense_forward(*b, S, repeats));
+      for (DType dtype : {DType::f32, DType::f16}) record(dense_forward(*b, S, dtype, repeats));
     for (std::int64_t ctx : quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{8192, 32768}) {
       record(turboquant_decode(*b, ctx, repeats));
     }

@@ -97,6 +97,64 @@ fn key_row(b: u32, s: Sequence, j: u32, hk: u32, off: u32, sb: u32, ss: u32, sh:
   return off + select(b * sb, 0u, P.kv_layout == 1u) + (s.k0 + j) * ss + hk * sh;
 }
 
+// The keys [x, y) any of query rows [row0, row0 + rows) of sequence `s` can see.
+fn visible_keys(s: Sequence, row0: u32, rows: u32) -> vec2<i32> {
+  let pos_first = i32(row0) + s.offset;
+  let pos_last = i32(min(row0 + rows, s.n_q) - 1u) + s.offset;
+  var k_begin = 0;
+  var k_end = i32(s.n_k);
+  if (P.causal != 0u && pos_last < k_end) { k_end = max(pos_last + 1, 0); }
+  if (P.window > 0) {
+    if (pos_first >= P.window) { k_begin = pos_first - P.window + 1; }
+    if (P.causal == 0u && pos_last < k_end - P.window) { k_end = max(pos_last + P.window, 0); }
+  }
+  return vec2<i32>(k_begin, k_end);
+}
+
+// The score of key j for the row at position `pos` whose mask row starts at `m_base`, in units, from q.k in units:
+// scaled, capped and masked (MASKED_UNITS where the key is not visible or the mask is -inf).
+fn score_units(dot: f32, j: i32, pos: i32, n_k: u32, m_base: u32) -> f32 {
+  if (!key_visible(j, pos, i32(n_k), P.causal, P.window)) { return MASKED_UNITS; }
+  var sc = P.scale * dot;
+  if (P.softcap > 0.0) { sc = P.softcap * softcap_tanh(sc * PER_UNIT, P.softcap) * UNIT; }
+  if (P.has_mask != 0u) {
+    let m = MASK[m_base + u32(j) * P.m_sk];
+    // masked whatever the key holds (NaN + -inf is NaN)
+    sc = select(sc + m * UNIT, MASKED_UNITS, m == bitcast<f32>(NEG_INF_BITS));
+  }
+  return sc;
+}
+
+// Row `row` of (b, h) done: the head's sink logit (docs/spec.md §1.9; -inf is none) joins the maximum and the
+// denominator with no value, then out = acc / l (acc holds d4 vec4, the caller's row of them) and the LSE.
+fn sink_scale(h: u32, m_run: ptr<function, f32>, l_run: ptr<function, f32>) -> f32 {
+  var o_scale = 1.0;
+  if (P.has_sinks != 0u) {
+    let sink = SINKS[P.sinks_off + h] * UNIT;
+    if (sink > bitcast<f32>(NEG_INF_BITS)) {
+      let m_new = max(*m_run, sink);
+      o_scale = select(exp((*m_run - m_new) * PER_UNIT), 0.0, *l_run == 0.0);
+      *l_run = *l_run * o_scale + exp((sink - m_new) * PER_UNIT);
+      *m_run = m_new;
+    }
+  }
+  return o_scale;
+}
+
+fn store_out4(at: u32, o: vec4<f32>) {
+  store_out(at, o.x);
+  store_out(at + 1u, o.y);
+  store_out(at + 2u, o.z);
+  store_out(at + 3u, o.w);
+}
+
+fn store_lse(b: u32, h: u32, s: Sequence, row: u32, m_run: f32, l_run: f32) {
+  if (P.has_lse == 0u) { return; }
+  // [B, H, Sq], or [H, Tq] in a ragged batch
+  let at = select((b * P.H + h) * P.Sq + row, h * P.total_q + s.q0 + row, P.kv_layout == 1u);
+  LSE[P.lse_off + at] = select(bitcast<f32>(NEG_INF_BITS), m_run * PER_UNIT + log(l_run), l_run > 0.0);
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   let d4 = select(P.D / 4u, FIXED_D4, FIXED_D4 != 0u);
@@ -119,17 +177,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     q[c] = vec4<f32>(0.0);
     if (valid) { q[c] = ld4_q(q_base + 4u * c) * UNIT; }
   }
-  // The keys any row of this workgroup can see (uniform across the workgroup).
   let pos = i32(row) + sq.offset;
-  let pos_first = i32(row0) + sq.offset;
-  let pos_last = i32(min(row0 + ROWS, n_q) - 1u) + sq.offset;
-  var k_begin = 0;
-  var k_end = i32(n_k);
-  if (P.causal != 0u && pos_last < k_end) { k_end = max(pos_last + 1, 0); }
-  if (P.window > 0) {
-    if (pos_first >= P.window) { k_begin = pos_first - P.window + 1; }
-    if (P.causal == 0u && pos_last < k_end - P.window) { k_end = max(pos_last + P.window, 0); }
-  }
+  let bounds = visible_keys(sq, row0, ROWS);
+  let k_begin = bounds.x;
+  let k_end = bounds.y;
   let bh = b * P.H + h;
   let m_base = P.m_off + sq.mask0 + h * P.m_sh + row * P.m_sq;
   var m_run = MASKED_UNITS;
@@ -159,13 +210,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         if (key_visible(j, pos, i32(n_k), P.causal, P.window)) {
           var dot4 = vec4<f32>(0.0);
           for (var c = 0u; c < d4; c++) { dot4 = fma(q[c], k_tile[u32(r) * d4 + c], dot4); }
-          sc = P.scale * (dot4.x + dot4.y + dot4.z + dot4.w);
-          if (P.softcap > 0.0) { sc = P.softcap * softcap_tanh(sc * PER_UNIT, P.softcap) * UNIT; }
-          if (P.has_mask != 0u) {
-            let m = MASK[m_base + u32(j) * P.m_sk];
-            // masked whatever the key holds (NaN + -inf is NaN)
-            sc = select(sc + m * UNIT, MASKED_UNITS, m == bitcast<f32>(NEG_INF_BITS));
-          }
+          sc = score_units(dot4.x + dot4.y + dot4.z + dot4.w, j, pos, n_k, m_base);
         }
         s[r] = sc;
         tile_max = max(tile_max, sc);
@@ -191,31 +236,170 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     workgroupBarrier();
   }
   if (valid) {
-    // The head's sink logit (docs/spec.md §1.9) joins the maximum and the denominator, with no value;
-    // -inf is no sink.
-    var o_scale = 1.0;
-    if (P.has_sinks != 0u) {
-      let sink = SINKS[P.sinks_off + h] * UNIT;
-      if (sink > bitcast<f32>(NEG_INF_BITS)) {
-        let m_new = max(m_run, sink);
-        o_scale = select(exp((m_run - m_new) * PER_UNIT), 0.0, l_run == 0.0);
-        l_run = l_run * o_scale + exp((sink - m_new) * PER_UNIT);
-        m_run = m_new;
+    var m_fin = m_run;
+    var l_fin = l_run;
+    let o_scale = sink_scale(h, &m_fin, &l_fin);
+    let inv = select(0.0, o_scale / l_fin, l_fin > 0.0);
+    let o_base = P.o_off + b_q * P.o_sb + (sq.q0 + row) * P.o_ss + h * P.o_sh;
+    for (var c = 0u; c < d4; c++) { store_out4(o_base + 4u * c, acc[c] * inv); }
+    store_lse(b, h, sq, row, m_fin, l_fin);
+  }
+}
+
+// ---- The tiled forward (entry point `tiled`): 16-bit inputs at a fixed head_dim (variants "d64" and "d128"). ----
+// A workgroup of 128 threads covers 32 query rows of one (batch, head) against tiles of 32 keys, all held in
+// workgroup memory as their 16-bit words (exact: the elements as stored). Thread t holds rows 2 (t / 8) and
+// 2 (t / 8) + 1: it scores them against keys t % 8 + 8 i (i < 4), and accumulates their outputs at the vec4
+// columns t % 8 + 8 j (j < head_dim / 32): each vec4 it reads feeds 8 or 16 multiply-adds instead of 4.
+// The rows' maxima are shared through workgroup memory once a tile; the sums stay per thread until the end.
+const T_ROWS: u32 = 32u;
+const T_KEYS: u32 = 32u;
+const T_D4: u32 = select(32u, FIXED_D4, FIXED_D4 != 0u);  // a variant's head_dim / 4 (the entry needs one)
+const T_STRIDE: u32 = T_D4 + 1u;                           // padded rows: neighbouring rows in other banks
+const T_PSTRIDE: u32 = T_KEYS + 1u;
+// The dtype of a variant ("f16": 1, "bf16": 2), which the tiles' words are unpacked as; 0: P.dtype.
+const FIXED_DTYPE: u32 = 0u;
+
+var<workgroup> tq_rows: array<vec2<u32>, T_ROWS * T_STRIDE>;  // four 16-bit elements per entry
+var<workgroup> tk_rows: array<vec2<u32>, T_KEYS * T_STRIDE>;
+var<workgroup> tv_rows: array<vec2<u32>, T_KEYS * T_STRIDE>;
+var<workgroup> t_weights: array<f32, T_ROWS * T_PSTRIDE>;     // p times the dropout factor
+var<workgroup> t_row_max: array<f32, T_ROWS * 8u>;            // each thread's maxima, then its sums
+
+// Four 16-bit elements as words (exact) and back.
+fn pack4(x: vec4<f32>) -> vec2<u32> {
+  if (select(P.dtype, FIXED_DTYPE, FIXED_DTYPE != 0u) == 1u) {
+    return vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
+  }
+  let w = bitcast<vec4<u32>>(x);
+  return vec2<u32>((w.x >> 16u) | (w.y & 0xffff0000u), (w.z >> 16u) | (w.w & 0xffff0000u));
+}
+fn unpack4(w: vec2<u32>) -> vec4<f32> {
+  if (select(P.dtype, FIXED_DTYPE, FIXED_DTYPE != 0u) == 1u) {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+  }
+  return bitcast<vec4<f32>>(vec4<u32>(w.x << 16u, w.x & 0xffff0000u, w.y << 16u, w.y & 0xffff0000u));
+}
+
+@compute @workgroup_size(128)
+fn tiled(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let t = lid.x;
+  let ty = t / 8u;
+  let tx = t % 8u;
+  let b = (P.y0 + wid.y) / P.H;
+  let h = (P.y0 + wid.y) % P.H;
+  let hk = h / (P.H / P.Hkv);
+  let sq = shared_sequence(sequence_of(b), t);
+  let n_q = sq.n_q;
+  let n_k = sq.n_k;
+  let row0 = wid.x * T_ROWS;
+  if (row0 >= n_q) { return; }  // a shorter sequence of a ragged batch (uniform: the whole workgroup)
+  let b_q = select(b, 0u, P.kv_layout == 1u);  // a ragged batch's rows are packed along dimension 1
+  for (var i = t; i < T_ROWS * T_D4; i += 128u) {
+    let r = i / T_D4;
+    var x = vec4<f32>(0.0);
+    if (row0 + r < n_q) { x = ld4_q(P.q_off + b_q * P.q_sb + (sq.q0 + row0 + r) * P.q_ss + h * P.q_sh + 4u * (i % T_D4)); }
+    tq_rows[r * T_STRIDE + i % T_D4] = pack4(x);
+  }
+  let bounds = visible_keys(sq, row0, T_ROWS);
+  let bh = b * P.H + h;
+  var rows = array<u32, 2>(row0 + 2u * ty, row0 + 2u * ty + 1u);
+  var m_run = array<f32, 2>(MASKED_UNITS, MASKED_UNITS);
+  var l_part = array<f32, 2>(0.0, 0.0);  // this thread's keys' share of each row's sum
+  var acc: array<vec4<f32>, 2 * T_D4 / 8u>;  // row r's column group j at [r * T_D4 / 8 + j]
+  for (var j = 0u; j < 2u * T_D4 / 8u; j++) { acc[j] = vec4<f32>(0.0); }
+  for (var ks = bounds.x; ks < bounds.y; ks += i32(T_KEYS)) {
+    for (var i = t; i < T_KEYS * T_D4; i += 128u) {
+      let j = u32(ks) + i / T_D4;
+      var kv = vec4<f32>(0.0);
+      var vv = vec4<f32>(0.0);
+      if (j < n_k) {
+        kv = ld4_k(key_row(b, sq, j, hk, P.k_off, P.k_sb, P.k_ss, P.k_sh) + 4u * (i % T_D4));
+        vv = ld4_v(key_row(b, sq, j, hk, P.v_off, P.v_sb, P.v_ss, P.v_sh) + 4u * (i % T_D4));
+      }
+      tk_rows[(i / T_D4) * T_STRIDE + i % T_D4] = pack4(kv);
+      tv_rows[(i / T_D4) * T_STRIDE + i % T_D4] = pack4(vv);
+    }
+    workgroupBarrier();
+    // Scores of rows (2 ty, 2 ty + 1) against keys tx + 8 i.
+    var dots: array<vec4<f32>, 8>;  // [r * 4 + i]
+    for (var k = 0u; k < 8u; k++) { dots[k] = vec4<f32>(0.0); }
+    for (var c = 0u; c < T_D4; c++) {
+      let qa = unpack4(tq_rows[(2u * ty) * T_STRIDE + c]) * UNIT;
+      let qb = unpack4(tq_rows[(2u * ty + 1u) * T_STRIDE + c]) * UNIT;
+      for (var i = 0u; i < 4u; i++) {
+        let kv = unpack4(tk_rows[(tx + 8u * i) * T_STRIDE + c]);
+        dots[i] = fma(qa, kv, dots[i]);
+        dots[4u + i] = fma(qb, kv, dots[4u + i]);
       }
     }
-    let inv = select(0.0, o_scale / l_run, l_run > 0.0);
-    let o_base = P.o_off + b_q * P.o_sb + (sq.q0 + row) * P.o_ss + h * P.o_sh;
-    for (var c = 0u; c < d4; c++) {
-      let o = acc[c] * inv;
-      store_out(o_base + 4u * c, o.x);
-      store_out(o_base + 4u * c + 1u, o.y);
-      store_out(o_base + 4u * c + 2u, o.z);
-      store_out(o_base + 4u * c + 3u, o.w);
+    var s: array<f32, 8>;
+    for (var r = 0u; r < 2u; r++) {
+      let pos = i32(rows[r]) + sq.offset;
+      let m_base = P.m_off + sq.mask0 + h * P.m_sh + rows[r] * P.m_sq;
+      var local_max = MASKED_UNITS;
+      for (var i = 0u; i < 4u; i++) {
+        let d = dots[r * 4u + i];
+        var sc = MASKED_UNITS;
+        if (rows[r] < n_q) { sc = score_units(d.x + d.y + d.z + d.w, ks + i32(tx + 8u * i), pos, n_k, m_base); }
+        s[r * 4u + i] = sc;
+        local_max = max(local_max, sc);
+      }
+      t_row_max[(2u * ty + r) * 8u + tx] = local_max;
     }
-    if (P.has_lse != 0u) {
-      // [B, H, Sq], or [H, Tq] in a ragged batch
-      let at = select(bh * P.Sq + row, h * P.total_q + sq.q0 + row, P.kv_layout == 1u);
-      LSE[P.lse_off + at] = select(bitcast<f32>(NEG_INF_BITS), m_run * PER_UNIT + log(l_run), l_run > 0.0);
+    workgroupBarrier();
+    for (var r = 0u; r < 2u; r++) {
+      var tile_max = MASKED_UNITS;
+      for (var x = 0u; x < 8u; x++) { tile_max = max(tile_max, t_row_max[(2u * ty + r) * 8u + x]); }
+      var corr = 1.0;
+      var m_new = m_run[r];
+      if (tile_max > MASKED_UNITS) {
+        m_new = max(m_run[r], tile_max);
+        corr = exp((m_run[r] - m_new) * PER_UNIT);
+        m_run[r] = m_new;
+      }
+      var sum = 0.0;
+      for (var i = 0u; i < 4u; i++) {
+        var w = 0.0;
+        if (s[r * 4u + i] > MASKED_UNITS) {
+          let p = exp((s[r * 4u + i] - m_new) * PER_UNIT);
+          sum += p;
+          w = p * dropout_factor(P.dropout_p, P.seed, bh, rows[r], u32(ks) + tx + 8u * i);
+        }
+        t_weights[(2u * ty + r) * T_PSTRIDE + tx + 8u * i] = w;
+      }
+      l_part[r] = l_part[r] * corr + sum;
+      for (var j = 0u; j < T_D4 / 8u; j++) { acc[r * T_D4 / 8u + j] *= corr; }
     }
+    workgroupBarrier();
+    // Outputs of the two rows at column groups tx + 8 j; a key of weight 0 (hidden, masked or dropped) adds
+    // nothing, whatever its value holds (0 times inf is NaN).
+    for (var k = 0u; k < T_KEYS; k++) {
+      let wa = t_weights[(2u * ty) * T_PSTRIDE + k];
+      let wb = t_weights[(2u * ty + 1u) * T_PSTRIDE + k];
+      var vv: array<vec4<f32>, T_D4 / 8u>;
+      for (var j = 0u; j < T_D4 / 8u; j++) { vv[j] = unpack4(tv_rows[k * T_STRIDE + tx + 8u * j]); }
+      if (wa != 0.0) {
+        for (var j = 0u; j < T_D4 / 8u; j++) { acc[j] = fma(vec4<f32>(wa), vv[j], acc[j]); }
+      }
+      if (wb != 0.0) {
+        for (var j = 0u; j < T_D4 / 8u; j++) { acc[T_D4 / 8u + j] = fma(vec4<f32>(wb), vv[j], acc[T_D4 / 8u + j]); }
+      }
+    }
+    workgroupBarrier();
+  }
+  // The rows' sums: the eight threads' shares of each added up.
+  for (var r = 0u; r < 2u; r++) { t_row_max[(2u * ty + r) * 8u + tx] = l_part[r]; }
+  workgroupBarrier();
+  for (var r = 0u; r < 2u; r++) {
+    if (rows[r] >= n_q) { continue; }
+    var l_fin = 0.0;
+    for (var x = 0u; x < 8u; x++) { l_fin += t_row_max[(2u * ty + r) * 8u + x]; }
+    var m_fin = m_run[r];
+    let o_scale = sink_scale(h, &m_fin, &l_fin);
+    let inv = select(0.0, o_scale / l_fin, l_fin > 0.0);
+    let o_base = P.o_off + b_q * P.o_sb + (sq.q0 + rows[r]) * P.o_ss + h * P.o_sh;
+    for (var j = 0u; j < T_D4 / 8u; j++) { store_out4(o_base + 4u * (tx + 8u * j), acc[r * T_D4 / 8u + j] * inv); }
+    if (tx == 0u) { store_lse(b, h, sq, rows[r], m_fin, l_fin); }
   }
 }
