@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs on a GPU machine: `flashtq bench --gpu` (cuda and webgpu side by side: dense f32 forward,
-# TurboQuant decode), JSON into bench/results/gpu-<commit>.json (or $1) with the machine named.
+# Runs on a GPU machine: `flashtq bench --gpu` (cuda and webgpu side by side: dense f32 and f16 forward,
+# TurboQuant decode at B = 1 and 8, beside the copy bandwidth and FMA peaks measured through WebGPU in the same
+# run), JSON into bench/results/gpu-<commit>.json (or $1) with the machine named.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/nvidia_vulkan.sh
@@ -21,7 +22,15 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 print(r["machine"]["gpu"], "commit", r["commit"])
 for row in r["gpu"]:
-    shape = f"S={row['S']}" if row["op"].startswith("dense") else f"ctx={row['ctx']}"
-    extra = f"{row['tflops']:.2f} TFLOP/s" if "tflops" in row else f"{row['packed_gbs']:.1f} GB/s packed"
-    print(f"{row['backend']:>7} {row['op']:<18} {shape:<9} {row['ms']:9.3f} ms  {extra}  ({row['device']})")
+    if row["op"] == "limits":
+        print(f"limits (WebGPU kernels): copy {row['copy_gbs']:.0f} GB/s, f32 FMA {row['f32_fma_tflops']:.2f} TFLOP/s, "
+              f"f16 FMA {row['f16_fma_tflops']:.2f} TFLOP/s")
+        continue
+    if row["op"].startswith("dense"):
+        shape = f"S={row['S']}"
+        extra = f"{row['tflops']:.2f} TFLOP/s ({100 * row.get('fraction_of_f32_fma_peak', 0):.0f} % of f32 FMA)"
+    else:
+        shape = f"B={row['batch']} ctx={row['ctx']}"
+        extra = f"{row['packed_gbs']:.1f} GB/s packed ({100 * row.get('fraction_of_copy_bw', 0):.0f} % of copy)"
+    print(f"{row['backend']:>7} {row['op']:<18} {shape:<14} {row['ms']:9.3f} ms  {extra}  {row.get('kernel', '')}")
 PY

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <utility>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
@@ -14,6 +16,9 @@
 #include "core/half.hpp"
 #include "flashtq/flashtq.hpp"
 #include "timing.hpp"
+#ifdef FLASHTQ_HAVE_WEBGPU
+#include "webgpu/peaks.hpp"
+#endif
 
 namespace flashtq::cli {
 namespace {
@@ -70,38 +75,43 @@ nlohmann::json dense_forward(Backend& b, std::int64_t S, DType dtype, int repeat
           {"kernel", b.last_kernel()}};
 }
 
-nlohmann::json turboquant_decode(Backend& b, std::int64_t ctx, int repeats) {
+nlohmann::json turboquant_decode(Backend& b, std::int64_t batch, std::int64_t ctx, int repeats) {
   const std::int64_t H = 32, Hkv = 8, D = 128;
   const TqLayout layout{D, Hkv, ctx, 2, 2};
   const TqTables tables = make_tq_tables(layout, 1234, 0);
   std::mt19937_64 rng(5);
-  conformance::DeviceBuffer keys(b, std::size_t(layout.key_words()) * 4),
-      values(b, std::size_t(layout.value_words()) * 4);
-  {  // encode the whole context in chunks
+  conformance::DeviceBuffer keys(b, std::size_t(batch * layout.key_words()) * 4),
+      values(b, std::size_t(batch * layout.value_words()) * 4);
+  {  // encode each sequence's whole context in chunks
     const std::int64_t chunk = std::min<std::int64_t>(ctx, 4096);
     conformance::DeviceBuffer x(b, random_floats(std::size_t(chunk * Hkv * D), rng));
-    for (std::int64_t t = 0; t < ctx; t += chunk) {
-      const TensorView xv = TensorView::bshd(x.get(), DType::f32, 1, chunk, Hkv, D, b.memory());
-      tq_encode_keys(b, {tables, xv, t, static_cast<std::uint32_t*>(keys.get()), nullptr});
-      tq_encode_values(b, {tables, xv, t, static_cast<std::uint32_t*>(values.get()), nullptr});
+    const TensorView xv = TensorView::bshd(x.get(), DType::f32, 1, chunk, Hkv, D, b.memory());
+    for (std::int64_t s = 0; s < batch; ++s) {
+      auto* k_image = static_cast<std::uint32_t*>(keys.get()) + s * layout.key_words();
+      auto* v_image = static_cast<std::uint32_t*>(values.get()) + s * layout.value_words();
+      for (std::int64_t t = 0; t < ctx; t += chunk) {
+        tq_encode_keys(b, {tables, xv, t, k_image, nullptr});
+        tq_encode_values(b, {tables, xv, t, v_image, nullptr});
+      }
     }
     b.synchronize();
   }
-  conformance::DeviceBuffer q(b, random_floats(std::size_t(H * D), rng)), out(b, std::size_t(H * D) * 4),
-      scratch(b, std::size_t(tq_scratch_floats(1, H, D)) * 4);
+  conformance::DeviceBuffer q(b, random_floats(std::size_t(batch * H * D), rng)),
+      out(b, std::size_t(batch * H * D) * 4), scratch(b, std::size_t(tq_scratch_floats(batch, H, D)) * 4);
   TqAttendArgs a;
   a.tables = tables;
   a.scratch = static_cast<const float*>(scratch.get());
   a.n_heads = H;
+  a.batch = batch;
   a.start_pos = ctx - 1;
   a.k_cache = static_cast<const std::uint32_t*>(keys.get());
   a.v_cache = static_cast<const std::uint32_t*>(values.get());
-  a.out = TensorView::bshd(out.get(), DType::f32, 1, 1, H, D, b.memory());
+  a.out = TensorView::bshd(out.get(), DType::f32, batch, 1, H, D, b.memory());
   const std::size_t ws_bytes = tq_attend_workspace_bytes(b, a);
   conformance::DeviceBuffer ws(b, std::max<std::size_t>(ws_bytes, 4));
   a.workspace = ws.get();
   a.workspace_bytes = ws_bytes;
-  const TensorView qv = TensorView::bshd(q.get(), DType::f32, 1, 1, H, D, b.memory());
+  const TensorView qv = TensorView::bshd(q.get(), DType::f32, batch, 1, H, D, b.memory());
   const double s = median_synced(
       b,
       [&] {
@@ -109,21 +119,46 @@ nlohmann::json turboquant_decode(Backend& b, std::int64_t ctx, int repeats) {
         tq_attend(b, a);
       },
       repeats);
-  const double packed = double(ctx) * double(layout.bytes_per_token_per_head() * Hkv);
-  return {
-      {"op", "turboquant_decode"},     {"batch", 1}, {"ctx", ctx}, {"H", H}, {"Hkv", Hkv}, {"D", D}, {"ms", s * 1e3},
-      {"packed_gbs", packed / s / 1e9}};
+  const double packed = double(batch * ctx) * double(layout.bytes_per_token_per_head() * Hkv);
+  return {{"op", "turboquant_decode"},
+          {"batch", batch},
+          {"ctx", ctx},
+          {"H", H},
+          {"Hkv", Hkv},
+          {"D", D},
+          {"ms", s * 1e3},
+          {"packed_gbs", packed / s / 1e9},
+          {"kernel", b.last_kernel()}};
 }
 
 }  // namespace
 
 nlohmann::json bench_gpu_backends(bool quick) {
   nlohmann::json rows = nlohmann::json::array();
+  // The GPU's limits, measured through WebGPU (the same GPU the cuda rows run on): each row's fraction of them.
+  struct Peaks {
+    double copy_gbs, f32_tflops, f16_tflops;
+  };
+  std::optional<Peaks> peaks;
+#ifdef FLASHTQ_HAVE_WEBGPU
+  if (const auto p = webgpu::measure_peaks()) peaks = Peaks{p->copy_gbs, p->f32_tflops, p->f16_tflops};
+#endif
+  if (peaks) {
+    nlohmann::json r = {{"op", "limits"},
+                        {"copy_gbs", peaks->copy_gbs},
+                        {"f32_fma_tflops", peaks->f32_tflops},
+                        {"f16_fma_tflops", peaks->f16_tflops},
+                        {"backend", "webgpu"}};
+    fmt::print(stderr, "{}\n", r.dump());
+    rows.push_back(r);
+  }
   for (Backend* b : available_backends()) {
     if (b->memory() == Memory::host) continue;
     fmt::print(stderr, "gpu bench: {} on {}\n", b->name(), b->description());
     const int repeats = quick ? 3 : 10;
     auto record = [&](nlohmann::json r) {
+      if (peaks && r.contains("tflops")) r["fraction_of_f32_fma_peak"] = r["tflops"].get<double>() / peaks->f32_tflops;
+      if (peaks && r.contains("packed_gbs")) r["fraction_of_copy_bw"] = r["packed_gbs"].get<double>() / peaks->copy_gbs;
       r["backend"] = b->name();
       r["device"] = b->description();
       fmt::print(stderr, "{}\n", r.dump());
@@ -131,9 +166,10 @@ nlohmann::json bench_gpu_backends(bool quick) {
     };
     for (std::int64_t S : quick ? std::vector<std::int64_t>{512} : std::vector<std::int64_t>{1024, 4096})
       for (DType dtype : {DType::f32, DType::f16}) record(dense_forward(*b, S, dtype, repeats));
-    for (std::int64_t ctx : quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{8192, 32768}) {
-      record(turboquant_decode(*b, ctx, repeats));
-    }
+    using Decode = std::pair<std::int64_t, std::int64_t>;  // (batch, context)
+    for (const auto& [batch, ctx] :
+         quick ? std::vector<Decode>{{1, 4096}} : std::vector<Decode>{{1, 32768}, {8, 32768}})
+      record(turboquant_decode(*b, batch, ctx, repeats));
   }
   return rows;
 }
