@@ -448,8 +448,8 @@ void Context::download(void* dst, const void* src, std::size_t bytes) {
 // Variants of a dense shader's source (a kernel named "shader@variant+variant"): "wide" holds rows of head_dim up
 // to 512 in each thread's arrays instead of 256 (a constant the dense kernels size them by); "d<N>" is built for
 // head_dim N alone (N / 4 a row's vec4s, min(64, 2048 / N) keys a tile: backend.cpp's tile_rows), so its loops
-// over a row have constant counts; "f16" and "bf16" fix the dtype the tiled forward unpacks; "enable-f16" enables
-// WGSL's f16 type.
+// over a row have constant counts; "f16" and "bf16" fix the dtype the tiled forward unpacks; "real-f16" makes the
+// shader's Real type f16.
 static std::string shader_variant(std::string source, const std::string& variants) {
   std::string variant;
   auto set = [&](const std::string& constant, std::uint32_t value) {
@@ -463,8 +463,11 @@ static std::string shader_variant(std::string source, const std::string& variant
     const std::size_t plus = std::min(variants.find('+', from), variants.size());
     variant = variants.substr(from, plus - from);
     from = plus + 1;
-    if (variant == "enable-f16") {  // WGSL's f16 extension (on an adapter with shader-f16): first in the module
-      source = "enable f16;\n" + source;
+    if (variant == "real-f16") {  // WGSL's f16 (an adapter with shader-f16): enabled first, and Real made f16
+      const std::string alias = "alias Real = f32;";
+      const std::size_t at = source.find(alias);
+      if (at == std::string::npos) throw Error("webgpu", "internal: shader variant 'real-f16' needs " + alias);
+      source = "enable f16;\n" + source.replace(at, alias.size(), "alias Real = f16;");
     } else if (variant == "wide") {
       set("MAX_D4", 128);
     } else if (variant == "f16" || variant == "bf16") {

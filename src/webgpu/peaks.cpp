@@ -66,7 +66,7 @@ std::optional<Peaks> measure_peaks() {
     p.copy_gbs = 2.0 * double(bytes) / s / 1e9;
   }
   p.f32_tflops = fma_tflops(ctx, "peak_fma", cpu);
-  if (ctx.features().shader_f16) p.f16_tflops = fma_tflops(ctx, "peak_fma_f16@enable-f16", cpu);
+  if (ctx.features().shader_f16) p.f16_tflops = fma_tflops(ctx, "peak_fma@real-f16", cpu);
   return p;
 }
 

@@ -9,7 +9,7 @@ namespace flashtq::webgpu {
 struct Peaks {
   double copy_gbs = 0;    // a buffer copy, bytes read plus bytes written per second
   double f32_tflops = 0;  // vec4 f32 multiply-adds (peak_fma.wgsl), 2 FLOP each
-  double f16_tflops = 0;  // the same in f16 (peak_fma_f16.wgsl); 0 without shader-f16
+  double f16_tflops = 0;  // the same in f16 (its real-f16 variant); 0 without shader-f16
 };
 
 // Medians of a few runs each; nullopt when there is no usable adapter.
