@@ -8,7 +8,7 @@ source bench/nvidia_vulkan.sh
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 out=${1:-bench/results/gpu-$commit.json}
 tmp=$(mktemp)
-build/release/tools/flashtq/flashtq bench --gpu --output "$tmp" > /dev/null
+"${FLASHTQ:-build/release/tools/flashtq/flashtq}" bench --gpu --output "$tmp" > /dev/null
 python3 - "$tmp" "$commit" > "$out" <<'PY'
 import json, subprocess, sys
 r = json.load(open(sys.argv[1]))
