@@ -366,6 +366,11 @@ TEST(KernelChoiceOnWebGpu, EachDenseShapeRanItsKernel) {
   for (Backend* x : all_backends())
     if (x->name() == "webgpu" && x->available()) b = x;
   if (!b) GTEST_SKIP() << "no WebGPU adapter here";
+  // With subgroups (of enough lanes, which only the backend sees) the fast kernels run their subgroup variants.
+  const bool subgroups = b->description().find("subgroups") != std::string::npos;
+  auto ran = [subgroups](const std::string& kernel, const std::string& want) {
+    return kernel == want || (subgroups && kernel == want + "_subgroups");
+  };
   struct Expect {
     DType t;
     std::int64_t D;
@@ -380,7 +385,7 @@ TEST(KernelChoiceOnWebGpu, EachDenseShapeRanItsKernel) {
     c.seed = 9;
     const conformance::CheckResult r = conformance::check_forward(*b, c);
     EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
-    EXPECT_EQ(r.kernel, e.forward) << c.describe();
+    EXPECT_TRUE(ran(r.kernel, e.forward)) << c.describe() << " ran " << r.kernel;
   }
   conformance::TqCase c;
   c.layout = tq_preset_layout("default", 128, 2, 1024);
@@ -388,7 +393,7 @@ TEST(KernelChoiceOnWebGpu, EachDenseShapeRanItsKernel) {
   c.seed = 5, c.data_seed = fresh_seed();
   const conformance::CheckResult r = conformance::check_tq_attend(*b, c);
   EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
-  EXPECT_EQ(r.kernel, "tq_attend_grouped") << c.describe();
+  EXPECT_TRUE(ran(r.kernel, "tq_attend_grouped")) << c.describe() << " ran " << r.kernel;
 }
 
 }  // namespace

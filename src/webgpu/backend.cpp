@@ -136,6 +136,14 @@ std::string dense_variant(const std::string& shader, const DenseProblem& p) {
 // elements in workgroup memory) for 16-bit inputs at head_dim 64 and 128, else `main` (64 rows, one a thread).
 enum class ForwardKernel { tiled, rows };
 
+// Whether the kernels' subgroup variants can run: the device has subgroups of at least `lanes` invocations (the
+// kernels reduce over `lanes` neighbouring invocations by shuffles, taking a subgroup's lanes in invocation order,
+// as Vulkan, Metal and D3D12 drivers lay out a one-dimensional workgroup).
+bool subgroups_of_at_least(std::uint32_t lanes) {
+  const Features& f = Context::get().features();
+  return f.subgroups && f.subgroup_min_size >= lanes;
+}
+
 ForwardKernel choose_forward(const DenseProblem& p) {
   const bool half = p.dtype == DType::f16 || p.dtype == DType::bf16;
   return half && (p.D == 64 || p.D == 128) ? ForwardKernel::tiled : ForwardKernel::rows;
@@ -304,9 +312,13 @@ class WebGpuBackend final : public Backend {
     add_table(P, table, p, c.ragged, c.table);
     const ForwardKernel kernel = choose_forward(p);
     const bool tiled = kernel == ForwardKernel::tiled;
-    last_kernel_ = tiled ? "dense_forward_tiled" : "dense_forward_rows";
-    const std::string shader = dense_variant("dense_forward", p) +
-                               (tiled ? std::string(p.dtype == DType::f16 ? "+f16" : "+bf16") + "#tiled" : "");
+    last_kernel_ = !tiled                     ? "dense_forward_rows"
+                   : subgroups_of_at_least(8) ? "dense_forward_tiled_subgroups"
+                                              : "dense_forward_tiled";
+    const std::string shader =
+        dense_variant("dense_forward", p) + (tiled ? std::string(p.dtype == DType::f16 ? "+f16" : "+bf16") +
+                                                         (subgroups_of_at_least(8) ? "+subgroups" : "") + "#tiled"
+                                                   : "");
     dispatch_chunked(
         shader, P, y0,
         {{q.buffer}, {k.buffer}, {v.buffer}, {mask.buffer}, {out.buffer}, {lse.buffer}, {sinks.buffer}, {table_buffer}},
@@ -652,7 +664,7 @@ std::size_t WebGpuBackend::tq_attend_workspace(const TqAttendCall& c) const {
 }
 
 void WebGpuBackend::tq_attend(const TqAttendCall& c) {
-  last_kernel_ = "tq_attend_grouped";
+  last_kernel_ = subgroups_of_at_least(32) ? "tq_attend_grouped_subgroups" : "tq_attend_grouped";
   Context& ctx = Context::get();
   const TqLayout& l = c.layout();
   const std::int64_t D = l.head_dim, rows = c.rows(), splits = n_splits(c);
@@ -713,7 +725,7 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   for (int i = 0; i < 16; ++i) P.f(c.tables.value_centroids[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.outlier_centroids[std::size_t(i)]);
   dispatch_chunked(
-      "tq_attend#partial", P, row0,
+      subgroups_of_at_least(32) ? "tq_attend@subgroups#partial" : "tq_attend#partial", P, row0,
       {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}, {nullptr}, {nullptr}, {pages}},
       {splits, l.n_kv_heads * head_chunks, rows}, 2);
   dispatch_chunked("tq_attend#merge", P, row0,

@@ -449,7 +449,34 @@ void Context::download(void* dst, const void* src, std::size_t bytes) {
 // to 512 in each thread's arrays instead of 256 (a constant the dense kernels size them by); "d<N>" is built for
 // head_dim N alone (N / 4 a row's vec4s, min(64, 2048 / N) keys a tile: backend.cpp's tile_rows), so its loops
 // over a row have constant counts; "f16" and "bf16" fix the dtype the tiled forward unpacks; "real-f16" makes the
-// shader's Real type f16.
+// shader's Real type f16; "subgroups" enables subgroup builtins and keeps the shader's "// #if subgroups" regions.
+// The lines of `source` that a variant with (or without) subgroups keeps: those between "// #if subgroups" and
+// "// #else" with them, those between "// #else" and "// #endif" without (WGSL has no preprocessor, and a subgroup
+// builtin does not compile where the device lacks the feature).
+static std::string select_regions(const std::string& source, bool subgroups) {
+  std::string out;
+  enum { everywhere, with, without } region = everywhere;
+  for (std::size_t at = 0; at < source.size();) {
+    const std::size_t end = std::min(source.find('\n', at), source.size());
+    const std::string line = source.substr(at, end - at);
+    at = end + 1;
+    const std::size_t first = line.find_first_not_of(' ');
+    const std::string text = first == std::string::npos ? "" : line.substr(first);
+    if (text == "// #if subgroups") {
+      region = with;
+    } else if (text == "// #else" && region == with) {
+      region = without;
+    } else if (text == "// #endif" && region != everywhere) {
+      region = everywhere;
+    } else if (text.rfind("// #", 0) == 0) {
+      throw Error("webgpu", "internal: a shader's region line '" + text + "' is not one select_regions knows");
+    } else if (region == everywhere || (region == with) == subgroups) {
+      out += line + "\n";
+    }
+  }
+  return out;
+}
+
 static std::string shader_variant(std::string source, const std::string& variants) {
   std::string variant;
   auto set = [&](const std::string& constant, std::uint32_t value) {
@@ -463,7 +490,10 @@ static std::string shader_variant(std::string source, const std::string& variant
     const std::size_t plus = std::min(variants.find('+', from), variants.size());
     variant = variants.substr(from, plus - from);
     from = plus + 1;
-    if (variant == "real-f16") {  // WGSL's f16 (an adapter with shader-f16): enabled first, and Real made f16
+    if (variant == "subgroups") {
+      // WGSL's subgroup builtins (an adapter with the feature). Naga (wgpu-native 0.32) refuses the standard
+      // `enable subgroups;` ("not yet implemented") and takes the builtins where the device has the feature.
+    } else if (variant == "real-f16") {  // WGSL's f16 (an adapter with shader-f16): enabled first, and Real made f16
       const std::string alias = "alias Real = f32;";
       const std::size_t at = source.find(alias);
       if (at == std::string::npos) throw Error("webgpu", "internal: shader variant 'real-f16' needs " + alias);
@@ -497,7 +527,9 @@ void* Context::pipeline(const std::string& kernel) {
   const std::string name = shader.substr(0, at);
   std::string source = shader_source(name);
   if (source.empty()) throw Error("webgpu", "no embedded shader named " + name);
-  if (at != std::string::npos) source = shader_variant(source, shader.substr(at + 1));
+  const std::string variants = at == std::string::npos ? "" : shader.substr(at + 1);
+  source = select_regions(source, ("+" + variants + "+").find("+subgroups+") != std::string::npos);
+  if (!variants.empty()) source = shader_variant(source, variants);
   const Api& w = *api_;
   ErrorScopes scopes(w, dev_->device);
   WGPUShaderSourceWGSL wgsl{};

@@ -334,6 +334,7 @@ fn tiled(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wi
       }
     }
     var s: array<f32, 8>;
+    var tile_maxes: array<f32, 2>;
     for (var r = 0u; r < 2u; r++) {
       let pos = i32(rows[r]) + sq.offset;
       let m_base = P.m_off + sq.mask0 + h * P.m_sh + rows[r] * P.m_sq;
@@ -345,12 +346,24 @@ fn tiled(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wi
         s[r * 4u + i] = sc;
         local_max = max(local_max, sc);
       }
-      t_row_max[(2u * ty + r) * 8u + tx] = local_max;
+      tile_maxes[r] = local_max;
     }
+    // Each row's maximum over its eight threads (lanes tx of one subgroup, or through workgroup memory).
+    // #if subgroups
+    for (var r = 0u; r < 2u; r++) {
+      for (var lanes = 4u; lanes > 0u; lanes >>= 1u) {
+        tile_maxes[r] = max(tile_maxes[r], subgroupShuffleXor(tile_maxes[r], lanes));
+      }
+    }
+    // #else
+    for (var r = 0u; r < 2u; r++) { t_row_max[(2u * ty + r) * 8u + tx] = tile_maxes[r]; }
     workgroupBarrier();
     for (var r = 0u; r < 2u; r++) {
-      var tile_max = MASKED_UNITS;
-      for (var x = 0u; x < 8u; x++) { tile_max = max(tile_max, t_row_max[(2u * ty + r) * 8u + x]); }
+      for (var x = 0u; x < 8u; x++) { tile_maxes[r] = max(tile_maxes[r], t_row_max[(2u * ty + r) * 8u + x]); }
+    }
+    // #endif
+    for (var r = 0u; r < 2u; r++) {
+      let tile_max = tile_maxes[r];
       var corr = 1.0;
       var m_new = m_run[r];
       if (tile_max > MASKED_UNITS) {
@@ -389,12 +402,23 @@ fn tiled(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wi
     workgroupBarrier();
   }
   // The rows' sums: the eight threads' shares of each added up.
+  var l_sums: array<f32, 2>;
+  // #if subgroups
+  for (var r = 0u; r < 2u; r++) {
+    l_sums[r] = l_part[r];
+    for (var lanes = 4u; lanes > 0u; lanes >>= 1u) { l_sums[r] += subgroupShuffleXor(l_sums[r], lanes); }
+  }
+  // #else
   for (var r = 0u; r < 2u; r++) { t_row_max[(2u * ty + r) * 8u + tx] = l_part[r]; }
   workgroupBarrier();
   for (var r = 0u; r < 2u; r++) {
+    l_sums[r] = 0.0;
+    for (var x = 0u; x < 8u; x++) { l_sums[r] += t_row_max[(2u * ty + r) * 8u + x]; }
+  }
+  // #endif
+  for (var r = 0u; r < 2u; r++) {
     if (rows[r] >= n_q) { continue; }
-    var l_fin = 0.0;
-    for (var x = 0u; x < 8u; x++) { l_fin += t_row_max[(2u * ty + r) * 8u + x]; }
+    var l_fin = l_sums[r];
     var m_fin = m_run[r];
     let o_scale = sink_scale(h, &m_fin, &l_fin);
     let inv = select(0.0, o_scale / l_fin, l_fin > 0.0);

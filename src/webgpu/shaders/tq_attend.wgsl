@@ -138,14 +138,24 @@ fn first_visible(row: u32) -> u32 {
   return u32(p) - P.window + 1u;
 }
 
-// The largest of v[0..128) of the workgroup array, per component: 32 threads take four entries each, then
-// thread 0 the 32 results (every thread calls it: it holds barriers; the result is uniform).
+// The largest of v[0..128) of the workgroup array, per component, and the running maxima and correction updated
+// by thread 0 (every thread calls it: it holds barriers; the result is uniform). Without subgroups 32 threads
+// take four entries each, then thread 0 the 32 results; with them (subgroups of at least 32, lanes in invocation
+// order: backend.cpp checks) each 32 lanes reduce by shuffles, then thread 0 takes the four results.
 fn tile_max(tid: u32) -> vec4<f32> {
+  // #if subgroups
+  var x = weight[tid];
+  for (var lanes = 16u; lanes > 0u; lanes >>= 1u) { x = max(x, subgroupShuffleXor(x, lanes)); }
+  if (tid % 32u == 0u) { partials[tid / 32u] = x; }
+  let n_partials = 4u;
+  // #else
   if (tid < 32u) { partials[tid] = max(max(weight[tid], weight[tid + 32u]), max(weight[tid + 64u], weight[tid + 96u])); }
+  let n_partials = 32u;
+  // #endif
   workgroupBarrier();
   if (tid == 0u) {
     var m = running_max;
-    for (var i = 0u; i < 32u; i++) { m = max(m, partials[i]); }
+    for (var i = 0u; i < n_partials; i++) { m = max(m, partials[i]); }
     correction = exp(running_max - m);
     running_max = m;
   }
