@@ -394,6 +394,20 @@ TEST(KernelChoiceOnWebGpu, EachDenseShapeRanItsKernel) {
   const conformance::CheckResult r = conformance::check_tq_attend(*b, c);
   EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
   EXPECT_TRUE(ran(r.kernel, "tq_attend_grouped")) << c.describe() << " ran " << r.kernel;
+  // A chunk of rows: keys and values decoded to bf16 once, then the dense forward (within llvmpipe's loop limit).
+  c.tokens = 600, c.n_queries = 100, c.start_pos = 500;
+  const conformance::CheckResult chunk = conformance::check_tq_attend(*b, c);
+  EXPECT_TRUE(chunk.passed) << c.describe() << ": " << chunk.detail;
+  EXPECT_EQ(chunk.kernel, "tq_attend_prefill") << c.describe();
+  c.layout = TqLayout{64, 2, 1024, 2, 2};  // the seed's keys with their QJL sketch, a window, softcap and sinks
+  c.window = 200, c.softcap = 5.0f, c.sinks = true;
+  const conformance::CheckResult seed = conformance::check_tq_attend(*b, c);
+  EXPECT_TRUE(seed.passed) << c.describe() << ": " << seed.detail;
+  EXPECT_EQ(seed.kernel, "tq_attend_prefill") << c.describe();
+  c.exact = true;  // the exact path stays on the split-K kernel
+  const conformance::CheckResult exact = conformance::check_tq_attend(*b, c);
+  EXPECT_TRUE(exact.passed) << c.describe() << ": " << exact.detail;
+  EXPECT_TRUE(ran(exact.kernel, "tq_attend_grouped")) << c.describe() << " ran " << exact.kernel;
 }
 
 }  // namespace

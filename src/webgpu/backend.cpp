@@ -9,6 +9,8 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <optional>
 
 #include "core/tq_norm_rule.hpp"
 #include "core/tq_outliers.hpp"
@@ -418,6 +420,11 @@ class WebGpuBackend final : public Backend {
 
  private:
   static thread_local const char* last_kernel_;  // of this thread's last forward, backward or tq_attend
+  // The chunked prefill's dense output (bf16 [rows, H, D], rotated space): an allocation of its own, so that the
+  // dense forward writes no buffer it reads; grown as needed, one prefill at a time.
+  std::mutex prefill_mutex_;
+  void* prefill_out_ = nullptr;
+  std::size_t prefill_out_bytes_ = 0;
 };
 
 thread_local const char* WebGpuBackend::last_kernel_ = "";
@@ -455,6 +462,7 @@ void add_codebook(Params& P, const TqCodebook& cb) {
 
 constexpr std::int64_t kSplitTokens = 256;  // timesteps per workgroup of the attention kernel
 constexpr std::int64_t kHeadsPerGroup = 4;  // query heads of one kv head a workgroup serves (tq_attend.wgsl)
+constexpr std::int64_t kPrefillSteps = 8;   // timesteps a prefill_rows workgroup decodes (PREFILL_STEPS)
 
 std::int64_t n_splits(const TqAttendCall& c) {
   return std::max<std::int64_t>(1, (c.longest_row + kSplitTokens - 1) / kSplitTokens);
@@ -659,8 +667,45 @@ void WebGpuBackend::tq_rotate_queries(const TqRotateCall& c) {
   outputs.finish();
 }
 
+// The chunked prefill (TurboQuant attention's bf16-class path for many query rows, docs/spec.md §3): the rows'
+// rotated queries and every timestep they see turned into bf16 rows once (tq_attend.wgsl's prefill_* entries),
+// the dense forward over them (causal, its offset and window placing row j at start_pos + j), each output row
+// rotated back. It serves calls of at least kPrefillMinRows rows of one start position whose rows the cache does
+// not clamp, and not an exact call; the dense problem must be one the backend takes (llvmpipe's loop limit).
+constexpr std::int64_t kPrefillMinRows = 64;
+
+struct PrefillPlan {
+  DenseProblem p;
+  std::int64_t first = 0;               // the first timestep any row sees
+  std::int64_t q = 0, k = 0, v = 0, words = 0;  // the workspace's pieces (words): queries, keys, values; in all
+};
+
+std::optional<PrefillPlan> prefill_plan(const Backend& b, const TqAttendCall& c) {
+  if (c.exact || c.start_positions != nullptr || c.n_queries < kPrefillMinRows) return std::nullopt;
+  if (c.sequence_end(c.start_pos) != c.start_pos + c.n_queries) return std::nullopt;
+  const TqLayout& l = c.layout();
+  PrefillPlan plan;
+  plan.first = c.first_visible(c.start_pos);
+  DenseProblem& p = plan.p;
+  p.B = c.batch, p.Sq = c.n_queries, p.Sk = c.start_pos + c.n_queries - plan.first;
+  p.H = c.n_heads, p.Hkv = l.n_kv_heads, p.D = l.head_dim;
+  p.dtype = DType::bf16;
+  p.scale = c.scale;
+  p.causal = true;
+  p.causal_offset = c.start_pos - plan.first;
+  p.window = c.window;
+  p.softcap = c.softcap;  // the rotation keeps every <q, k>: the dense kernels cap and sink the same scores
+  p.sinks = c.sinks;
+  if (b.unsupported(p)) return std::nullopt;
+  const std::int64_t pair_rows = c.rows() * p.H * p.D / 2, pair_keys = p.B * p.Sk * p.Hkv * p.D / 2;
+  plan.q = 0, plan.k = pair_rows, plan.v = plan.k + pair_keys, plan.words = plan.v + pair_keys;
+  return plan;
+}
+
 std::size_t WebGpuBackend::tq_attend_workspace(const TqAttendCall& c) const {
-  return std::size_t(c.rows() * c.n_heads * n_splits(c) * (c.layout().head_dim + 2)) * sizeof(float);
+  const std::size_t split_k = std::size_t(c.rows() * c.n_heads * n_splits(c) * (c.layout().head_dim + 2));
+  const std::optional<PrefillPlan> plan = prefill_plan(*this, c);
+  return std::max<std::size_t>(split_k, plan ? std::size_t(plan->words) : 0) * sizeof(float);
 }
 
 void WebGpuBackend::tq_attend(const TqAttendCall& c) {
@@ -718,12 +763,56 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   while (l.paged() && (std::int64_t(1) << page_shift) < l.page_size) ++page_shift;
   P.u(l.paged() ? 1 : 0).u(page_shift).u(l.paged() ? c.pages.max_pages : 0, "max_pages").u(c.reach, "reach");
   const std::int64_t group = c.n_heads / l.n_kv_heads, head_chunks = (group + kHeadsPerGroup - 1) / kHeadsPerGroup;
-  P.u(group).u(head_chunks).u(0).u(0);
+  // The prefill, where it serves and its workspace shares no buffer with the call's other views (its rows are read
+  // back by the dense forward from where they lie).
+  const std::optional<PrefillPlan> plan = prefill_plan(*this, c);
+  const bool prefill = plan && ws.buffer == place(c.workspace, 1, 4, "workspace").buffer;
+  const std::size_t pf_at = P.size();
+  P.u(group).u(head_chunks).u(prefill ? plan->first : 0, "start_pos").u(prefill ? plan->p.Sk : 0, "start_pos");
+  P.u(prefill ? ws.offset + plan->q : 0, "workspace").u(0);
+  P.u(prefill ? ws.offset + plan->k : 0, "workspace").u(prefill ? ws.offset + plan->v : 0, "workspace");
   for (int i = 0; i < 8; ++i) P.u(c.tables.polar_sign_bits[std::size_t(i)]);
+  for (int i = 0; i < 8; ++i) P.u(c.tables.jl_sign_bits[std::size_t(i)]);
   add_parts(P, coded_parts(l, true));
   for (int i = 0; i < 16; ++i) P.f(c.tables.key_centroids[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.value_centroids[std::size_t(i)]);
   for (int i = 0; i < 16; ++i) P.f(c.tables.outlier_centroids[std::size_t(i)]);
+  if (prefill) {
+    last_kernel_ = "tq_attend_prefill";
+    const std::int64_t pairs = rows * c.n_heads * D / 2;
+    dispatch_chunked("tq_attend#prefill_queries", P, row0,
+                     {{scratch.buffer}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {nullptr},
+                      {ws.buffer}},
+                     {groups(pairs, 128), 1, 1}, 0);
+    dispatch_chunked("tq_attend#prefill_rows", P, row0,
+                     {{nullptr}, {keys.buffer}, {values.buffer}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {pages},
+                      {ws.buffer}},
+                     {groups(plan->p.Sk, kPrefillSteps), c.batch * l.n_kv_heads, 1}, 0);
+    std::lock_guard<std::mutex> lock(prefill_mutex_);
+    const std::size_t o_bytes = std::size_t(pairs) * 4;
+    if (prefill_out_bytes_ < o_bytes) {
+      if (prefill_out_) ctx.release(prefill_out_);
+      prefill_out_ = ctx.allocate(o_bytes);
+      prefill_out_bytes_ = o_bytes;
+    }
+    ForwardCall f(core::Validator::stamp());
+    f.p = plan->p;
+    auto* rows_at = static_cast<std::uint32_t*>(c.workspace);
+    f.q = TensorView::bshd(rows_at + plan->q, DType::bf16, f.p.B, f.p.Sq, f.p.H, f.p.D, Memory::webgpu);
+    f.k = TensorView::bshd(rows_at + plan->k, DType::bf16, f.p.B, f.p.Sk, f.p.Hkv, f.p.D, Memory::webgpu);
+    f.v = TensorView::bshd(rows_at + plan->v, DType::bf16, f.p.B, f.p.Sk, f.p.Hkv, f.p.D, Memory::webgpu);
+    f.out = TensorView::bshd(prefill_out_, DType::bf16, f.p.B, f.p.Sq, f.p.H, f.p.D, Memory::webgpu);
+    forward(f);
+    last_kernel_ = "tq_attend_prefill";
+    const Placed o = place(f.out, "prefill output");
+    P.set(pf_at + 5, std::uint32_t(o.offset / 2));  // pf_o: words (the allocation's rows start on a word)
+    dispatch_chunked("tq_attend#prefill_finish", P, row0,
+                     {{nullptr}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {out.buffer}, {nullptr}, {nullptr},
+                      {o.buffer}},
+                     {c.n_heads, rows, 1}, 1);
+    outputs.finish();
+    return;
+  }
   dispatch_chunked(
       subgroups_of_at_least(32) ? "tq_attend@subgroups#partial" : "tq_attend#partial", P, row0,
       {{scratch.buffer}, {keys.buffer}, {values.buffer}, {starts.buffer}, {ws.buffer}, {nullptr}, {nullptr}, {pages}},

@@ -30,8 +30,10 @@ struct Params {
   // A pool (docs/turboquant_layout.md, "Pages"): PAGES holds each sequence's max_pages page indices, then each
   // one's exact set; reach = max_pages << page_shift clamps positions (capacity for a contiguous image).
   paged: u32, page_shift: u32, max_pages: u32, reach: u32,
-  group: u32, head_chunks: u32, pad0: u32, pad1: u32,  // heads per kv head; workgroups per (kv head, row)
+  group: u32, head_chunks: u32, pf_first: u32, pf_keys: u32,  // heads per kv head; workgroups per (kv head, row);
+  pf_q: u32, pf_o: u32, pf_k: u32, pf_v: u32,  // prefill: first timestep and timesteps decoded, ROWS' pieces
   polar: array<vec4<u32>, 2>,
+  jl: array<vec4<u32>, 2>,  // the QJL projection's signs (TqTables::jl_sign_bits)
   parts: array<vec4<u32>, 6>,
   key_centroids: array<vec4<f32>, 4>,
   value_centroids: array<vec4<f32>, 4>,
@@ -47,6 +49,9 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> OUT: array<f32>;
 @group(0) @binding(7) var<storage, read> SINKS: array<f32>;
 @group(0) @binding(8) var<storage, read> PAGES: array<i32>;
+// The chunked prefill's bf16 rows (pairs of elements in a word) in the workspace: rotated queries, the dense
+// forward's output, and the decoded keys and values (prefill_* entry points; the workspace is WS elsewhere).
+@group(0) @binding(9) var<storage, read_write> ROWS: array<u32>;
 
 const TILE: u32 = 128u;
 
@@ -390,8 +395,15 @@ fn merge(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wi
     }
   }
   if (d < D) { fwht_x[d] = select(0.0, x / L, L > 0.0); }  // a row that sees nothing writes zeros
+  rotate_back(d, row, h);
+}
+
+// Query row `row`, head h of the output from its rotated-space values in fwht_x (thread d: coordinate d): the
+// inverse RHT (butterflies, then 1/sqrt(D) and the signs). Every invocation calls it: it holds barriers.
+fn rotate_back(d: u32, row: u32, h: u32) {
+  let D = P.D;
   workgroupBarrier();
-  for (var len = 1u; len < D; len <<= 1u) {  // inverse RHT: butterflies, then 1/sqrt(D) and the signs
+  for (var len = 1u; len < D; len <<= 1u) {
     fwht_round(d, len, D);
     workgroupBarrier();
   }
@@ -402,4 +414,132 @@ fn merge(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wi
     let j = row % P.nq;
     OUT[P.out_off + b * P.out_sb + j * P.out_ss + h * P.out_sh + d] = fwht_x[d] * (1.0 / sqrt(f32(D))) * sign;
   }
+}
+
+// ---- Chunked prefill (bf16-class, docs/spec.md §3): the chunk's rotated queries and every timestep it sees as
+// bf16 rows (prefill_queries, prefill_rows), the dense forward over them (backend.cpp), each output row rotated
+// back (prefill_finish). Each timestep is decoded once, not once per query row and head. ----
+
+const PREFILL_STEPS: u32 = 8u;  // timesteps a prefill_rows workgroup decodes, one after another
+
+fn bf16_pair(x: vec2<f32>) -> u32 { return bf16_bits(x.x) | (bf16_bits(x.y) << 16u); }
+
+// Pairs of the rotated queries (the scratch's q_rot region, [rows, H, D]) as bf16, one pair a thread.
+@compute @workgroup_size(128)
+fn prefill_queries(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let i = (P.row0 + wid.x) * 128u + lid.x;
+  if (i >= P.batch * P.nq * P.H * P.D / 2u) { return; }
+  let q = scratch_vector(P.scratch_off, P.region, 0u, 0u, P.H, 0u, P.D) + 2u * i;
+  ROWS[P.pf_q + i] = bf16_pair(vec2<f32>(SCRATCH[q], SCRATCH[q + 1u]));
+}
+
+// Key and value of timestep t (kv head kvh of sequence b) in q_rot's space at coordinates d0, d0 + 1 (thread
+// d0 / 2): the exact row where there is one, else per part the norm half times the centroids, plus with QJL
+// n gamma qjl_scale diag(s_jl) H sgn / sqrt(D) (so that <q_rot, k> carries the sketch's <q_jl, sgn>), plus the
+// block's mean; values likewise without the sketch. Every invocation calls it (the sketch's butterflies hold
+// barriers); those with d0 >= D only take part in them.
+fn decode_pair(b: u32, kvh: u32, t: u32, d0: u32, end: u32, exact_base: u32, k: ptr<function, vec2<f32>>,
+               v: ptr<function, vec2<f32>>) {
+  let D = P.D;
+  let in_row = d0 < D;
+  let keys = P.k_off + b * P.key_words;
+  let values = P.v_off + b * P.value_words;
+  let er = exact_row(t, end);
+  if (er >= 0) {
+    if (in_row) {
+      *k = vec2<f32>(exact_key(keys + P.key_exact_off + exact_base + u32(er) * (D / 2u), d0),
+                     exact_key(keys + P.key_exact_off + exact_base + u32(er) * (D / 2u), d0 + 1u));
+      *v = vec2<f32>(exact_value(values + P.value_exact_off + exact_base + u32(er) * (D / 2u), d0),
+                     exact_value(values + P.value_exact_off + exact_base + u32(er) * (D / 2u), d0 + 1u));
+    }
+    return;
+  }
+  let at = timestep(b, t);
+  let slot = kvh * P.capacity + at;
+  let norms = keys + P.key_norm_off + slot * P.key_norm_words;
+  if (in_row) {
+    for (var e = 0u; e < 2u; e++) {
+      let d = d0 + e;
+      let p = part_of(P.parts, P.n_parts, d);
+      let part = P.parts[p];
+      let idx = key_code(keys + slot * P.key_code_words, part.w + (d - part.x) * part.z, part.z);
+      let c = select(P.key_centroids[idx / 4u][idx % 4u], P.outlier_centroids[idx / 4u][idx % 4u],
+                     P.outliers != 0u && p == 0u);
+      (*k)[e] = unpack2x16float(KEYS[norms + p / 2u])[p % 2u] * c;
+    }
+  }
+  if (P.qjl != 0u) {
+    if (in_row) {
+      let signs = KEYS[P.k_off + b * P.key_words + P.key_jl_off + slot * (D / 32u) + d0 / 32u] >> (d0 % 32u);
+      fwht_x[d0] = select(-1.0, 1.0, (signs & 1u) != 0u);
+      fwht_x[d0 + 1u] = select(-1.0, 1.0, (signs & 2u) != 0u);
+    }
+    for (var len = 1u; len < D; len <<= 1u) {
+      workgroupBarrier();
+      fwht_round(d0 / 2u, len, D);
+    }
+    workgroupBarrier();
+    if (in_row) {
+      let nw = KEYS[norms];
+      let f = f16_lo(nw) * f16_hi(nw) * P.qjl_scale / sqrt(f32(D));
+      for (var e = 0u; e < 2u; e++) {
+        let d = d0 + e;
+        let w = d / 32u;
+        let sign = select(f, -f, ((P.jl[w / 4u][w % 4u] >> (d % 32u)) & 1u) != 0u);
+        (*k)[e] = fma(sign, fwht_x[d], (*k)[e]);
+      }
+    }
+    workgroupBarrier();  // before the next timestep's signs replace fwht_x
+  }
+  if (!in_row) { return; }
+  if (P.key_block != 0u) {
+    let mean = keys + P.key_mean_off + (kvh * P.key_mean_blocks + at / P.key_block) * (D / 2u);
+    *k += vec2<f32>(key_mean(mean, d0), key_mean(mean, d0 + 1u));
+  }
+  let base = values + slot * (D * P.value_bits / 32u);
+  let vn = f16_lo(VALUES[values + P.value_norm_off + slot]);
+  let c0 = value_code(base, d0, P.value_bits);
+  let c1 = value_code(base, d0 + 1u, P.value_bits);
+  *v = vn * vec2<f32>(P.value_centroids[c0 / 4u][c0 % 4u], P.value_centroids[c1 / 4u][c1 % 4u]);
+  if (P.value_block != 0u) {
+    let mean = values + P.value_mean_off + (kvh * P.value_mean_blocks + at / P.value_block) * (D / 2u);
+    *v += vec2<f32>(value_mean(mean, d0), value_mean(mean, d0 + 1u));
+  }
+}
+
+// Timesteps pf_first + s (s < pf_keys) of every sequence and kv head as bf16 rows [batch, pf_keys, n_kv, D]:
+// a workgroup per (PREFILL_STEPS timesteps, sequence and kv head), thread i coordinates 2i and 2i + 1.
+@compute @workgroup_size(128)
+fn prefill_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let tid = lid.x;
+  let b = wid.y / P.n_kv;
+  let kvh = wid.y % P.n_kv;
+  let D = P.D;
+  let end = u32(P.start_pos) + P.nq;  // the rows' sequence end: the prefill serves unclamped rows only
+  let exact_base = (min(exact_set(b), P.exact_sets - 1u) * P.n_kv + kvh) * P.exact_rows * (D / 2u);
+  for (var i = 0u; i < PREFILL_STEPS; i++) {
+    let s = (P.row0 + wid.x) * PREFILL_STEPS + i;
+    if (s >= P.pf_keys) { break; }  // uniform: the same for the whole workgroup
+    var k = vec2<f32>(0.0);
+    var v = vec2<f32>(0.0);
+    decode_pair(b, kvh, P.pf_first + s, 2u * tid, end, exact_base, &k, &v);
+    if (2u * tid < D) {
+      let at = ((b * P.pf_keys + s) * P.n_kv + kvh) * (D / 2u) + tid;
+      ROWS[P.pf_k + at] = bf16_pair(k);
+      ROWS[P.pf_v + at] = bf16_pair(v);
+    }
+  }
+}
+
+// Output row `row`, head h: the dense forward's bf16 row (rotated space) rotated back into OUT.
+@compute @workgroup_size(256)
+fn prefill_finish(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let d = lid.x;
+  let h = wid.x;
+  let row = P.row0 + wid.y;
+  if (d < P.D) {
+    let i = (row * P.H + h) * P.D + d;
+    fwht_x[d] = bitcast<f32>((ROWS[P.pf_o + i / 2u] << (16u * (1u - i % 2u))) & 0xFFFF0000u);
+  }
+  rotate_back(d, row, h);
 }
