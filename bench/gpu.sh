@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine: `flashtq bench --gpu` (cuda and webgpu side by side: dense f32 and f16 forward,
-# TurboQuant decode at B = 1 and 8, beside the copy bandwidth and FMA peaks measured through WebGPU in the same
+# TurboQuant decode at B = 1 and 8 and chunked prefill (bf16-class and exact paths), beside the copy bandwidth and FMA peaks measured through WebGPU in the same
 # run), JSON into bench/results/gpu-<commit>.json (or $1) with the machine named.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ for row in r["gpu"]:
         shape = f"S={row['S']}"
         extra = f"{row['tflops']:.2f} TFLOP/s ({100 * row.get('fraction_of_f32_fma_peak', 0):.0f} % of f32 FMA)"
     else:
-        shape = f"B={row['batch']} ctx={row['ctx']}"
+        shape = f"B={row['batch']} ctx={row['ctx']}" + (f" rows={row['n_queries']}" if row.get("n_queries", 1) > 1 else "")
         extra = f"{row['packed_gbs']:.1f} GB/s packed ({100 * row.get('fraction_of_copy_bw', 0):.0f} % of copy)"
-    print(f"{row['backend']:>7} {row['op']:<18} {shape:<14} {row['ms']:9.3f} ms  {extra}  {row.get('kernel', '')}")
+    print(f"{row['backend']:>7} {row['op']:<18} {shape:<24} {row['ms']:9.3f} ms  {extra}  {row.get('kernel', '')}")
 PY

@@ -75,7 +75,10 @@ nlohmann::json dense_forward(Backend& b, std::int64_t S, DType dtype, int repeat
           {"kernel", b.last_kernel()}};
 }
 
-nlohmann::json turboquant_decode(Backend& b, std::int64_t batch, std::int64_t ctx, int repeats) {
+// TurboQuant attention of n_queries rows per sequence at the end of a `ctx`-token cache (rotate + attend): decode
+// (one row) or a chunk of prefill; `exact` asks for the exact path (the split-K kernels), for comparison.
+nlohmann::json turboquant_attend(Backend& b, std::int64_t batch, std::int64_t ctx, std::int64_t n_queries, bool exact,
+                                 int repeats) {
   const std::int64_t H = 32, Hkv = 8, D = 128;
   const TqLayout layout{D, Hkv, ctx, 2, 2};
   const TqTables tables = make_tq_tables(layout, 1234, 0);
@@ -96,32 +99,37 @@ nlohmann::json turboquant_decode(Backend& b, std::int64_t batch, std::int64_t ct
     }
     b.synchronize();
   }
-  conformance::DeviceBuffer q(b, random_floats(std::size_t(batch * H * D), rng)),
-      out(b, std::size_t(batch * H * D) * 4), scratch(b, std::size_t(tq_scratch_floats(batch, H, D)) * 4);
+  const std::int64_t rows = batch * n_queries;
+  conformance::DeviceBuffer q(b, random_floats(std::size_t(rows * H * D), rng)), out(b, std::size_t(rows * H * D) * 4),
+      scratch(b, std::size_t(tq_scratch_floats(rows, H, D)) * 4);
   TqAttendArgs a;
   a.tables = tables;
   a.scratch = static_cast<const float*>(scratch.get());
   a.n_heads = H;
   a.batch = batch;
-  a.start_pos = ctx - 1;
+  a.n_queries = n_queries;
+  a.start_pos = ctx - n_queries;
+  a.exact = exact;
   a.k_cache = static_cast<const std::uint32_t*>(keys.get());
   a.v_cache = static_cast<const std::uint32_t*>(values.get());
-  a.out = TensorView::bshd(out.get(), DType::f32, batch, 1, H, D, b.memory());
+  a.out = TensorView::bshd(out.get(), DType::f32, batch, n_queries, H, D, b.memory());
   const std::size_t ws_bytes = tq_attend_workspace_bytes(b, a);
   conformance::DeviceBuffer ws(b, std::max<std::size_t>(ws_bytes, 4));
   a.workspace = ws.get();
   a.workspace_bytes = ws_bytes;
-  const TensorView qv = TensorView::bshd(q.get(), DType::f32, batch, 1, H, D, b.memory());
+  const TensorView qv = TensorView::bshd(q.get(), DType::f32, batch, n_queries, H, D, b.memory());
   const double s = median_synced(
       b,
       [&] {
-        tq_rotate_queries(b, {tables, qv, 1, static_cast<float*>(scratch.get()), nullptr});
+        tq_rotate_queries(b, {tables, qv, rows, static_cast<float*>(scratch.get()), nullptr});
         tq_attend(b, a);
       },
       repeats);
   const double packed = double(batch * ctx) * double(layout.bytes_per_token_per_head() * Hkv);
-  return {{"op", "turboquant_decode"},
+  const std::string op = n_queries == 1 ? "turboquant_decode" : "turboquant_prefill";
+  return {{"op", exact ? op + "_exact" : op},
           {"batch", batch},
+          {"n_queries", n_queries},
           {"ctx", ctx},
           {"H", H},
           {"Hkv", Hkv},
@@ -169,7 +177,12 @@ nlohmann::json bench_gpu_backends(bool quick) {
     using Decode = std::pair<std::int64_t, std::int64_t>;  // (batch, context)
     for (const auto& [batch, ctx] :
          quick ? std::vector<Decode>{{1, 4096}} : std::vector<Decode>{{1, 32768}, {8, 32768}})
-      record(turboquant_decode(*b, batch, ctx, repeats));
+      record(turboquant_attend(*b, batch, ctx, 1, false, repeats));
+    // Chunked prefill, the bf16-class path and the exact one (quick: within lavapipe's loop limit).
+    using Chunk = std::pair<std::int64_t, std::int64_t>;  // (context, chunk)
+    for (const auto& [ctx, chunk] :
+         quick ? std::vector<Chunk>{{768, 128}} : std::vector<Chunk>{{32768, 512}, {32768, 2048}})
+      for (const bool exact : {false, true}) record(turboquant_attend(*b, 1, ctx, chunk, exact, repeats));
   }
   return rows;
 }
