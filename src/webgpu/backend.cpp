@@ -676,7 +676,7 @@ constexpr std::int64_t kPrefillMinRows = 64;
 
 struct PrefillPlan {
   DenseProblem p;
-  std::int64_t first = 0;               // the first timestep any row sees
+  std::int64_t first = 0;                       // the first timestep any row sees
   std::int64_t q = 0, k = 0, v = 0, words = 0;  // the workspace's pieces (words): queries, keys, values; in all
 };
 
@@ -780,14 +780,14 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   if (prefill) {
     last_kernel_ = "tq_attend_prefill";
     const std::int64_t pairs = rows * c.n_heads * D / 2;
-    dispatch_chunked("tq_attend#prefill_queries", P, row0,
-                     {{scratch.buffer}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {nullptr},
-                      {ws.buffer}},
-                     {groups(pairs, 128), 1, 1}, 0);
-    dispatch_chunked("tq_attend#prefill_rows", P, row0,
-                     {{nullptr}, {keys.buffer}, {values.buffer}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {pages},
-                      {ws.buffer}},
-                     {groups(plan->p.Sk, kPrefillSteps), c.batch * l.n_kv_heads, 1}, 0);
+    dispatch_chunked(
+        "tq_attend#prefill_queries", P, row0,
+        {{scratch.buffer}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {ws.buffer}},
+        {groups(pairs, 128), 1, 1}, 0);
+    dispatch_chunked(
+        "tq_attend#prefill_rows", P, row0,
+        {{nullptr}, {keys.buffer}, {values.buffer}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {pages}, {ws.buffer}},
+        {groups(plan->p.Sk, kPrefillSteps), c.batch * l.n_kv_heads, 1}, 0);
     std::lock_guard<std::mutex> lock(prefill_mutex_);
     const std::size_t o_bytes = std::size_t(pairs) * 4;
     if (prefill_out_bytes_ < o_bytes) {
@@ -806,10 +806,10 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
     last_kernel_ = "tq_attend_prefill";
     const Placed o = place(f.out, "prefill output");
     P.set(pf_at + 5, std::uint32_t(o.offset / 2));  // pf_o: words (the allocation's rows start on a word)
-    dispatch_chunked("tq_attend#prefill_finish", P, row0,
-                     {{nullptr}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {out.buffer}, {nullptr}, {nullptr},
-                      {o.buffer}},
-                     {c.n_heads, rows, 1}, 1);
+    dispatch_chunked(
+        "tq_attend#prefill_finish", P, row0,
+        {{nullptr}, {nullptr}, {nullptr}, {nullptr}, {nullptr}, {out.buffer}, {nullptr}, {nullptr}, {o.buffer}},
+        {c.n_heads, rows, 1}, 1);
     outputs.finish();
     return;
   }
