@@ -32,5 +32,5 @@ for row in r["gpu"]:
     else:
         shape = f"B={row['batch']} ctx={row['ctx']}" + (f" rows={row['n_queries']}" if row.get("n_queries", 1) > 1 else "")
         extra = f"{row['packed_gbs']:.1f} GB/s packed ({100 * row.get('fraction_of_copy_bw', 0):.0f} % of copy)"
-    print(f"{row['backend']:>7} {row['op']:<18} {shape:<24} {row['ms']:9.3f} ms  {extra}  {row.get('kernel', '')}")
+    print(f"{row['backend']:>7} {row['op']:<26} {shape:<24} {row['ms']:9.3f} ms  {extra}  {row.get('kernel', '')}")
 PY
