@@ -50,6 +50,17 @@ fn bf16_bits(x: f32) -> u32 {
   return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
 }
 
+// Four 16-bit elements of `dtype` (1 f16, 2 bf16) as two words, exactly (the tiled kernels' workgroup memory), and back.
+fn pack4_16(x: vec4<f32>, dtype: u32) -> vec2<u32> {
+  if (dtype == 1u) { return vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw)); }
+  let w = bitcast<vec4<u32>>(x);
+  return vec2<u32>((w.x >> 16u) | (w.y & 0xffff0000u), (w.z >> 16u) | (w.w & 0xffff0000u));
+}
+fn unpack4_16(w: vec2<u32>, dtype: u32) -> vec4<f32> {
+  if (dtype == 1u) { return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)); }
+  return bitcast<vec4<f32>>(vec4<u32>(w.x << 16u, w.x & 0xffff0000u, w.y << 16u, w.y & 0xffff0000u));
+}
+
 // Storing element `i` = x of a 16-bit buffer touches only its half of the word: returns the mask that
 // keeps the other half (for atomicAnd) and x's bits in place (for atomicOr), so neighbours that share
 // the word, possibly from other invocations, never race.

@@ -304,3 +304,184 @@ fn dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     }
   }
 }
+
+// ---- The tiled dk/dv (entry point dkdv_tiled): 16-bit inputs at a fixed head_dim (variants "d64" and "d128"). ----
+// A workgroup of 64 threads covers 16 keys of one (batch, kv head) against tiles of 32 query rows of every head of
+// the group, all held in workgroup memory as their 16-bit words. Thread t holds keys 2 (t / 8) and 2 (t / 8) + 1:
+// it scores them against rows t % 8 + 8 i (i < 4) (q.k and dout.v), and accumulates their dk and dv at the vec4
+// columns t % 8 + 8 j (j < head_dim / 32), where the one-key-a-thread kernel held four whole rows per thread.
+const B_KEYS: u32 = 16u;
+const B_ROWS: u32 = 32u;
+const B_D4: u32 = select(32u, FIXED_D4, FIXED_D4 != 0u);  // a variant's head_dim / 4 (the entry needs one)
+const B_STRIDE: u32 = B_D4 + 1u;                           // padded rows: neighbouring rows in other banks
+const B_PSTRIDE: u32 = B_ROWS + 1u;
+// The dtype of a variant ("f16": 1, "bf16": 2), which the tiles' words are unpacked as; 0: P.dtype.
+const FIXED_DTYPE: u32 = 0u;
+
+var<workgroup> bk_rows: array<vec2<u32>, B_KEYS * B_STRIDE>;  // four 16-bit elements per entry
+var<workgroup> bv_rows: array<vec2<u32>, B_KEYS * B_STRIDE>;
+var<workgroup> bq_rows: array<vec2<u32>, B_ROWS * B_STRIDE>;
+var<workgroup> bdo_rows: array<vec2<u32>, B_ROWS * B_STRIDE>;
+var<workgroup> b_pf: array<f32, B_KEYS * B_PSTRIDE>;  // P f of key k and row r at [k * B_PSTRIDE + r]
+var<workgroup> b_ds: array<f32, B_KEYS * B_PSTRIDE>;  // dS likewise
+var<workgroup> b_lse: array<f32, B_ROWS>;
+var<workgroup> b_delta: array<f32, B_ROWS>;
+
+fn tile_dtype() -> u32 { return select(P.dtype, FIXED_DTYPE, FIXED_DTYPE != 0u); }
+fn pack4(x: vec4<f32>) -> vec2<u32> { return pack4_16(x, tile_dtype()); }
+fn unpack4(w: vec2<u32>) -> vec4<f32> { return unpack4_16(w, tile_dtype()); }
+
+// The query rows [x, y) of sequence `s` that any of keys [key0, key_end) can see (causal, window).
+fn visible_rows(s: Sequence, key0: u32, key_end: u32) -> vec2<u32> {
+  var lo = 0;
+  var hi = i32(s.n_q);
+  if (P.causal != 0u) { lo = max(lo, i32(key0) - s.offset); }  // a row sees key j from position j on
+  if (P.window > 0) {
+    hi = min(hi, i32(key_end) - 1 + P.window - s.offset);  // positions up to the last key + window - 1
+    if (P.causal == 0u) { lo = max(lo, i32(key0) - P.window + 1 - s.offset); }
+  }
+  return vec2<u32>(u32(clamp(lo, 0, i32(s.n_q))), u32(clamp(hi, 0, i32(s.n_q))));
+}
+
+@compute @workgroup_size(64)
+fn dkdv_tiled(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let t = lid.x;
+  let kp = t / 8u;
+  let rx = t % 8u;
+  let b = (P.y0 + wid.y) / P.Hkv;
+  let hk = (P.y0 + wid.y) % P.Hkv;
+  let group = P.H / P.Hkv;
+  let sq = shared_sequence(sequence_of(b), t);
+  let n_q = sq.n_q;
+  let n_k = sq.n_k;
+  let key0 = wid.x * B_KEYS;
+  if (key0 >= n_k) { return; }  // a shorter sequence of a ragged batch (uniform: the whole workgroup)
+  for (var i = t; i < B_KEYS * B_D4; i += 64u) {
+    let j = key0 + i / B_D4;
+    var kv = vec4<f32>(0.0);
+    var vv = vec4<f32>(0.0);
+    if (j < n_k) {
+      kv = ld4(1u, row_at(b, sq.k0, j, hk, P.k_off, P.k_sb, P.k_ss, P.k_sh) + 4u * (i % B_D4));
+      vv = ld4(2u, row_at(b, sq.k0, j, hk, P.v_off, P.v_sb, P.v_ss, P.v_sh) + 4u * (i % B_D4));
+    }
+    bk_rows[(i / B_D4) * B_STRIDE + i % B_D4] = pack4(kv);
+    bv_rows[(i / B_D4) * B_STRIDE + i % B_D4] = pack4(vv);
+  }
+  var keys = array<u32, 2>(key0 + 2u * kp, key0 + 2u * kp + 1u);
+  var dk: array<vec4<f32>, 2 * B_D4 / 8u>;  // key k's column group j at [k * B_D4 / 8 + j]
+  var dv: array<vec4<f32>, 2 * B_D4 / 8u>;
+  for (var j = 0u; j < 2u * B_D4 / 8u; j++) {
+    dk[j] = vec4<f32>(0.0);
+    dv[j] = vec4<f32>(0.0);
+  }
+  let rows = visible_rows(sq, key0, min(key0 + B_KEYS, n_k));
+  for (var g = 0u; g < group; g++) {
+    let h = hk * group + g;
+    let bh = b * P.H + h;
+    for (var is = rows.x; is < rows.y; is += B_ROWS) {
+      for (var i = t; i < B_ROWS * B_D4; i += 64u) {
+        let row = is + i / B_D4;
+        var qv = vec4<f32>(0.0);
+        var dov = vec4<f32>(0.0);
+        if (row < n_q) {
+          qv = ld4(0u, row_at(b, sq.q0, row, h, P.q_off, P.q_sb, P.q_ss, P.q_sh) + 4u * (i % B_D4));
+          dov = ld4(4u, row_at(b, sq.q0, row, h, P.do_off, P.do_sb, P.do_ss, P.do_sh) + 4u * (i % B_D4));
+        }
+        bq_rows[(i / B_D4) * B_STRIDE + i % B_D4] = pack4(qv);
+        bdo_rows[(i / B_D4) * B_STRIDE + i % B_D4] = pack4(dov);
+      }
+      if (t < B_ROWS) {
+        var l = bitcast<f32>(NEG_INF_BITS);
+        var dl = 0.0;
+        if (is + t < n_q) {
+          l = LSE[P.lse_off + stat_at(b, h, sq, is + t)];
+          dl = DELTA[stat_at(b, h, sq, is + t)];
+        }
+        b_lse[t] = l;
+        b_delta[t] = dl;
+      }
+      workgroupBarrier();
+      // q.k and dout.v of keys (2 kp, 2 kp + 1) and rows rx + 8 i.
+      var qk: array<vec4<f32>, 8>;   // [k * 4 + i]
+      var dov: array<vec4<f32>, 8>;
+      for (var x = 0u; x < 8u; x++) {
+        qk[x] = vec4<f32>(0.0);
+        dov[x] = vec4<f32>(0.0);
+      }
+      for (var c = 0u; c < B_D4; c++) {
+        let ka = unpack4(bk_rows[(2u * kp) * B_STRIDE + c]);
+        let kb = unpack4(bk_rows[(2u * kp + 1u) * B_STRIDE + c]);
+        let va = unpack4(bv_rows[(2u * kp) * B_STRIDE + c]);
+        let vb = unpack4(bv_rows[(2u * kp + 1u) * B_STRIDE + c]);
+        for (var i = 0u; i < 4u; i++) {
+          let qv = unpack4(bq_rows[(rx + 8u * i) * B_STRIDE + c]);
+          let dv_row = unpack4(bdo_rows[(rx + 8u * i) * B_STRIDE + c]);
+          qk[i] = fma(qv, ka, qk[i]);
+          qk[4u + i] = fma(qv, kb, qk[4u + i]);
+          dov[i] = fma(dv_row, va, dov[i]);
+          dov[4u + i] = fma(dv_row, vb, dov[4u + i]);
+        }
+      }
+      for (var k = 0u; k < 2u; k++) {
+        let j = keys[k];
+        for (var i = 0u; i < 4u; i++) {
+          let r = rx + 8u * i;
+          let row = is + r;
+          var pf = 0.0;
+          var ds = 0.0;
+          if (row < n_q && j < n_k && b_lse[r] > MASKED &&
+              key_visible(i32(j), i32(row) + sq.offset, i32(n_k), P.causal, P.window)) {
+            let d = qk[k * 4u + i];
+            let cs = capped(d.x + d.y + d.z + d.w);
+            let s = score(cs.x, sq, h, row, j);
+            if (s > MASKED) {
+              let p = probability(s, b_lse[r]);
+              let f = dropout_factor(P.dropout_p, P.seed, bh, row, j);
+              let e = dov[k * 4u + i];
+              ds = p * (f * (e.x + e.y + e.z + e.w) - b_delta[r]) * cs.y;
+              pf = p * f;
+            }
+          }
+          b_pf[(2u * kp + k) * B_PSTRIDE + r] = pf;
+          b_ds[(2u * kp + k) * B_PSTRIDE + r] = ds;
+        }
+      }
+      workgroupBarrier();
+      // dv += P f dout and dk += dS q over the tile's rows, at column groups rx + 8 j; a row of weight 0 adds
+      // nothing, whatever it holds (0 times inf is NaN).
+      for (var r = 0u; r < B_ROWS; r++) {
+        var w_pf = array<f32, 2>(b_pf[(2u * kp) * B_PSTRIDE + r], b_pf[(2u * kp + 1u) * B_PSTRIDE + r]);
+        var w_ds = array<f32, 2>(b_ds[(2u * kp) * B_PSTRIDE + r], b_ds[(2u * kp + 1u) * B_PSTRIDE + r]);
+        if (w_pf[0] == 0.0 && w_pf[1] == 0.0 && w_ds[0] == 0.0 && w_ds[1] == 0.0) { continue; }
+        for (var j = 0u; j < B_D4 / 8u; j++) {
+          let do_c = unpack4(bdo_rows[r * B_STRIDE + rx + 8u * j]);
+          let q_c = unpack4(bq_rows[r * B_STRIDE + rx + 8u * j]);
+          for (var k = 0u; k < 2u; k++) {
+            if (w_pf[k] != 0.0) { dv[k * B_D4 / 8u + j] = fma(vec4<f32>(w_pf[k]), do_c, dv[k * B_D4 / 8u + j]); }
+            if (w_ds[k] != 0.0) { dk[k * B_D4 / 8u + j] = fma(vec4<f32>(w_ds[k]), q_c, dk[k * B_D4 / 8u + j]); }
+          }
+        }
+      }
+      workgroupBarrier();
+    }
+  }
+  for (var k = 0u; k < 2u; k++) {
+    let j = keys[k];
+    if (j >= n_k) { continue; }
+    let dk_base = row_at(b, sq.k0, j, hk, P.dk_off, P.dk_sb, P.dk_ss, P.dk_sh);
+    let dv_base = row_at(b, sq.k0, j, hk, P.dv_off, P.dv_sb, P.dv_ss, P.dv_sh);
+    for (var x = 0u; x < B_D4 / 8u; x++) {
+      let c = 4u * (rx + 8u * x);
+      let gk = dk[k * B_D4 / 8u + x] * P.scale;
+      let gv = dv[k * B_D4 / 8u + x];
+      store_g1(dk_base + c, gk.x);
+      store_g1(dk_base + c + 1u, gk.y);
+      store_g1(dk_base + c + 2u, gk.z);
+      store_g1(dk_base + c + 3u, gk.w);
+      store_g2(dv_base + c, gv.x);
+      store_g2(dv_base + c + 1u, gv.y);
+      store_g2(dv_base + c + 2u, gv.z);
+      store_g2(dv_base + c + 3u, gv.w);
+    }
+  }
+}

@@ -266,20 +266,9 @@ var<workgroup> tv_rows: array<vec2<u32>, T_KEYS * T_STRIDE>;
 var<workgroup> t_weights: array<f32, T_ROWS * T_PSTRIDE>;     // p times the dropout factor
 var<workgroup> t_row_max: array<f32, T_ROWS * 8u>;            // each thread's maxima, then its sums
 
-// Four 16-bit elements as words (exact) and back.
-fn pack4(x: vec4<f32>) -> vec2<u32> {
-  if (select(P.dtype, FIXED_DTYPE, FIXED_DTYPE != 0u) == 1u) {
-    return vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
-  }
-  let w = bitcast<vec4<u32>>(x);
-  return vec2<u32>((w.x >> 16u) | (w.y & 0xffff0000u), (w.z >> 16u) | (w.w & 0xffff0000u));
-}
-fn unpack4(w: vec2<u32>) -> vec4<f32> {
-  if (select(P.dtype, FIXED_DTYPE, FIXED_DTYPE != 0u) == 1u) {
-    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-  }
-  return bitcast<vec4<f32>>(vec4<u32>(w.x << 16u, w.x & 0xffff0000u, w.y << 16u, w.y & 0xffff0000u));
-}
+fn tile_dtype() -> u32 { return select(P.dtype, FIXED_DTYPE, FIXED_DTYPE != 0u); }
+fn pack4(x: vec4<f32>) -> vec2<u32> { return pack4_16(x, tile_dtype()); }
+fn unpack4(w: vec2<u32>) -> vec4<f32> { return unpack4_16(w, tile_dtype()); }
 
 @compute @workgroup_size(128)
 fn tiled(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
