@@ -386,10 +386,10 @@ TEST(KernelChoiceOnWebGpu, EachDenseShapeRanItsKernel) {
     const conformance::CheckResult r = conformance::check_forward(*b, c);
     EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
     EXPECT_TRUE(ran(r.kernel, e.forward)) << c.describe() << " ran " << r.kernel;
-    // The backward's dk/dv: tiled where the forward is (no subgroup variant).
+    // The backward: tiled where the forward is (no subgroup variant).
     const conformance::CheckResult back = conformance::check_backward(*b, c);
     EXPECT_TRUE(back.passed) << c.describe() << ": " << back.detail;
-    EXPECT_EQ(back.kernel, std::string(e.forward).find("tiled") != std::string::npos ? "dense_backward_dkdv_tiled"
+    EXPECT_EQ(back.kernel, std::string(e.forward).find("tiled") != std::string::npos ? "dense_backward_tiled"
                                                                                      : "dense_backward_rows")
         << c.describe();
   }

@@ -368,18 +368,16 @@ class WebGpuBackend final : public Backend {
       all.push_back({table_buffer});
       return all;
     };
-    dispatch_chunked(dense_variant("dense_backward", p) + "#dq", P, y0, with({{dq.buffer}}),
-                     {groups(p.Sq, 64), p.B * p.H, 1}, 1);
-    // dk, dv: the tiled kernel for 16-bit inputs at head_dim 64 and 128 (16 keys a workgroup), else a key a thread.
+    // The tiled kernels for 16-bit inputs at head_dim 64 and 128 (dq: 32 rows a workgroup; dk, dv: 16 keys), else a
+    // row (a key) a thread.
     const bool tiled = choose_forward(p) == ForwardKernel::tiled;  // the same dtypes and head_dims
-    last_kernel_ = tiled ? "dense_backward_dkdv_tiled" : "dense_backward_rows";
-    if (tiled) {
-      dispatch_chunked(dense_variant("dense_backward", p) + (p.dtype == DType::f16 ? "+f16" : "+bf16") + "#dkdv_tiled",
-                       P, y0, with({{dk.buffer}, {dv.buffer}}), {groups(p.Sk, 16), p.B * p.Hkv, 1}, 1);
-    } else {
-      dispatch_chunked(dense_variant("dense_backward", p) + "#dkdv", P, y0, with({{dk.buffer}, {dv.buffer}}),
-                       {groups(p.Sk, 64), p.B * p.Hkv, 1}, 1);
-    }
+    last_kernel_ = tiled ? "dense_backward_tiled" : "dense_backward_rows";
+    const std::string shader =
+        dense_variant("dense_backward", p) + (tiled ? (p.dtype == DType::f16 ? "+f16" : "+bf16") : "");
+    dispatch_chunked(shader + (tiled ? "#dq_tiled" : "#dq"), P, y0, with({{dq.buffer}}),
+                     {groups(p.Sq, tiled ? 32 : 64), p.B * p.H, 1}, 1);
+    dispatch_chunked(shader + (tiled ? "#dkdv_tiled" : "#dkdv"), P, y0, with({{dk.buffer}, {dv.buffer}}),
+                     {groups(p.Sk, tiled ? 16 : 64), p.B * p.Hkv, 1}, 1);
     if (c.dsinks) {  // from the delta the dq kernel wrote; a ragged batch's [H, Tq] rows as one sequence
       const Placed dsinks = outputs.add(place(c.dsinks, p.H, 4, "dsinks"), p.H, 4);
       Params S;

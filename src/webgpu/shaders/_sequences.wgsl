@@ -23,3 +23,17 @@ fn shared_sequence(s: Sequence, lid: u32) -> Sequence {
   let w = workgroupUniformLoad(&seq_shared);
   return Sequence(w[0], w[1], w[2], w[3], bitcast<i32>(w[4]), w[5]);
 }
+
+// The keys [x, y) any of query rows [row0, row0 + rows) of sequence `s` can see, causal and window as the call's.
+fn visible_key_range(s: Sequence, row0: u32, rows: u32, causal: u32, window: i32) -> vec2<i32> {
+  let pos_first = i32(row0) + s.offset;
+  let pos_last = i32(min(row0 + rows, s.n_q) - 1u) + s.offset;
+  var k_begin = 0;
+  var k_end = i32(s.n_k);
+  if (causal != 0u && pos_last < k_end) { k_end = max(pos_last + 1, 0); }
+  if (window > 0) {
+    if (pos_first >= window) { k_begin = pos_first - window + 1; }
+    if (causal == 0u && pos_last < k_end - window) { k_end = max(pos_last + window, 0); }
+  }
+  return vec2<i32>(k_begin, k_end);
+}

@@ -331,6 +331,37 @@ fn tile_dtype() -> u32 { return select(P.dtype, FIXED_DTYPE, FIXED_DTYPE != 0u);
 fn pack4(x: vec4<f32>) -> vec2<u32> { return pack4_16(x, tile_dtype()); }
 fn unpack4(w: vec2<u32>) -> vec4<f32> { return unpack4_16(w, tile_dtype()); }
 
+// Query rows [row0, row0 + B_ROWS) of head h (q and dout; zeros past the sequence) into bq_rows and bdo_rows,
+// entry i of `threads` invocations at a time.
+fn load_query_rows(b: u32, s: Sequence, row0: u32, h: u32, tid: u32, threads: u32) {
+  for (var i = tid; i < B_ROWS * B_D4; i += threads) {
+    let row = row0 + i / B_D4;
+    var qv = vec4<f32>(0.0);
+    var dov = vec4<f32>(0.0);
+    if (row < s.n_q) {
+      qv = ld4(0u, row_at(b, s.q0, row, h, P.q_off, P.q_sb, P.q_ss, P.q_sh) + 4u * (i % B_D4));
+      dov = ld4(4u, row_at(b, s.q0, row, h, P.do_off, P.do_sb, P.do_ss, P.do_sh) + 4u * (i % B_D4));
+    }
+    bq_rows[(i / B_D4) * B_STRIDE + i % B_D4] = pack4(qv);
+    bdo_rows[(i / B_D4) * B_STRIDE + i % B_D4] = pack4(dov);
+  }
+}
+
+// Keys [key0, key0 + B_KEYS) of kv head hk (k and v; zeros past the sequence) into bk_rows and bv_rows.
+fn load_key_rows(b: u32, s: Sequence, key0: u32, hk: u32, tid: u32, threads: u32) {
+  for (var i = tid; i < B_KEYS * B_D4; i += threads) {
+    let j = key0 + i / B_D4;
+    var kv = vec4<f32>(0.0);
+    var vv = vec4<f32>(0.0);
+    if (j < s.n_k) {
+      kv = ld4(1u, row_at(b, s.k0, j, hk, P.k_off, P.k_sb, P.k_ss, P.k_sh) + 4u * (i % B_D4));
+      vv = ld4(2u, row_at(b, s.k0, j, hk, P.v_off, P.v_sb, P.v_ss, P.v_sh) + 4u * (i % B_D4));
+    }
+    bk_rows[(i / B_D4) * B_STRIDE + i % B_D4] = pack4(kv);
+    bv_rows[(i / B_D4) * B_STRIDE + i % B_D4] = pack4(vv);
+  }
+}
+
 // The query rows [x, y) of sequence `s` that any of keys [key0, key_end) can see (causal, window).
 fn visible_rows(s: Sequence, key0: u32, key_end: u32) -> vec2<u32> {
   var lo = 0;
@@ -356,17 +387,7 @@ fn dkdv_tiled(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_i
   let n_k = sq.n_k;
   let key0 = wid.x * B_KEYS;
   if (key0 >= n_k) { return; }  // a shorter sequence of a ragged batch (uniform: the whole workgroup)
-  for (var i = t; i < B_KEYS * B_D4; i += 64u) {
-    let j = key0 + i / B_D4;
-    var kv = vec4<f32>(0.0);
-    var vv = vec4<f32>(0.0);
-    if (j < n_k) {
-      kv = ld4(1u, row_at(b, sq.k0, j, hk, P.k_off, P.k_sb, P.k_ss, P.k_sh) + 4u * (i % B_D4));
-      vv = ld4(2u, row_at(b, sq.k0, j, hk, P.v_off, P.v_sb, P.v_ss, P.v_sh) + 4u * (i % B_D4));
-    }
-    bk_rows[(i / B_D4) * B_STRIDE + i % B_D4] = pack4(kv);
-    bv_rows[(i / B_D4) * B_STRIDE + i % B_D4] = pack4(vv);
-  }
+  load_key_rows(b, sq, key0, hk, t, 64u);
   var keys = array<u32, 2>(key0 + 2u * kp, key0 + 2u * kp + 1u);
   var dk: array<vec4<f32>, 2 * B_D4 / 8u>;  // key k's column group j at [k * B_D4 / 8 + j]
   var dv: array<vec4<f32>, 2 * B_D4 / 8u>;
@@ -379,17 +400,7 @@ fn dkdv_tiled(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_i
     let h = hk * group + g;
     let bh = b * P.H + h;
     for (var is = rows.x; is < rows.y; is += B_ROWS) {
-      for (var i = t; i < B_ROWS * B_D4; i += 64u) {
-        let row = is + i / B_D4;
-        var qv = vec4<f32>(0.0);
-        var dov = vec4<f32>(0.0);
-        if (row < n_q) {
-          qv = ld4(0u, row_at(b, sq.q0, row, h, P.q_off, P.q_sb, P.q_ss, P.q_sh) + 4u * (i % B_D4));
-          dov = ld4(4u, row_at(b, sq.q0, row, h, P.do_off, P.do_sb, P.do_ss, P.do_sh) + 4u * (i % B_D4));
-        }
-        bq_rows[(i / B_D4) * B_STRIDE + i % B_D4] = pack4(qv);
-        bdo_rows[(i / B_D4) * B_STRIDE + i % B_D4] = pack4(dov);
-      }
+      load_query_rows(b, sq, is, h, t, 64u);
       if (t < B_ROWS) {
         var l = bitcast<f32>(NEG_INF_BITS);
         var dl = 0.0;
@@ -482,6 +493,117 @@ fn dkdv_tiled(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_i
       store_g2(dv_base + c + 1u, gv.y);
       store_g2(dv_base + c + 2u, gv.z);
       store_g2(dv_base + c + 3u, gv.w);
+    }
+  }
+}
+
+// The tiled dq (entry point dq_tiled), for the same inputs as dkdv_tiled and with its workgroup memory: 128 threads
+// cover 32 query rows of one (batch, head) against tiles of 16 keys. Thread t holds rows 2 (t / 8) and
+// 2 (t / 8) + 1: it scores them against keys t % 8 and t % 8 + 8 (q.k and dout.v), and accumulates their dq at the
+// vec4 columns t % 8 + 8 j. Threads 0-31 first write each row's delta = <dout, out> (for dkdv and the sinks).
+@compute @workgroup_size(128)
+fn dq_tiled(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let t = lid.x;
+  let ty = t / 8u;
+  let tx = t % 8u;
+  let b = (P.y0 + wid.y) / P.H;
+  let h = (P.y0 + wid.y) % P.H;
+  let hk = h / (P.H / P.Hkv);
+  let sq = shared_sequence(sequence_of(b), t);
+  let n_q = sq.n_q;
+  let n_k = sq.n_k;
+  let row0 = wid.x * B_ROWS;
+  if (row0 >= n_q) { return; }  // a shorter sequence of a ragged batch (uniform: the whole workgroup)
+  let bh = b * P.H + h;
+  load_query_rows(b, sq, row0, h, t, 128u);
+  if (t < B_ROWS) {
+    let row = row0 + t;
+    var dl = 0.0;
+    var l = bitcast<f32>(NEG_INF_BITS);
+    if (row < n_q) {
+      let o_base = row_at(b, sq.q0, row, h, P.o_off, P.o_sb, P.o_ss, P.o_sh);
+      let do_base = row_at(b, sq.q0, row, h, P.do_off, P.do_sb, P.do_ss, P.do_sh);
+      var d4acc = vec4<f32>(0.0);
+      for (var c = 0u; c < B_D4; c++) { d4acc = fma(ld4(4u, do_base + 4u * c), ld4(3u, o_base + 4u * c), d4acc); }
+      dl = d4acc.x + d4acc.y + d4acc.z + d4acc.w;
+      DELTA[stat_at(b, h, sq, row)] = dl;
+      l = LSE[P.lse_off + stat_at(b, h, sq, row)];
+    }
+    b_delta[t] = dl;
+    b_lse[t] = l;
+  }
+  var acc: array<vec4<f32>, 2 * B_D4 / 8u>;  // row r's column group j at [r * B_D4 / 8 + j]
+  for (var j = 0u; j < 2u * B_D4 / 8u; j++) { acc[j] = vec4<f32>(0.0); }
+  let bounds = visible_key_range(sq, row0, B_ROWS, P.causal, P.window);
+  for (var ks = bounds.x; ks < bounds.y; ks += i32(B_KEYS)) {
+    load_key_rows(b, sq, u32(ks), hk, t, 128u);
+    workgroupBarrier();
+    // q.k and dout.v of rows (2 ty, 2 ty + 1) and keys (tx, tx + 8).
+    var qk: array<vec4<f32>, 4>;  // [r * 2 + k]
+    var dp: array<vec4<f32>, 4>;
+    for (var x = 0u; x < 4u; x++) {
+      qk[x] = vec4<f32>(0.0);
+      dp[x] = vec4<f32>(0.0);
+    }
+    for (var c = 0u; c < B_D4; c++) {
+      let qa = unpack4(bq_rows[(2u * ty) * B_STRIDE + c]);
+      let qb = unpack4(bq_rows[(2u * ty + 1u) * B_STRIDE + c]);
+      let da = unpack4(bdo_rows[(2u * ty) * B_STRIDE + c]);
+      let db = unpack4(bdo_rows[(2u * ty + 1u) * B_STRIDE + c]);
+      for (var k = 0u; k < 2u; k++) {
+        let kv = unpack4(bk_rows[(tx + 8u * k) * B_STRIDE + c]);
+        let vv = unpack4(bv_rows[(tx + 8u * k) * B_STRIDE + c]);
+        qk[k] = fma(qa, kv, qk[k]);
+        qk[2u + k] = fma(qb, kv, qk[2u + k]);
+        dp[k] = fma(da, vv, dp[k]);
+        dp[2u + k] = fma(db, vv, dp[2u + k]);
+      }
+    }
+    for (var r = 0u; r < 2u; r++) {
+      let row = row0 + 2u * ty + r;
+      for (var k = 0u; k < 2u; k++) {
+        let j = ks + i32(tx + 8u * k);
+        var ds = 0.0;
+        if (row < n_q && j < i32(n_k) && b_lse[2u * ty + r] > MASKED &&
+            key_visible(j, i32(row) + sq.offset, i32(n_k), P.causal, P.window)) {
+          let d = qk[r * 2u + k];
+          let cs = capped(d.x + d.y + d.z + d.w);
+          let s = score(cs.x, sq, h, row, u32(j));
+          if (s > MASKED) {
+            let p = probability(s, b_lse[2u * ty + r]);
+            let f = dropout_factor(P.dropout_p, P.seed, bh, row, u32(j));
+            let e = dp[r * 2u + k];
+            ds = p * (f * (e.x + e.y + e.z + e.w) - b_delta[2u * ty + r]) * cs.y;
+          }
+        }
+        b_ds[(tx + 8u * k) * B_PSTRIDE + 2u * ty + r] = ds;
+      }
+    }
+    workgroupBarrier();
+    // dq += dS k over the tile's keys at column groups tx + 8 j; a key of weight 0 adds nothing (0 times inf).
+    for (var k = 0u; k < B_KEYS; k++) {
+      let wa = b_ds[k * B_PSTRIDE + 2u * ty];
+      let wb = b_ds[k * B_PSTRIDE + 2u * ty + 1u];
+      if (wa == 0.0 && wb == 0.0) { continue; }
+      for (var j = 0u; j < B_D4 / 8u; j++) {
+        let kv = unpack4(bk_rows[k * B_STRIDE + tx + 8u * j]);
+        if (wa != 0.0) { acc[j] = fma(vec4<f32>(wa), kv, acc[j]); }
+        if (wb != 0.0) { acc[B_D4 / 8u + j] = fma(vec4<f32>(wb), kv, acc[B_D4 / 8u + j]); }
+      }
+    }
+    workgroupBarrier();
+  }
+  for (var r = 0u; r < 2u; r++) {
+    let row = row0 + 2u * ty + r;
+    if (row >= n_q) { continue; }
+    let dq_base = row_at(b, sq.q0, row, h, P.dq_off, P.dq_sb, P.dq_ss, P.dq_sh);
+    for (var x = 0u; x < B_D4 / 8u; x++) {
+      let c = 4u * (tx + 8u * x);
+      let g = acc[r * B_D4 / 8u + x] * P.scale;
+      store_g1(dq_base + c, g.x);
+      store_g1(dq_base + c + 1u, g.y);
+      store_g1(dq_base + c + 2u, g.z);
+      store_g1(dq_base + c + 3u, g.w);
     }
   }
 }

@@ -97,18 +97,8 @@ fn key_row(b: u32, s: Sequence, j: u32, hk: u32, off: u32, sb: u32, ss: u32, sh:
   return off + select(b * sb, 0u, P.kv_layout == 1u) + (s.k0 + j) * ss + hk * sh;
 }
 
-// The keys [x, y) any of query rows [row0, row0 + rows) of sequence `s` can see.
 fn visible_keys(s: Sequence, row0: u32, rows: u32) -> vec2<i32> {
-  let pos_first = i32(row0) + s.offset;
-  let pos_last = i32(min(row0 + rows, s.n_q) - 1u) + s.offset;
-  var k_begin = 0;
-  var k_end = i32(s.n_k);
-  if (P.causal != 0u && pos_last < k_end) { k_end = max(pos_last + 1, 0); }
-  if (P.window > 0) {
-    if (pos_first >= P.window) { k_begin = pos_first - P.window + 1; }
-    if (P.causal == 0u && pos_last < k_end - P.window) { k_end = max(pos_last + P.window, 0); }
-  }
-  return vec2<i32>(k_begin, k_end);
+  return visible_key_range(s, row0, rows, P.causal, P.window);
 }
 
 // The score of key j for the row at position `pos` whose mask row starts at `m_base`, in units, from q.k in units:
