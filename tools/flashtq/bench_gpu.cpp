@@ -1,6 +1,6 @@
 // `flashtq bench --gpu`: every available GPU backend (cuda, webgpu) side by side in one run, on
-// the same shapes: the dense f32 and f16 forward and TurboQuant decode (rotate + attend) over a packed
-// cache. Times are medians of repeated calls, each followed by the backend's synchronize().
+// the same shapes: the dense f32 and f16 forward and backward, TurboQuant decode and chunked prefill (rotate + attend)
+// over a packed cache. Times are medians of repeated calls, each followed by the backend's synchronize().
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -49,22 +49,39 @@ conformance::DeviceBuffer upload_as(Backend& b, const std::vector<float>& x, DTy
   return conformance::DeviceBuffer(b, h);
 }
 
-nlohmann::json dense_forward(Backend& b, std::int64_t S, DType dtype, int repeats) {
+// The dense forward (or, with `backward`, the backward after one forward) at B = 1, H = 16, D = 128, not causal.
+nlohmann::json dense(Backend& b, std::int64_t S, DType dtype, bool backward, int repeats) {
   const std::int64_t B = 1, H = 16, D = 128;
   std::mt19937_64 rng(3);
-  const std::size_t n = std::size_t(B * S * H * D);
+  const std::size_t n = std::size_t(B * S * H * D), bytes = n * dtype_size(dtype);
   conformance::DeviceBuffer q = upload_as(b, random_floats(n, rng), dtype),
                             k = upload_as(b, random_floats(n, rng), dtype),
-                            v = upload_as(b, random_floats(n, rng), dtype), o(b, n * dtype_size(dtype));
+                            v = upload_as(b, random_floats(n, rng), dtype),
+                            dout = upload_as(b, random_floats(n, rng), dtype), o(b, bytes), dq(b, bytes), dk(b, bytes),
+                            dv(b, bytes), lse(b, std::size_t(B * H * S) * 4);
   auto view = [&](void* p) { return TensorView::bshd(p, dtype, B, S, H, D, b.memory()); };
+  auto* lse_at = static_cast<float*>(lse.get());
+  auto forward = [&] {
+    ForwardArgs f{view(q.get()), view(k.get()), view(v.get()), view(o.get())};
+    f.lse = lse_at;
+    attention_forward(b, f, AttentionParams{});
+  };
+  if (backward) forward();
   const double s = median_synced(
       b,
       [&] {
-        attention_forward(b, {view(q.get()), view(k.get()), view(v.get()), view(o.get())}, AttentionParams{});
+        if (!backward) return forward();
+        attention_backward(b,
+                           {view(q.get()), view(k.get()), view(v.get()), view(o.get()), view(dout.get()), lse_at,
+                            view(dq.get()), view(dk.get()), view(dv.get())},
+                           AttentionParams{});
       },
       repeats);
-  const double flops = 4.0 * double(B * H) * double(S) * double(S) * double(D);
-  return {{"op", dtype == DType::f32 ? "dense_forward_f32" : "dense_forward_f16"},
+  // 4 B H S^2 D for the forward's two products, 2.5 times that for the backward's five.
+  const double flops = (backward ? 10.0 : 4.0) * double(B * H) * double(S) * double(S) * double(D);
+  const std::string op =
+      std::string(backward ? "dense_backward_" : "dense_forward_") + (dtype == DType::f32 ? "f32" : "f16");
+  return {{"op", op},
           {"B", B},
           {"S", S},
           {"H", H},
@@ -173,7 +190,8 @@ nlohmann::json bench_gpu_backends(bool quick) {
       rows.push_back(r);
     };
     for (std::int64_t S : quick ? std::vector<std::int64_t>{512} : std::vector<std::int64_t>{1024, 4096})
-      for (DType dtype : {DType::f32, DType::f16}) record(dense_forward(*b, S, dtype, repeats));
+      for (const bool backward : {false, true})
+        for (DType dtype : {DType::f32, DType::f16}) record(dense(*b, S, dtype, backward, repeats));
     using Decode = std::pair<std::int64_t, std::int64_t>;  // (batch, context)
     for (const auto& [batch, ctx] :
          quick ? std::vector<Decode>{{1, 4096}} : std::vector<Decode>{{1, 32768}, {8, 32768}})
