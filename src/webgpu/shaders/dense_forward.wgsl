@@ -101,10 +101,9 @@ fn visible_keys(s: Sequence, row0: u32, rows: u32) -> vec2<i32> {
   return visible_key_range(s, row0, rows, P.causal, P.window);
 }
 
-// The score of key j for the row at position `pos` whose mask row starts at `m_base`, in units, from q.k in units:
-// scaled, capped and masked (MASKED_UNITS where the key is not visible or the mask is -inf).
-fn score_units(dot: f32, j: i32, pos: i32, n_k: u32, m_base: u32) -> f32 {
-  if (!key_visible(j, pos, i32(n_k), P.causal, P.window)) { return MASKED_UNITS; }
+// The score of visible key j for the row whose mask row starts at `m_base`, in units, from q.k in units: scaled,
+// capped and masked (MASKED_UNITS where the mask is -inf). Callers check visibility before the product.
+fn score_units(dot: f32, j: i32, m_base: u32) -> f32 {
   var sc = P.scale * dot;
   if (P.softcap > 0.0) { sc = P.softcap * softcap_tanh(sc * PER_UNIT, P.softcap) * UNIT; }
   if (P.has_mask != 0u) {
@@ -200,7 +199,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         if (key_visible(j, pos, i32(n_k), P.causal, P.window)) {
           var dot4 = vec4<f32>(0.0);
           for (var c = 0u; c < d4; c++) { dot4 = fma(q[c], k_tile[u32(r) * d4 + c], dot4); }
-          sc = score_units(dot4.x + dot4.y + dot4.z + dot4.w, j, pos, n_k, m_base);
+          sc = score_units(dot4.x + dot4.y + dot4.z + dot4.w, j, m_base);
         }
         s[r] = sc;
         tile_max = max(tile_max, sc);
@@ -321,7 +320,10 @@ fn tiled(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wi
       for (var i = 0u; i < 4u; i++) {
         let d = dots[r * 4u + i];
         var sc = MASKED_UNITS;
-        if (rows[r] < n_q) { sc = score_units(d.x + d.y + d.z + d.w, ks + i32(tx + 8u * i), pos, n_k, m_base); }
+        let j = ks + i32(tx + 8u * i);
+        if (rows[r] < n_q && key_visible(j, pos, i32(n_k), P.causal, P.window)) {
+          sc = score_units(d.x + d.y + d.z + d.w, j, m_base);
+        }
         s[r * 4u + i] = sc;
         local_max = max(local_max, sc);
       }
