@@ -1,8 +1,9 @@
 // bench/cuda_dense: dense attention on the `cuda` backend (forward bf16/f16/f32 — f32 three ways:
 // the default error-compensated TF32, pedantic f32 FMAs and the opt-in TF32, each with its error
 // against a double reference on sampled rows — and backward bf16), D = 128, H = 16, B*S = 16k with
-// S = 1k, 4k, 16k, timed with CUDA events (median). Prints JSON; bench/cuda_dense.sh runs it beside
-// PyTorch SDPA in one run. `--varlen`: a ragged batch against its padded batch (varlen_rows).
+// S = 1k, 4k, 16k, timed with CUDA events (median); then bf16 rows at other head dims and with GQA
+// (shape_rows). Prints JSON; bench/cuda_dense.sh runs it beside PyTorch SDPA in one run. `--varlen`:
+// a ragged batch against its padded batch (varlen_rows); `--shapes`: the shape rows alone.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -130,6 +131,61 @@ nlohmann::json varlen_rows(flashtq::Backend& cuda) {
   return row;
 }
 
+// The shapes beside the D = 128 table (bf16, forward and backward, causal and not; bench/torch_dense.py times
+// SDPA over the same list in the same order): head_dim 64 and 256 at S = 4k, head_dim 512 at S = 1k (where
+// kernels without a tiled path at 512 still finish in seconds), and GQA (Hq = 32, Hkv = 8, D = 128) at S = 4k.
+struct ShapeRow {
+  std::int64_t B, S, Hq, Hkv, D;
+  int repeats;
+};
+constexpr ShapeRow kShapeRows[] = {
+    {4, 4096, 16, 16, 64, 20}, {4, 4096, 16, 16, 256, 20}, {16, 1024, 16, 16, 512, 3}, {4, 4096, 32, 8, 128, 20}};
+
+nlohmann::json shape_rows(flashtq::Backend& cuda) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const ShapeRow& s : kShapeRows) {
+    const std::size_t q_bytes = std::size_t(s.B * s.S * s.Hq * s.D) * 2, kv_bytes = std::size_t(s.B * s.S * s.Hkv * s.D) * 2;
+    std::vector<std::uint8_t> host(q_bytes);
+    for (std::size_t i = 0; i < q_bytes; ++i) host[i] = std::uint8_t((i * 2654435761u) >> 24) & 0x3B;
+    void *q, *k, *v, *o, *dq, *dk, *dv, *dout;
+    float* lse;
+    for (void** p : {&q, &k, &v, &o, &dq, &dk, &dv, &dout}) {
+      const std::size_t bytes = p == &k || p == &v || p == &dk || p == &dv ? kv_bytes : q_bytes;
+      cudaMalloc(p, bytes);
+      cudaMemcpy(*p, host.data(), bytes, cudaMemcpyHostToDevice);
+    }
+    cudaMalloc(&lse, std::size_t(s.B * s.Hq * s.S) * 4);
+    auto qv = [&](void* p) { return TensorView::bshd(p, DType::bf16, s.B, s.S, s.Hq, s.D, Memory::cuda); };
+    auto kv = [&](void* p) { return TensorView::bshd(p, DType::bf16, s.B, s.S, s.Hkv, s.D, Memory::cuda); };
+    for (bool causal : {false, true}) {
+      flashtq::AttentionParams params;
+      params.causal = causal;
+      const double flops = 4.0 * double(s.B * s.Hq) * double(s.S) * double(s.S) * double(s.D) * (causal ? 0.5 : 1.0);
+      const double fwd = flashtq::bench::time_ms(
+          [&] { flashtq::attention_forward(cuda, {qv(q), kv(k), kv(v), qv(o), lse}, params); }, nullptr, s.repeats, 1);
+      const std::string fwd_kernel = cuda.last_kernel();
+      const double bwd = flashtq::bench::time_ms(
+          [&] {
+            flashtq::attention_backward(cuda, {qv(q), kv(k), kv(v), qv(o), qv(dout), lse, qv(dq), kv(dk), kv(dv)},
+                                        params);
+          },
+          nullptr, s.repeats, 1);
+      nlohmann::json row = {{"dtype", "bf16"},          {"B", s.B},
+                            {"S", s.S},                 {"Hq", s.Hq},
+                            {"Hkv", s.Hkv},             {"D", s.D},
+                            {"causal", causal},         {"fwd_ms", fwd},
+                            {"fwd_kernel", fwd_kernel}, {"fwd_tflops", flops / (fwd * 1e-3) / 1e12},
+                            {"bwd_ms", bwd},            {"bwd_kernel", cuda.last_kernel()},
+                            {"bwd_tflops", 2.5 * flops / (bwd * 1e-3) / 1e12}};
+      std::fprintf(stderr, "%s\n", row.dump().c_str());
+      rows.push_back(row);
+    }
+    for (void* p : {q, k, v, o, dq, dk, dv, dout}) cudaFree(p);
+    cudaFree(lse);
+  }
+  return rows;
+}
+
 int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "";
   flashtq::Backend& cuda = flashtq::backend("cuda");
@@ -138,6 +194,11 @@ int main(int argc, char** argv) {
     return cudaGetLastError() == cudaSuccess ? 0 : 1;
   }
   nlohmann::json report;
+  if (only == "--shapes") {
+    report["shapes"] = shape_rows(cuda);
+    std::printf("%s\n", report.dump(2).c_str());
+    return cudaGetLastError() == cudaSuccess ? 0 : 1;
+  }
   const std::int64_t H = 16, D = 128;
   const std::vector<DType> dtypes = only == "--half"  ? std::vector<DType>{DType::bf16, DType::f16}
                                     : only == "--f32" ? std::vector<DType>{DType::f32}
@@ -211,6 +272,7 @@ int main(int argc, char** argv) {
       cudaFree(lse);
     }
   }
+  if (only.empty()) report["shapes"] = shape_rows(cuda);
   std::printf("%s\n", report.dump(2).c_str());
   return cudaGetLastError() == cudaSuccess ? 0 : 1;
 }

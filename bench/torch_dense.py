@@ -1,5 +1,7 @@
 """PyTorch SDPA dense baselines for bench/cuda_dense (same shapes, same run): flash, cuDNN and efficient
-backends, forward (and bf16 backward), plus the GPU's bf16 matrix peak (8192^3 matmul)."""
+backends, forward (and bf16 backward), plus the GPU's bf16 matrix peak (8192^3 matmul); then the shape rows
+(head_dim 64, 256, 512 and GQA, bf16) in bench/cuda_dense.cpp's order. A backend that cannot run a shape
+records why (its error's first line)."""
 import json
 import sys
 
@@ -27,6 +29,36 @@ def sampled_error(q, k, v, out, causal):
     return (num / den) ** 0.5
 
 
+# bench/cuda_dense.cpp's kShapeRows: (B, S, Hq, Hkv, D, repeats).
+SHAPE_ROWS = [(4, 4096, 16, 16, 64, 20), (4, 4096, 16, 16, 256, 20), (16, 1024, 16, 16, 512, 3),
+              (4, 4096, 32, 8, 128, 20)]
+
+
+def shape_rows(backends):
+    rows = []
+    for B, S, Hq, Hkv, D, repeats in SHAPE_ROWS:
+        q = torch.randn(B, Hq, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn_like(k, requires_grad=True)
+        for causal in (False, True):
+            row = {"dtype": "bf16", "B": B, "S": S, "Hq": Hq, "Hkv": Hkv, "D": D, "causal": causal}
+            for name, be in backends.items():
+                try:
+                    with sdpa_kernel([be]):
+                        def fwd():
+                            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hq != Hkv)
+                        row[name + "_fwd_ms"] = median_ms(fwd, repeats=repeats)
+                        out = fwd()
+                        g = torch.randn_like(out)
+                        row[name + "_bwd_ms"] = median_ms(
+                            lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True), repeats=repeats)
+                except RuntimeError as e:
+                    row[name + "_error"] = str(e).splitlines()[0][:160]
+            rows.append(row)
+            print(row, file=sys.stderr)
+    return rows
+
+
 def main():
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     mm_ms = median_ms(lambda: x @ x)
@@ -36,6 +68,8 @@ def main():
     dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
     if len(sys.argv) > 1:  # e.g. `torch_dense.py f32`: those dtypes only (quick comparisons while tuning)
         dtypes = {k: v for k, v in dtypes.items() if k in sys.argv[1:]}
+    if sys.argv[1:] in ([], ["shapes"]):  # `torch_dense.py shapes`: the shape rows alone
+        report["shapes"] = shape_rows(backends)
     for dname, dt in dtypes.items():
         for S in (1024, 4096, 16384):
             B = 16384 // S
