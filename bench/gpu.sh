@@ -22,8 +22,12 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 print(r["machine"]["gpu"], "commit", r["commit"])
 for row in r["gpu"]:
+    if "error" in row:
+        print(f"{row['backend']:>7} refused: {row['error']}")
+        continue
     if row["op"] == "limits":
-        print(f"limits (WebGPU kernels): copy {row['copy_gbs']:.0f} GB/s, f32 FMA {row['f32_fma_tflops']:.2f} TFLOP/s, "
+        print(f"limits (WebGPU): copy {row['copy_gbs']:.0f} GB/s (command {row.get('copy_command_gbs', 0):.0f}, "
+              f"kernel {row.get('copy_kernel_gbs', 0):.0f}), f32 FMA {row['f32_fma_tflops']:.2f} TFLOP/s, "
               f"f16 FMA {row['f16_fma_tflops']:.2f} TFLOP/s")
         continue
     if row["op"].startswith("dense"):

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -414,6 +415,27 @@ TEST(KernelChoiceOnWebGpu, EachDenseShapeRanItsKernel) {
   const conformance::CheckResult exact = conformance::check_tq_attend(*b, c);
   EXPECT_TRUE(exact.passed) << c.describe() << ": " << exact.detail;
   EXPECT_TRUE(ran(exact.kernel, "tq_attend_grouped")) << c.describe() << " ran " << exact.kernel;
+}
+
+// Many rows over a long context: the exact path's split-K parts stay within a workspace bound by splitting each
+// row's timesteps into longer pieces (here the bound is made tiny, so every split doubles as far as it may: up to
+// the row's length, or 32 key blocks where the layout keeps block means). A kernel that read only its first 256
+// timesteps of a split would miss keys and fail the oracle.
+TEST(KernelChoiceOnWebGpu, ExactRowsOverLongSplitsStillSeeEveryKey) {
+  Backend* b = nullptr;
+  for (Backend* x : all_backends())
+    if (x->name() == "webgpu" && x->available()) b = x;
+  if (!b) GTEST_SKIP() << "no WebGPU adapter here";
+  ASSERT_EQ(setenv("FLASHTQ_WEBGPU_SPLIT_WORKSPACE_BYTES", "4096", 1), 0);
+  conformance::TqCase c;
+  c.H = 4, c.tokens = 900, c.n_queries = 3, c.start_pos = 897, c.exact = true;
+  c.seed = 11, c.data_seed = fresh_seed();
+  for (const TqLayout& layout : {TqLayout{64, 2, 1024, 2, 2}, tq_preset_layout("default", 64, 2, 1024)}) {
+    c.layout = layout;
+    const conformance::CheckResult r = conformance::check_tq_attend(*b, c);
+    EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
+  }
+  unsetenv("FLASHTQ_WEBGPU_SPLIT_WORKSPACE_BYTES");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -465,12 +466,31 @@ void add_codebook(Params& P, const TqCodebook& cb) {
   for (int i = 0; i < 16; ++i) add_double(P, i < cb.levels - 1 ? cb.boundaries[std::size_t(i)] : 0.0);
 }
 
-constexpr std::int64_t kSplitTokens = 256;  // timesteps per workgroup of the attention kernel
+constexpr std::int64_t kSplitTokens = 256;  // timesteps per workgroup of the attention kernel, at least
 constexpr std::int64_t kHeadsPerGroup = 4;  // query heads of one kv head a workgroup serves (tq_attend.wgsl)
 constexpr std::int64_t kPrefillSteps = 8;   // timesteps a prefill_rows workgroup decodes (PREFILL_STEPS)
+// The split-K parts' workspace, at most: many rows fill the GPU with few splits each, and a part per 256
+// timesteps of 2048 rows over 32k would be 4 GB, past what adapters bind. FLASHTQ_WEBGPU_SPLIT_WORKSPACE_BYTES
+// sets another bound (tests reach the longer splits with small problems through it).
+std::int64_t split_workspace_bytes() {
+  const char* env = std::getenv("FLASHTQ_WEBGPU_SPLIT_WORKSPACE_BYTES");
+  return env != nullptr ? std::max<std::int64_t>(1, std::atoll(env)) : std::int64_t(128) << 20;
+}
 
-std::int64_t n_splits(const TqAttendCall& c) {
-  return std::max<std::int64_t>(1, (c.longest_row + kSplitTokens - 1) / kSplitTokens);
+// The attention kernel's split of each row's timesteps: 256 a workgroup, doubled while the parts would
+// exceed split_workspace_bytes() and a split's key blocks fit the kernel's 33 block-mean dots (tq_attend.wgsl).
+struct SplitPlan {
+  std::int64_t splits, tokens;
+};
+SplitPlan split_plan(const TqAttendCall& c) {
+  const TqLayout& l = c.layout();
+  const std::int64_t part_bytes = c.rows() * c.n_heads * (l.head_dim + 2) * 4;
+  const std::int64_t longest_split = l.key_block > 0 ? 32 * std::int64_t(l.key_block) : c.longest_row;
+  std::int64_t tokens = kSplitTokens;
+  auto splits = [&] { return std::max<std::int64_t>(1, (c.longest_row + tokens - 1) / tokens); };
+  while (2 * tokens <= longest_split && tokens < c.longest_row && splits() * part_bytes > split_workspace_bytes())
+    tokens *= 2;
+  return {splits(), tokens};
 }
 
 // The encoder's modes (tq_encode.wgsl): rows of x into their slots; rows of x into the exact rows of a
@@ -708,7 +728,7 @@ std::optional<PrefillPlan> prefill_plan(const Backend& b, const TqAttendCall& c)
 }
 
 std::size_t WebGpuBackend::tq_attend_workspace(const TqAttendCall& c) const {
-  const std::size_t split_k = std::size_t(c.rows() * c.n_heads * n_splits(c) * (c.layout().head_dim + 2));
+  const std::size_t split_k = std::size_t(c.rows() * c.n_heads * split_plan(c).splits * (c.layout().head_dim + 2));
   const std::optional<PrefillPlan> plan = prefill_plan(*this, c);
   return std::max<std::size_t>(split_k, plan ? std::size_t(plan->words) : 0) * sizeof(float);
 }
@@ -717,7 +737,8 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
   last_kernel_ = subgroups_of_at_least(32) ? "tq_attend_grouped_subgroups" : "tq_attend_grouped";
   Context& ctx = Context::get();
   const TqLayout& l = c.layout();
-  const std::int64_t D = l.head_dim, rows = c.rows(), splits = n_splits(c);
+  const std::int64_t D = l.head_dim, rows = c.rows();
+  const auto [splits, split_tokens] = split_plan(c);
   const Placed scratch = place(c.scratch, c.scratch_layout.floats(), 4, "scratch");
   const std::int64_t images = l.paged() ? 1 : c.batch;  // a pool is one image, shared
   const Placed keys = place(c.k_cache, images * l.key_words(), 4, "k_cache");
@@ -743,7 +764,7 @@ void WebGpuBackend::tq_attend(const TqAttendCall& c) {
       .i(std::min<std::int64_t>(c.max_seq, std::numeric_limits<std::int32_t>::max()), "max_seq")
       .u(c.start_positions ? 1 : 0)
       .u(starts.offset, "start_positions");
-  P.f(c.scale).f(c.qjl_scale).u(splits).u(kSplitTokens);
+  P.f(c.scale).f(c.qjl_scale).u(splits).u(split_tokens);
   P.u(scratch.offset, "scratch")
       .u(c.scratch_layout.region(), "q_cap")
       .u(keys.offset, "k_cache")

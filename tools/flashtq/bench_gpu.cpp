@@ -162,15 +162,17 @@ nlohmann::json bench_gpu_backends(bool quick) {
   nlohmann::json rows = nlohmann::json::array();
   // The GPU's limits, measured through WebGPU (the same GPU the cuda rows run on): each row's fraction of them.
   struct Peaks {
-    double copy_gbs, f32_tflops, f16_tflops;
+    double copy_gbs, copy_command_gbs, copy_kernel_gbs, f32_tflops, f16_tflops;
   };
   std::optional<Peaks> peaks;
 #ifdef FLASHTQ_HAVE_WEBGPU
-  if (const auto p = webgpu::measure_peaks()) peaks = Peaks{p->copy_gbs, p->f32_tflops, p->f16_tflops};
+  if (const auto p = webgpu::measure_peaks()) peaks = Peaks{p->copy_gbs, p->copy_command_gbs, p->copy_kernel_gbs, p->f32_tflops, p->f16_tflops};
 #endif
   if (peaks) {
     nlohmann::json r = {{"op", "limits"},
                         {"copy_gbs", peaks->copy_gbs},
+                        {"copy_command_gbs", peaks->copy_command_gbs},
+                        {"copy_kernel_gbs", peaks->copy_kernel_gbs},
                         {"f32_fma_tflops", peaks->f32_tflops},
                         {"f16_fma_tflops", peaks->f16_tflops},
                         {"backend", "webgpu"}};
@@ -181,7 +183,20 @@ nlohmann::json bench_gpu_backends(bool quick) {
     if (b->memory() == Memory::host) continue;
     fmt::print(stderr, "gpu bench: {} on {}\n", b->name(), b->description());
     const int repeats = quick ? 3 : 10;
-    auto record = [&](nlohmann::json r) {
+    // A row a backend refuses (a problem past its adapter's limits) is recorded with the reason, and the rest run.
+    auto attempt = [&](auto&& row) -> std::optional<nlohmann::json> {
+      try {
+        return row();
+      } catch (const Error& e) {
+        const nlohmann::json r = {{"backend", b->name()}, {"error", e.what()}};
+        fmt::print(stderr, "{}\n", r.dump());
+        rows.push_back(r);
+        return std::nullopt;
+      }
+    };
+    auto record = [&](std::optional<nlohmann::json> maybe) {
+      if (!maybe) return;
+      nlohmann::json r = *std::move(maybe);
       if (peaks && r.contains("tflops")) r["fraction_of_f32_fma_peak"] = r["tflops"].get<double>() / peaks->f32_tflops;
       if (peaks && r.contains("packed_gbs")) r["fraction_of_copy_bw"] = r["packed_gbs"].get<double>() / peaks->copy_gbs;
       r["backend"] = b->name();
@@ -191,16 +206,18 @@ nlohmann::json bench_gpu_backends(bool quick) {
     };
     for (std::int64_t S : quick ? std::vector<std::int64_t>{512} : std::vector<std::int64_t>{1024, 4096})
       for (const bool backward : {false, true})
-        for (DType dtype : {DType::f32, DType::f16}) record(dense(*b, S, dtype, backward, repeats));
+        for (DType dtype : {DType::f32, DType::f16})
+          record(attempt([&] { return dense(*b, S, dtype, backward, repeats); }));
     using Decode = std::pair<std::int64_t, std::int64_t>;  // (batch, context)
     for (const auto& [batch, ctx] :
          quick ? std::vector<Decode>{{1, 4096}} : std::vector<Decode>{{1, 32768}, {8, 32768}})
-      record(turboquant_attend(*b, batch, ctx, 1, false, repeats));
+      record(attempt([&] { return turboquant_attend(*b, batch, ctx, 1, false, repeats); }));
     // Chunked prefill, the bf16-class path and the exact one (quick: within lavapipe's loop limit).
     using Chunk = std::pair<std::int64_t, std::int64_t>;  // (context, chunk)
     for (const auto& [ctx, chunk] :
          quick ? std::vector<Chunk>{{768, 128}} : std::vector<Chunk>{{32768, 512}, {32768, 2048}})
-      for (const bool exact : {false, true}) record(turboquant_attend(*b, 1, ctx, chunk, exact, repeats));
+      for (const bool exact : {false, true})
+        record(attempt([&] { return turboquant_attend(*b, 1, ctx, chunk, exact, repeats); }));
   }
   return rows;
 }
