@@ -144,7 +144,8 @@ constexpr ShapeRow kShapeRows[] = {
 nlohmann::json shape_rows(flashtq::Backend& cuda) {
   nlohmann::json rows = nlohmann::json::array();
   for (const ShapeRow& s : kShapeRows) {
-    const std::size_t q_bytes = std::size_t(s.B * s.S * s.Hq * s.D) * 2, kv_bytes = std::size_t(s.B * s.S * s.Hkv * s.D) * 2;
+    const std::size_t q_bytes = std::size_t(s.B * s.S * s.Hq * s.D) * 2,
+                      kv_bytes = std::size_t(s.B * s.S * s.Hkv * s.D) * 2;
     std::vector<std::uint8_t> host(q_bytes);
     for (std::size_t i = 0; i < q_bytes; ++i) host[i] = std::uint8_t((i * 2654435761u) >> 24) & 0x3B;
     void *q, *k, *v, *o, *dq, *dk, *dv, *dout;
@@ -162,7 +163,10 @@ nlohmann::json shape_rows(flashtq::Backend& cuda) {
       params.causal = causal;
       const double flops = 4.0 * double(s.B * s.Hq) * double(s.S) * double(s.S) * double(s.D) * (causal ? 0.5 : 1.0);
       const double fwd = flashtq::bench::time_ms(
-          [&] { flashtq::attention_forward(cuda, {qv(q), kv(k), kv(v), qv(o), lse}, params); }, nullptr, s.repeats, 1);
+          [&] {
+            flashtq::attention_forward(cuda, {qv(q), kv(k), kv(v), qv(o), lse}, params);
+          },
+          nullptr, s.repeats, 1);
       const std::string fwd_kernel = cuda.last_kernel();
       const double bwd = flashtq::bench::time_ms(
           [&] {
@@ -170,12 +174,18 @@ nlohmann::json shape_rows(flashtq::Backend& cuda) {
                                         params);
           },
           nullptr, s.repeats, 1);
-      nlohmann::json row = {{"dtype", "bf16"},          {"B", s.B},
-                            {"S", s.S},                 {"Hq", s.Hq},
-                            {"Hkv", s.Hkv},             {"D", s.D},
-                            {"causal", causal},         {"fwd_ms", fwd},
-                            {"fwd_kernel", fwd_kernel}, {"fwd_tflops", flops / (fwd * 1e-3) / 1e12},
-                            {"bwd_ms", bwd},            {"bwd_kernel", cuda.last_kernel()},
+      nlohmann::json row = {{"dtype", "bf16"},
+                            {"B", s.B},
+                            {"S", s.S},
+                            {"Hq", s.Hq},
+                            {"Hkv", s.Hkv},
+                            {"D", s.D},
+                            {"causal", causal},
+                            {"fwd_ms", fwd},
+                            {"fwd_kernel", fwd_kernel},
+                            {"fwd_tflops", flops / (fwd * 1e-3) / 1e12},
+                            {"bwd_ms", bwd},
+                            {"bwd_kernel", cuda.last_kernel()},
                             {"bwd_tflops", 2.5 * flops / (bwd * 1e-3) / 1e12}};
       std::fprintf(stderr, "%s\n", row.dump().c_str());
       rows.push_back(row);

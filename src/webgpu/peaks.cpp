@@ -65,9 +65,16 @@ std::optional<Peaks> measure_peaks() {
     const std::uint64_t bytes = cpu ? (std::uint64_t(32) << 20) : (std::uint64_t(512) << 20);
     const std::uint32_t words = std::uint32_t(bytes / 16), groups = cpu ? 64 : 8192, runs = cpu ? 1 : 8;
     Allocation src(ctx, bytes), dst(ctx, bytes);
-    auto gbs = [&](auto&& run) { return 2.0 * double(bytes) * runs / median_seconds(ctx, [&] {
-                                   for (std::uint32_t i = 0; i < runs; ++i) run();
-                                 }, 10) / 1e9; };
+    auto gbs = [&](auto&& run) {
+      return 2.0 * double(bytes) * runs /
+             median_seconds(
+                 ctx,
+                 [&] {
+                   for (std::uint32_t i = 0; i < runs; ++i) run();
+                 },
+                 10) /
+             1e9;
+    };
     p.copy_command_gbs = gbs([&] { ctx.copy(src.buffer(), 0, dst.buffer(), 0, bytes); });
     p.copy_kernel_gbs = gbs([&] {
       ctx.dispatch("peak_copy", {words, groups * 256, 0, 0}, {{src.buffer()}, {dst.buffer()}}, groups, 1, 1);

@@ -166,7 +166,8 @@ nlohmann::json bench_gpu_backends(bool quick) {
   };
   std::optional<Peaks> peaks;
 #ifdef FLASHTQ_HAVE_WEBGPU
-  if (const auto p = webgpu::measure_peaks()) peaks = Peaks{p->copy_gbs, p->copy_command_gbs, p->copy_kernel_gbs, p->f32_tflops, p->f16_tflops};
+  if (const auto p = webgpu::measure_peaks())
+    peaks = Peaks{p->copy_gbs, p->copy_command_gbs, p->copy_kernel_gbs, p->f32_tflops, p->f16_tflops};
 #endif
   if (peaks) {
     nlohmann::json r = {{"op", "limits"},
