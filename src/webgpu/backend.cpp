@@ -142,10 +142,7 @@ enum class ForwardKernel { tiled, rows };
 // Whether the kernels' subgroup variants can run: the device has subgroups of at least `lanes` invocations (the
 // kernels reduce over `lanes` neighbouring invocations by shuffles, taking a subgroup's lanes in invocation order,
 // as Vulkan, Metal and D3D12 drivers lay out a one-dimensional workgroup).
-bool subgroups_of_at_least(std::uint32_t lanes) {
-  const Features& f = Context::get().features();
-  return f.subgroups && f.subgroup_min_size >= lanes;
-}
+bool subgroups_of_at_least(std::uint32_t lanes) { return Context::get().subgroup_lanes() >= lanes; }
 
 ForwardKernel choose_forward(const DenseProblem& p) {
   const bool half = p.dtype == DType::f16 || p.dtype == DType::bf16;

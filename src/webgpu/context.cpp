@@ -10,6 +10,7 @@
 
 #define WGPU_SKIP_DECLARATIONS
 #include <webgpu.h>
+#include <wgpu.h>  // wgpu-native's own features (subgroups)
 
 #include "flashtq/error.hpp"
 #include "webgpu/shaders.hpp"
@@ -150,6 +151,8 @@ Context::Context() {
   w.AdapterGetInfo(dev_->adapter, &info);
   dev_->description = text(info.device) + " (" + text(info.description) + ")";
   dev_->cpu = info.adapterType == WGPUAdapterType_CPU;
+  constexpr std::uint32_t kNvidia = 0x10DE, kApple = 0x106B;
+  dev_->features.subgroup_size_fixed = dev_->cpu || info.vendorID == kNvidia || info.vendorID == kApple;
   dev_->features.subgroup_min_size = info.subgroupMinSize;
   dev_->features.subgroup_max_size = info.subgroupMaxSize;
   w.AdapterInfoFreeMembers(info);
@@ -160,9 +163,13 @@ Context::Context() {
   std::vector<WGPUFeatureName> wanted;
   const char* features_env = std::getenv("FLASHTQ_WEBGPU_FEATURES");
   const bool optional_allowed = !features_env || std::string(features_env) != "none";
-  if (optional_allowed && w.AdapterHasFeature(dev_->adapter, WGPUFeatureName_Subgroups)) {
-    wanted.push_back(WGPUFeatureName_Subgroups);
-    dev_->features.subgroups = true;
+  // Subgroups: the standard feature, or wgpu-native's own (0.32 offers only the latter, on Vulkan and Metal).
+  for (const WGPUFeatureName subgroups :
+       {WGPUFeatureName_Subgroups, static_cast<WGPUFeatureName>(WGPUNativeFeature_Subgroup)}) {
+    if (optional_allowed && !dev_->features.subgroups && w.AdapterHasFeature(dev_->adapter, subgroups)) {
+      wanted.push_back(subgroups);
+      dev_->features.subgroups = true;
+    }
   }
   if (optional_allowed && w.AdapterHasFeature(dev_->adapter, WGPUFeatureName_ShaderF16)) {
     wanted.push_back(WGPUFeatureName_ShaderF16);
@@ -237,13 +244,43 @@ std::string Context::unusable_reason() {
   return unusable_reason_text();
 }
 
-std::string Context::adapter_description() const {
+std::string Context::adapter_description() {
+  const std::uint32_t lanes = subgroup_lanes();
   std::string optional;
   if (dev_->features.subgroups) optional += "subgroups";
+  if (lanes != 0) optional += " of " + std::to_string(lanes);
   if (dev_->features.shader_f16) optional += std::string(optional.empty() ? "" : ", ") + "shader-f16";
   return dev_->description + " [" + (optional.empty() ? std::string("no optional features") : optional) + "]";
 }
 const Features& Context::features() const { return dev_->features; }
+
+std::uint32_t Context::subgroup_lanes() {
+  std::call_once(lanes_once_, [this] {
+    const Features& f = dev_->features;
+    if (!f.subgroups) return;
+    if (f.subgroup_min_size != 0) {
+      lanes_ = f.subgroup_min_size;
+      return;
+    }
+    if (!f.subgroup_size_fixed) return;
+    constexpr std::uint32_t kInvocations = 128;
+    std::vector<std::uint32_t> seen(kInvocations, 0);
+    void* out = allocate(sizeof(std::uint32_t) * kInvocations);
+    try {
+      dispatch("subgroup_probe", {0, 0, 0, 0}, {{locate(out, 4 * kInvocations, "probe").buffer}}, 1, 1, 1);
+      download(seen.data(), out, 4 * kInvocations);
+    } catch (const Error&) {
+      seen.assign(kInvocations, 0);  // no probe, no subgroup variants
+    }
+    release(out);
+    const std::uint32_t size = seen[0] & 0xFFFFu;
+    if (size == 0 || kInvocations % size != 0) return;
+    for (std::uint32_t i = 0; i < kInvocations; ++i)
+      if ((seen[i] & 0xFFFFu) != size || (seen[i] >> 16) != i % size) return;
+    lanes_ = size;
+  });
+  return lanes_;
+}
 bool Context::is_cpu_adapter() const { return dev_->cpu; }
 std::uint32_t Context::max_groups_per_dimension() const { return dev_->limits.maxComputeWorkgroupsPerDimension; }
 

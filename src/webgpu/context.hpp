@@ -41,6 +41,9 @@ struct Features {
   bool shader_f16 = false;
   std::uint32_t subgroup_min_size = 0;  // the adapter's range (0 when unknown)
   std::uint32_t subgroup_max_size = 0;
+  // Whether every pipeline gets the same subgroup size (NVIDIA, Apple, a CPU adapter): then one measured
+  // size stands for all, where the adapter reports none.
+  bool subgroup_size_fixed = false;
 };
 
 class Context {
@@ -53,8 +56,12 @@ class Context {
   static std::string unusable_reason();
 
   // The adapter and, in brackets, the optional features in use.
-  std::string adapter_description() const;
+  std::string adapter_description();
   const Features& features() const;
+  // The subgroup size every kernel may count on, with subgroups of consecutive invocations (lane = local index
+  // mod size): the adapter's minimum where it reports one, else where the size is fixed one measured by a probe
+  // kernel once (wgpu-native 0.32 reports none); 0 without subgroups or when not known.
+  std::uint32_t subgroup_lanes();
   bool is_cpu_adapter() const;
 
   void* allocate(std::size_t bytes);
@@ -103,6 +110,8 @@ class Context {
   std::map<std::string, void*> pipelines_;
   std::map<int, std::pair<void*, std::uint64_t>> scratch_;
   std::map<int, void*> dummies_;
+  std::once_flag lanes_once_;
+  std::uint32_t lanes_ = 0;
 };
 
 }  // namespace flashtq::webgpu
