@@ -367,10 +367,15 @@ TEST(KernelChoiceOnWebGpu, EachDenseShapeRanItsKernel) {
   for (Backend* x : all_backends())
     if (x->name() == "webgpu" && x->available()) b = x;
   if (!b) GTEST_SKIP() << "no WebGPU adapter here";
-  // With subgroups (of enough lanes, which only the backend sees) the fast kernels run their subgroup variants.
-  const bool subgroups = b->description().find("subgroups") != std::string::npos;
-  auto ran = [subgroups](const std::string& kernel, const std::string& want) {
-    return kernel == want || (subgroups && kernel == want + "_subgroups");
+  // With subgroups of enough lanes (the description says how many: "subgroups of N") the fast kernels must run
+  // their subgroup variants: the tiled forward from 8 lanes, TurboQuant attention from 32; without, the others.
+  const std::string description = b->description();
+  const std::size_t of = description.find("subgroups of ");
+  const long lanes = of == std::string::npos ? 0 : std::stol(description.substr(of + 13));
+  auto ran = [lanes](const std::string& kernel, const std::string& want) {
+    const bool variant = want == "dense_forward_tiled" || want == "tq_attend_grouped";
+    const long least = want == "tq_attend_grouped" ? 32 : 8;
+    return kernel == (variant && lanes >= least ? want + "_subgroups" : want);
   };
   struct Expect {
     DType t;
