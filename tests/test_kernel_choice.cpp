@@ -242,11 +242,12 @@ TEST(KernelChoice, TurboQuantDecodeOfEveryPreset) {
 }
 
 // On the GPU: the kernel that served each case (Backend::last_kernel) is the one meant for it.
-Backend* gpu() {
+Backend* available_backend(const std::string& name) {
   for (Backend* b : all_backends())
-    if (b->name() == "cuda" && b->available()) return b;
+    if (b->name() == name && b->available()) return b;
   return nullptr;
 }
+Backend* gpu() { return available_backend("cuda"); }
 
 conformance::DenseCase dense_case(DType t, std::int64_t D, bool pedantic = false, std::int64_t Sq = 200,
                                   std::int64_t Sk = 200) {
@@ -363,9 +364,7 @@ TEST(KernelChoiceOnGpu, TurboQuantChunksRanTheBf16Prefill) {
 // On a WebGPU adapter (lavapipe in CI): the tiled forward serves 16-bit inputs at head_dim 64 and 128 with every
 // feature on, the one-row-a-thread kernel the rest; TurboQuant attention its grouped kernel.
 TEST(KernelChoiceOnWebGpu, EachDenseShapeRanItsKernel) {
-  Backend* b = nullptr;
-  for (Backend* x : all_backends())
-    if (x->name() == "webgpu" && x->available()) b = x;
+  Backend* b = available_backend("webgpu");
   if (!b) GTEST_SKIP() << "no WebGPU adapter here";
   // With subgroups of enough lanes (the description says how many: "subgroups of N") the fast kernels must run
   // their subgroup variants: the tiled forward from 8 lanes, TurboQuant attention from 32; without, the others.
@@ -427,9 +426,7 @@ TEST(KernelChoiceOnWebGpu, EachDenseShapeRanItsKernel) {
 // the row's length, or 32 key blocks where the layout keeps block means). A kernel that read only its first 256
 // timesteps of a split would miss keys and fail the oracle.
 TEST(KernelChoiceOnWebGpu, ExactRowsOverLongSplitsStillSeeEveryKey) {
-  Backend* b = nullptr;
-  for (Backend* x : all_backends())
-    if (x->name() == "webgpu" && x->available()) b = x;
+  Backend* b = available_backend("webgpu");
   if (!b) GTEST_SKIP() << "no WebGPU adapter here";
   ASSERT_EQ(setenv("FLASHTQ_WEBGPU_SPLIT_WORKSPACE_BYTES", "4096", 1), 0);
   conformance::TqCase c;
