@@ -29,6 +29,13 @@ double median_ms(F&& f) {
   return flashtq::bench::time_ms(f, nullptr, 20, 1);
 }
 
+// `bytes` of 16-bit elements with small finite values (a hash of the byte index; no NaN or infinity).
+std::vector<std::uint8_t> small_finite_bytes(std::size_t bytes) {
+  std::vector<std::uint8_t> host(bytes);
+  for (std::size_t i = 0; i < bytes; ++i) host[i] = std::uint8_t((i * 2654435761u) >> 24) & 0x3B;
+  return host;
+}
+
 // An f32 problem's host copies ([B, S, H, D]), for the error below.
 struct Inputs {
   const float *q, *k, *v;
@@ -88,8 +95,7 @@ nlohmann::json varlen_rows(flashtq::Backend& cuda) {
   }
   const std::int64_t T = cu.back(), padded = B * longest;
   const std::size_t bytes = std::size_t(padded * H * D) * 2;
-  std::vector<std::uint8_t> host(bytes);
-  for (std::size_t i = 0; i < bytes; ++i) host[i] = std::uint8_t((i * 2654435761u) >> 24) & 0x3B;
+  const std::vector<std::uint8_t> host = small_finite_bytes(bytes);
   void *q, *k, *v, *o, *dq, *dk, *dv, *dout;
   float* lse;
   for (void** p : {&q, &k, &v, &o, &dq, &dk, &dv, &dout}) {
@@ -146,8 +152,7 @@ nlohmann::json shape_rows(flashtq::Backend& cuda) {
   for (const ShapeRow& s : kShapeRows) {
     const std::size_t q_bytes = std::size_t(s.B * s.S * s.Hq * s.D) * 2,
                       kv_bytes = std::size_t(s.B * s.S * s.Hkv * s.D) * 2;
-    std::vector<std::uint8_t> host(q_bytes);
-    for (std::size_t i = 0; i < q_bytes; ++i) host[i] = std::uint8_t((i * 2654435761u) >> 24) & 0x3B;
+    const std::vector<std::uint8_t> host = small_finite_bytes(q_bytes);
     void *q, *k, *v, *o, *dq, *dk, *dv, *dout;
     float* lse;
     for (void** p : {&q, &k, &v, &o, &dq, &dk, &dv, &dout}) {
@@ -219,16 +224,12 @@ int main(int argc, char** argv) {
       const std::size_t n = std::size_t(B * S * H * D), bytes = n * flashtq::dtype_size(dtype);
       // f32: standard normal values, q, k and v independent (the errors below are measured on them).
       auto fill = [&](unsigned seed) {
+        if (dtype != DType::f32) return small_finite_bytes(bytes);
         std::vector<std::uint8_t> host(bytes);
-        if (dtype == DType::f32) {
-          std::mt19937 rng(seed);
-          std::normal_distribution<float> normal;
-          auto* x = reinterpret_cast<float*>(host.data());
-          for (std::size_t i = 0; i < n; ++i) x[i] = normal(rng);
-        } else {
-          for (std::size_t i = 0; i < bytes; ++i)
-            host[i] = std::uint8_t((i * 2654435761u) >> 24) & 0x3B;  // small finite values
-        }
+        std::mt19937 rng(seed);
+        std::normal_distribution<float> normal;
+        auto* x = reinterpret_cast<float*>(host.data());
+        for (std::size_t i = 0; i < n; ++i) x[i] = normal(rng);
         return host;
       };
       const std::vector<std::uint8_t> host_q = fill(1), host_k = fill(2), host_v = fill(3);
