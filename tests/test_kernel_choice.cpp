@@ -191,7 +191,7 @@ TEST(KernelChoice, TurboQuantChunksGoToTheBf16Prefill) {
   EXPECT_EQ(cuda::choose_tq_attend(chunk_call(seed, 512, 0), kAmpere), TqAttendKernel::prefill_bf16);  // mma tiles
   EXPECT_EQ(cuda::choose_tq_attend(chunk_call(preset, 2048, 2048), kHopper), TqAttendKernel::prefill_bf16);
   // Fewer rows than the prefill pays for: each row reads the words (the seed's tensor-core decode here).
-  EXPECT_EQ(cuda::choose_tq_attend(chunk_call(seed, n - 1, 1000), kHopper), TqAttendKernel::decode_mma);
+  EXPECT_EQ(cuda::choose_tq_attend(chunk_call(seed, n - 1, 1000), kHopper), TqAttendKernel::decode_mma_bf16);
   // head_dim 256 has no mma tiles for the dense forward: off Hopper each row reads the words (the presets' decode).
   EXPECT_EQ(cuda::choose_tq_attend(chunk_call(preset, 512, 0), kAmpere), TqAttendKernel::decode_tc);
   TqAttendCall exact = chunk_call(seed, 512, 1000);
@@ -200,10 +200,10 @@ TEST(KernelChoice, TurboQuantChunksGoToTheBf16Prefill) {
   TqAttendCall ragged = chunk_call(seed, 512, 1000);
   const std::int32_t starts[2] = {0, 7};
   ragged.start_positions = starts;  // positions on the device: the host cannot size one dense problem
-  EXPECT_EQ(cuda::choose_tq_attend(ragged, kHopper), TqAttendKernel::decode_mma);
+  EXPECT_EQ(cuda::choose_tq_attend(ragged, kHopper), TqAttendKernel::decode_mma_bf16);
   TqAttendCall clamped = chunk_call(seed, 512, 1000);
   clamped.max_seq = 1200;  // rows past max_seq see a clamped prefix, which no causal offset describes
-  EXPECT_EQ(cuda::choose_tq_attend(clamped, kHopper), TqAttendKernel::decode_mma);
+  EXPECT_EQ(cuda::choose_tq_attend(clamped, kHopper), TqAttendKernel::decode_mma_bf16);
 
   // The dense problem: keys from the window's first visible timestep, row j at start + j.
   TqAttendCall windowed = chunk_call(seed, 100, 1000);
@@ -227,16 +227,17 @@ TEST(KernelChoice, TurboQuantDecodeOfEveryPreset) {
     for (const std::int64_t D : {32, 64, 128, 256}) {
       const TqLayout layout = tq_preset_layout(preset.name, D, 2, 4096);
       const bool seed = std::string(preset.name) == "seed";
-      const TqAttendKernel want = seed && D == 128  ? TqAttendKernel::decode_mma
+      const TqAttendKernel want = seed && D == 128  ? TqAttendKernel::decode_mma_bf16
                                   : !seed && D > 32 ? TqAttendKernel::decode_tc
                                                     : TqAttendKernel::split_k;
       EXPECT_EQ(cuda::choose_tq_attend(chunk_call(layout, 1, 3000), kHopper), want) << preset.name << " D " << D;
       EXPECT_EQ(cuda::choose_tq_attend(chunk_call(layout, 1, 3000), kAmpere), want) << preset.name << " D " << D;
       TqAttendCall exact = chunk_call(layout, 1, 3000);
-      exact.exact = true;  // the seed's tensor-core decode is exact; the presets' is bf16-class: split-K
-      EXPECT_EQ(cuda::choose_tq_attend(exact, kHopper),
-                want == TqAttendKernel::decode_tc ? TqAttendKernel::split_k : want)
-          << preset.name << " D " << D;
+      exact.exact = true;  // the seed's tensor-core decode has an exact variant; the presets' is bf16-class: split-K
+      const TqAttendKernel want_exact = want == TqAttendKernel::decode_mma_bf16 ? TqAttendKernel::decode_mma
+                                        : want == TqAttendKernel::decode_tc     ? TqAttendKernel::split_k
+                                                                                : want;
+      EXPECT_EQ(cuda::choose_tq_attend(exact, kHopper), want_exact) << preset.name << " D " << D;
     }
   }
 }
@@ -319,12 +320,12 @@ TEST(KernelChoiceOnGpu, TurboQuantDecodeRanTheTensorCoreKernel) {
   c.seed = 5, c.data_seed = fresh_seed();
   const conformance::CheckResult r = conformance::check_tq_attend(*b, c);
   EXPECT_TRUE(r.passed) << c.describe() << ": " << r.detail;
-  EXPECT_EQ(r.kernel, "tq_attend_decode_mma") << c.describe();
+  EXPECT_EQ(r.kernel, "tq_attend_decode_mma_bf16") << c.describe();
   c.layout.key_bits = 3;  // no tensor-core decode for it: the split-K kernel, deliberately
   const conformance::CheckResult wide = conformance::check_tq_attend(*b, c);
   EXPECT_TRUE(wide.passed) << c.describe() << ": " << wide.detail;
   EXPECT_EQ(wide.kernel, "tq_attend_split_k") << c.describe();
-  c.exact = true;  // the seed's tensor-core decode is exact: asking for it keeps that kernel
+  c.exact = true;  // the seed's tensor-core decode has an exact variant: asking for exactness runs it
   c.layout.key_bits = 2;
   const conformance::CheckResult exact = conformance::check_tq_attend(*b, c);
   EXPECT_TRUE(exact.passed) << c.describe() << ": " << exact.detail;

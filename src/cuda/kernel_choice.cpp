@@ -99,6 +99,7 @@ const char* kernel_name(DenseBackwardKernel k) {
 const char* kernel_name(TqAttendKernel k) {
   switch (k) {
     case TqAttendKernel::decode_mma: return "tq_attend_decode_mma";
+    case TqAttendKernel::decode_mma_bf16: return "tq_attend_decode_mma_bf16";
     case TqAttendKernel::decode_tc: return "tq_attend_decode_tc";
     case TqAttendKernel::split_k: return "tq_attend_split_k";
     case TqAttendKernel::prefill_bf16: return "tq_attend_prefill_bf16";
@@ -225,7 +226,8 @@ bool tq_prefill_serves(const TqAttendCall& c, const DeviceTraits& device) {
 // else, and an exact call of those, the split-K kernel.
 TqAttendKernel choose_tq_attend(const TqAttendCall& c, const DeviceTraits& device) {
   if (tq_prefill_serves(c, device)) return TqAttendKernel::prefill_bf16;
-  if (tq_decode_mma_serves(c.layout(), c.group(), c.window)) return TqAttendKernel::decode_mma;
+  if (tq_decode_mma_serves(c.layout(), c.group(), c.window))
+    return c.exact ? TqAttendKernel::decode_mma : TqAttendKernel::decode_mma_bf16;
   if (tq_decode_tc_serves(c.layout(), c.exact)) return TqAttendKernel::decode_tc;
   return TqAttendKernel::split_k;
 }

@@ -28,7 +28,10 @@ enum class DenseBackwardKernel : std::uint8_t {
   warp_per_row,  // a warp per query row for dQ, per key row for dK dV (dense.cu)
 };
 enum class TqAttendKernel : std::uint8_t {
-  decode_mma,    // tensor-core decode of the seed layout at head_dim 128 (tq_decode_mma.cu)
+  decode_mma,    // tensor-core decode of the seed layout at head_dim 128 (tq_decode_mma.cu), exact: for
+                 // TqAttendArgs::exact
+  decode_mma_bf16,  // the same kernel with the bf16-class key product (queries in 15-bit fixed point): the
+                    // seed layout's default
   decode_tc,     // bf16 tensor-core decode of keys without QJL, codes turned into operands through tables of
                  // centroid pairs (tq_decode_tc.cu); bf16-class, the presets' code widths
   split_k,       // the scalar split-K kernel, every layout (tq_attend.cu)

@@ -320,6 +320,10 @@ int head_tile(std::int64_t group) { return group % 4 == 0 ? 4 : group % 2 == 0 ?
 
 // Query heads per block: decode_tc takes up to kTcHeads of a group (the last block of a larger group fewer),
 // the other kernels a tile that divides the group.
+bool is_mma_decode(TqAttendKernel kernel) {
+  return kernel == TqAttendKernel::decode_mma || kernel == TqAttendKernel::decode_mma_bf16;
+}
+
 int heads_per_block(const TqAttendCall& c, TqAttendKernel kernel) {
   return kernel == TqAttendKernel::decode_tc ? int(std::min<std::int64_t>(kTcHeads, c.group())) : head_tile(c.group());
 }
@@ -331,7 +335,7 @@ int heads_per_block(const TqAttendCall& c, TqAttendKernel kernel) {
 // first (docs/benchmarks.md: B = 1 at 32k, 0.0705 -> 0.0463 ms; at (8, 32k), (1, 128k) and (32, 8k) the same rule
 // was 2-6 % slower than the doubling, so it stays there). The scalar kernel keeps kSplitTokens.
 std::int64_t split_tokens_of(const TqAttendCall& c, TqAttendKernel kernel) {
-  if (kernel != TqAttendKernel::decode_mma && kernel != TqAttendKernel::decode_tc) return kSplitTokens;
+  if (!is_mma_decode(kernel) && kernel != TqAttendKernel::decode_tc) return kSplitTokens;
   static const int sms = multiprocessors();
   const std::int64_t heads = heads_per_block(c, kernel);
   const std::int64_t units =  // blocks per split index
@@ -361,8 +365,9 @@ template <int D>
 void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, TqAttendKernel kernel,
                     cudaStream_t stream) {
   const std::int64_t rows = all_rows.batch * all_rows.n_queries;
-  if (kernel == TqAttendKernel::decode_mma) {
-    launch_mma_prepare(all_rows, stream);
+  const bool bf16 = kernel == TqAttendKernel::decode_mma_bf16;
+  if (is_mma_decode(kernel)) {
+    launch_mma_prepare(all_rows, bf16, stream);
     FLASHTQ_CUDA_CHECK_LAUNCH("TurboQuant query fragment kernel");
   }
   for (std::int64_t first = 0; first < rows; first += kMaxGridZ) {  // grid z holds at most 65535 rows
@@ -371,7 +376,8 @@ void launch_for_dim(const AttendParams& all_rows, int ht, std::int64_t n_kv, TqA
     const unsigned z = unsigned(std::min(kMaxGridZ, rows - first));
     switch (kernel) {
       case TqAttendKernel::decode_mma:
-        launch_mma_decode(a, dim3(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), z), stream);
+      case TqAttendKernel::decode_mma_bf16:
+        launch_mma_decode(a, bf16, dim3(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), z), stream);
         break;
       case TqAttendKernel::decode_tc:
         launch_tc_decode(a, dim3(unsigned(a.n_splits), unsigned(n_kv * a.n_tiles), z), stream);
@@ -407,7 +413,7 @@ std::size_t fragment_offset(const TqAttendCall& c, TqAttendKernel kernel) {
 
 std::size_t tq_attend_workspace(const TqAttendCall& c, TqAttendKernel kernel) {
   if (kernel == TqAttendKernel::prefill_bf16) return tq_prefill_workspace(c);
-  if (kernel != TqAttendKernel::decode_mma) return partial_bytes(c, kernel);
+  if (!is_mma_decode(kernel)) return partial_bytes(c, kernel);
   return fragment_offset(c, kernel) + std::size_t(c.rows() * (c.n_heads / 4)) * kKeyFragmentBytes;
 }
 

@@ -110,12 +110,13 @@ constexpr std::int64_t kMaxGridZ = 65535;
 constexpr int kPartialHeader = 4;
 __host__ __device__ constexpr int partial_stride(int head_dim) { return head_dim + kPartialHeader; }
 
-// The tensor-core decode of the seed's layout (tq_decode_mma.cu; kernel_choice.hpp says which calls).
+// The tensor-core decode of the seed's layout (tq_decode_mma.cu; kernel_choice.hpp says which calls), exact
+// or bf16-class (`bf16`: TqAttendKernel::decode_mma_bf16).
 // Bytes of the prepared query fragments per (query row, group of 4 heads).
 constexpr std::size_t kKeyFragmentBytes = 6208;
 // Builds the query fragments of every row of the batch (once per call, before the decode launches).
-void launch_mma_prepare(const AttendParams& a, cudaStream_t stream);
-void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream);
+void launch_mma_prepare(const AttendParams& a, bool bf16, cudaStream_t stream);
+void launch_mma_decode(const AttendParams& a, bool bf16, dim3 grid, cudaStream_t stream);
 
 // The tensor-core decode of keys without QJL (tq_decode_tc.cu; kernel_choice.hpp says which layouts):
 // at most 8 query heads per block (grid y: kv heads x ceil(group / 8)), splits of split_tokens timesteps

@@ -1,4 +1,6 @@
-// Tensor-core decode over the packed TurboQuant cache (head_dim 128, keys 2+1 bits, values 2 bits).
+// Tensor-core decode over the packed TurboQuant cache (head_dim 128, keys 2+1 bits, values 2 bits), in two
+// variants: the exact one (TqAttendKernel::decode_mma, described here) and a bf16-class one
+// (decode_mma_bf16, kBf16Keys, described after it).
 //
 // Keys (integer tensor cores). A 2-bit code's centroid is affine in its two bits: for the symmetric
 // codebook [-c1, -c0, c0, c1], c[lo + 2 hi] = -c1 + (c1 - c0) lo + (c0 + c1) hi with lo, hi in {0, 1};
@@ -19,6 +21,13 @@
 // partial for the merge kernel (LSE merge and the single inverse rotation). The queries' fixed-point
 // A fragments depend only on (query row, head group): the prepare kernel (tq_key_fragments.cu) builds
 // them once per decode step instead of once per block.
+//
+// The bf16-class variant (SPEC §3's TurboQuant bound allows 16-bit operands) turns the key product around:
+// the bits are the A operand of mma.m16n8k32.u8.s8 (rows: the tile's 16 tokens), the queries the B operand
+// in 15-bit fixed point, two limbs per head (columns: head x limb). One mma per cache word covers the whole
+// tile (12 per tile, not 24), each thread ends up with head tig's scores of tokens row and row + 8 with no
+// shuffle between limbs, and its softmax state is the head its value accumulators hold. The upper nibble's
+// bits of a word are shifted down before the AND, so that no query element loses more than 3 of its bits.
 #include <cuda_fp16.h>
 
 #include "cuda/common.cuh"
@@ -41,6 +50,12 @@ __device__ __forceinline__ void imma16832(int (&d)[4], const uint4& a, std::uint
   asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
                : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+// The same with the operands' types swapped: A (u8) the cache's bits, B (s8) the queries.
+__device__ __forceinline__ void imma16832_bits_a(int (&d)[4], const uint4& a, const uint2& b) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y));
 }
 
 // Bits p and p + 16 of a word as a bf16 pair of +-1 (set bit: +), given the word inverted and
@@ -66,10 +81,12 @@ struct TileStage {
 };
 
 // kCapped: scores go through the softcap (a.softcap > 0), a template argument to keep the common loop free of it;
-// kPaged: the caches are a pool read through a page table (a.l.paged()), likewise.
-template <bool kCapped, bool kPaged>
+// kPaged: the caches are a pool read through a page table (a.l.paged()), likewise; kBf16Keys: the bf16-class
+// key product (TqAttendKernel::decode_mma_bf16).
+template <bool kCapped, bool kPaged, bool kBf16Keys>
 __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams a) {
-  __shared__ KeyFragments frag;
+  using Fragments = KeyFragmentsFor<kBf16Keys ? 2 : 4>;
+  __shared__ Fragments frag;
   __shared__ float w_tile[kWarps][16][4];
   __shared__ float part_m[kWarps][4], part_l[kWarps][4];
   __shared__ float part_acc[kWarps][4][kD];
@@ -103,7 +120,8 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   const int warp_tokens = a.split_tokens / kWarps;
   const int w_begin = t_begin + warp * warp_tokens;
   const int w_end = min(w_begin + warp_tokens, seq);
-  const int head = row & 3;  // the head whose scores this thread holds after the limb combination
+  // The head whose scores this thread holds (after the limb combination, in the exact variant).
+  const int head = kBf16Keys ? tig : row & 3;
   float m = -INFINITY, lsum = 0.0f;
   // +-1 as a bf16 pair, kept in a register (the zero term is opaque to the compiler, so it cannot
   // fold the constant back into an immediate).
@@ -114,7 +132,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   struct TileWords {
     uint4 code[2][2];                  // code words 0-3, 4-7 of tokens row (n-tile 0) and row + 8 (n-tile 1)
     uint4 jl[2];                       // their QJL words
-    std::uint32_t kn[2][2], vn[2][2];  // key and value norm words of tokens 8 nt + 2 tig + x
+    std::uint32_t kn[2][2], vn[2][2];  // key and value norm words of tokens 8 nt + 2 tig + x (bf16: 8 nt + row)
     std::uint32_t va[2], vb[2];        // value word `row` of tokens 8 ks + tig, 8 ks + tig + 4 (inverted)
   };
   const std::uint32_t jl_off = std::uint32_t(l.key_jl_offset()), k_norm_off = std::uint32_t(l.key_norm_offset());
@@ -184,8 +202,9 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       w.jl[nt] = st.key[8 * nt + row][2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
-        w.kn[nt][x] = st.key_norm[8 * nt + 2 * tig + x];
-        w.vn[nt][x] = st.value_norm[8 * nt + 2 * tig + x];
+        const int token = kBf16Keys ? 8 * nt + row : 8 * nt + 2 * tig + x;
+        w.kn[nt][x] = st.key_norm[token];
+        w.vn[nt][x] = st.value_norm[token];
       }
     }
 #pragma unroll
@@ -200,13 +219,60 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   const float limb_weight = row < 4 ? 1.0f : 256.0f;
   const float score_scale = a.scale * kLog2e;                               // base-2 scores
   float k_unscale = 0.0f, k_offset = 0.0f, j_unscale = 0.0f, j_sum = 0.0f;  // read once the fragments have landed
-  auto process_tile = [&](const TileWords& cur, int t0) {
+  // The bf16-class key product and softmax of one tile (kBf16Keys): the weights of head tig's tokens row and
+  // row + 8 into w_tile; returns the correction of the thread's value accumulators (head tig's).
+  auto bf16_keys_softmax = [&](const TileWords& cur, int t0) {
+    // ---- integer key products: tokens t0 + row + 8 half are the rows, (head, limb) the columns ----
+    int P2[2][4] = {}, J[4] = {};
+#pragma unroll
+    for (int step = 0; step < kKeySteps; ++step) {
+      const uint2 bf = reinterpret_cast<const KeyFragmentsBf16&>(frag).b[step][lane];
+      const uint4 q0 = step < 8 ? cur.code[0][step / 4] : cur.jl[0];
+      const uint4 q1 = step < 8 ? cur.code[1][step / 4] : cur.jl[1];
+      const int c = step % 4;
+      const std::uint32_t w0 = c == 0 ? q0.x : c == 1 ? q0.y : c == 2 ? q0.z : q0.w;
+      const std::uint32_t w1 = c == 0 ? q1.x : c == 1 ? q1.y : c == 2 ? q1.z : q1.w;
+      const uint4 bits = make_uint4(w0 & keep_lo, w1 & keep_lo, (w0 >> 4) & keep_lo, (w1 >> 4) & keep_lo);
+      imma16832_bits_a(step < 8 ? P2[step % 2] : J, bits, bf);
+    }
+    // ---- base-2 scores of head tig, tokens t0 + row + 8 half ----
+    const float qjl = a.qjl_scale;
+    float score[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float p = float(P2[0][2 * half] + P2[1][2 * half]) + 256.0f * float(P2[0][2 * half + 1] + P2[1][2 * half + 1]);
+      const float q = float(J[2 * half]) + 256.0f * float(J[2 * half + 1]);
+      const float polar = fmaf(p, k_unscale, k_offset), jl = fmaf(q, j_unscale, -j_sum);
+      const std::uint32_t nw = cur.kn[half][0];
+      const float s = score_scale * f16_low(nw) * fmaf(f16_low(nw >> 16) * qjl, jl, polar);
+      score[half] = t0 + row + 8 * half >= w_end ? -INFINITY : kCapped ? capped_score(s, a.softcap * kLog2e) : s;
+    }
+    // ---- online softmax of head tig over the tile: its 16 tokens are on the 8 lanes of this tig ----
+    float mx = fmaxf(score[0], score[1]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 16));
+    const float m_new = fmaxf(m, mx);
+    const float corr = exp2_approx(m - m_new);
+    lsum *= corr;
+    m = m_new;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float p = exp2_approx(score[half] - m_new);
+      lsum += p;
+      w_tile[warp][row + 8 * half][tig] = p * f16_low(cur.vn[half][0]);
+    }
+    return corr;
+  };
+  // The exact key product and softmax of one tile: the weights of head `head`'s tokens 8 nt + 2 tig + x into
+  // w_tile; returns the correction of the thread's value accumulators (head tig's: lane 4 tig's).
+  auto exact_keys_softmax = [&](const TileWords& cur, int t0) {
     // ---- integer key products: tokens t0 + 8 nt + row are the columns ----
     // Separate accumulators for even and odd code words shorten the dependent mma chains.
     int P2[2][2][4] = {}, J[2][4] = {};
 #pragma unroll
     for (int step = 0; step < kKeySteps; ++step) {
-      const uint4 af = frag.a[step][lane];
+      const uint4 af = reinterpret_cast<const KeyFragments&>(frag).a[step][lane];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const uint4 q4 = step < 8 ? cur.code[nt][step / 4] : cur.jl[nt];
@@ -252,8 +318,15 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
         if (row < 4) w_tile[warp][8 * nt + 2 * tig + x][head] = p * f16_low(cur.vn[nt][x]);
       }
     }
-    // The value accumulators of this thread are head tig's: its correction is lane 4 tig's.
-    const float corr_v = __shfl_sync(0xFFFFFFFFu, corr, 4 * tig);
+    return __shfl_sync(0xFFFFFFFFu, corr, 4 * tig);
+  };
+  auto process_tile = [&](const TileWords& cur, int t0) {
+    float corr_v;
+    if constexpr (kBf16Keys) {
+      corr_v = bf16_keys_softmax(cur, t0);
+    } else {
+      corr_v = exact_keys_softmax(cur, t0);
+    }
     if (corr_v != 1.0f) {  // the running maximum settles early: most tiles skip the rescale
 #pragma unroll
       for (int i = 0; i < 8; ++i)
@@ -287,9 +360,9 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   if (w_begin < w_end) fill(w_begin, stages[warp][0]);
   wait_for_previous_grid();
   {  // this (row, head group)'s key fragments, from the prepare kernel
-    const uint4* src =
-        reinterpret_cast<const uint4*>(reinterpret_cast<const KeyFragments*>(a.key_fragments) + j * (a.H / 4) + h0 / 4);
-    for (int i = tid; i < int(sizeof(KeyFragments) / 16); i += 32 * kWarps)
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(a.key_fragments) +
+                                                      std::size_t(j * (a.H / 4) + h0 / 4) * kKeyFragmentBytes);
+    for (int i = tid; i < int(sizeof(Fragments) / 16); i += 32 * kWarps)
       cp_async16<kWholeLines>(reinterpret_cast<uint4*>(&frag) + i, src + i);
     cp_async_commit();
   }
@@ -310,8 +383,14 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     process_tile(read_stage(stages[warp][buf]), t0);
     __syncwarp();  // every lane has read this stage before it is refilled
   }
-  lsum = group_sum(lsum);
-  if (row < 4 && tig == 0) {
+  if constexpr (kBf16Keys) {  // head tig's sum over the 8 lanes of its tokens
+    lsum += __shfl_xor_sync(0xFFFFFFFFu, lsum, 4);
+    lsum += __shfl_xor_sync(0xFFFFFFFFu, lsum, 8);
+    lsum += __shfl_xor_sync(0xFFFFFFFFu, lsum, 16);
+  } else {
+    lsum = group_sum(lsum);
+  }
+  if (kBf16Keys ? row == 0 : row < 4 && tig == 0) {
     part_m[warp][head] = m;
     part_l[warp][head] = lsum;
   }
@@ -346,15 +425,24 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
 
 static_assert(kD == tiles::kTqDecodeMmaDim, "kernel_choice.hpp's table names this kernel's head_dim");
 
-void launch_mma_decode(const AttendParams& a, dim3 grid, cudaStream_t stream) {
+namespace {
+template <bool kBf16Keys>
+void launch_mma_decode_for(const AttendParams& a, dim3 grid, cudaStream_t stream) {
   const char* what = "TurboQuant decode kernel";
   const dim3 block(32 * kWarps);
   if (a.l.paged()) {
-    if (a.softcap > 0.0f) return launch_dependent(mma_decode_kernel<true, true>, grid, block, stream, what, a);
-    return launch_dependent(mma_decode_kernel<false, true>, grid, block, stream, what, a);
+    if (a.softcap > 0.0f)
+      return launch_dependent(mma_decode_kernel<true, true, kBf16Keys>, grid, block, stream, what, a);
+    return launch_dependent(mma_decode_kernel<false, true, kBf16Keys>, grid, block, stream, what, a);
   }
-  if (a.softcap > 0.0f) return launch_dependent(mma_decode_kernel<true, false>, grid, block, stream, what, a);
-  launch_dependent(mma_decode_kernel<false, false>, grid, block, stream, what, a);
+  if (a.softcap > 0.0f) return launch_dependent(mma_decode_kernel<true, false, kBf16Keys>, grid, block, stream, what, a);
+  launch_dependent(mma_decode_kernel<false, false, kBf16Keys>, grid, block, stream, what, a);
+}
+}  // namespace
+
+void launch_mma_decode(const AttendParams& a, bool bf16, dim3 grid, cudaStream_t stream) {
+  if (bf16) return launch_mma_decode_for<true>(a, grid, stream);
+  launch_mma_decode_for<false>(a, grid, stream);
 }
 
 }  // namespace flashtq::cuda
