@@ -1,6 +1,6 @@
 // Tensor-core decode over the packed TurboQuant cache (head_dim 128, keys 2+1 bits, values 2 bits), in two
 // variants: the exact one (TqAttendKernel::decode_mma, described here) and a bf16-class one
-// (decode_mma_bf16, kBf16Keys, described after it).
+// (decode_mma_bf16, kBf16, described after it).
 //
 // Keys (integer tensor cores). A 2-bit code's centroid is affine in its two bits: for the symmetric
 // codebook [-c1, -c0, c0, c1], c[lo + 2 hi] = -c1 + (c1 - c0) lo + (c0 + c1) hi with lo, hi in {0, 1};
@@ -26,8 +26,12 @@
 // the bits are the A operand of mma.m16n8k32.u8.s8 (rows: the tile's 16 tokens), the queries the B operand
 // in 15-bit fixed point, two limbs per head (columns: head x limb). One mma per cache word covers the whole
 // tile (12 per tile, not 24), each thread ends up with head tig's scores of tokens row and row + 8 with no
-// shuffle between limbs, and its softmax state is the head its value accumulators hold. The upper nibble's
-// bits of a word are shifted down before the AND, so that no query element loses more than 3 of its bits.
+// shuffle between limbs, and its softmax state is the head its value accumulators hold. A k-step takes two cache
+// words, both in their lower nibbles or both in their upper ones (one AND per register either way), the upper
+// nibbles' products in accumulators of their own, divided by 16 at the end: so no query element is pre-divided
+// by more than 2^3 and loses more than 3 of its bits. Its values go to integer tensor cores as well (bf16_values:
+// each value bit a u8 operand, one AND per register after a byte gather; the weights in 15-bit fixed point per
+// tile and head), 8 mma per tile instead of 16 and a quarter of the instructions that made the bf16 signs.
 #include <cuda_fp16.h>
 
 #include "cuda/common.cuh"
@@ -51,11 +55,29 @@ __device__ __forceinline__ void imma16832(int (&d)[4], const uint4& a, std::uint
                : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
                : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
-// The same with the operands' types swapped: A (u8) the cache's bits, B (s8) the queries.
+// The same with the operands' types swapped: A (u8) the cache's bits, B (s8) the queries or weights.
 __device__ __forceinline__ void imma16832_bits_a(int (&d)[4], const uint4& a, const uint2& b) {
   asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
                : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y));
+}
+// D = A . B from zero (no accumulator registers to clear first).
+__device__ __forceinline__ void imma16832_bits_a_from_zero(int (&d)[4], const uint4& a, const uint2& b) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y), "r"(0));
+}
+
+// Byte `limb` of each of four words, packed (word i in byte i).
+__device__ __forceinline__ std::uint32_t bytes_of(std::uint32_t w0, std::uint32_t w1, std::uint32_t w2, std::uint32_t w3,
+                                                  int limb) {
+  const std::uint32_t sel = std::uint32_t(limb) | std::uint32_t(limb + 4) << 4;
+  return __byte_perm(__byte_perm(w0, w1, sel), __byte_perm(w2, w3, sel), 0x5410u);
+}
+
+// A value in 15-bit fixed point as two balanced signed 8-bit digits (bytes 0 and 1).
+__device__ __forceinline__ std::uint32_t two_digits(float x) {
+  return (std::uint32_t(__float2int_rn(x)) + 0x8080u) ^ 0x8080u;
 }
 
 // Bits p and p + 16 of a word as a bf16 pair of +-1 (set bit: +), given the word inverted and
@@ -81,13 +103,14 @@ struct TileStage {
 };
 
 // kCapped: scores go through the softcap (a.softcap > 0), a template argument to keep the common loop free of it;
-// kPaged: the caches are a pool read through a page table (a.l.paged()), likewise; kBf16Keys: the bf16-class
+// kPaged: the caches are a pool read through a page table (a.l.paged()), likewise; kBf16: the bf16-class
 // key product (TqAttendKernel::decode_mma_bf16).
-template <bool kCapped, bool kPaged, bool kBf16Keys>
+template <bool kCapped, bool kPaged, bool kBf16>
 __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams a) {
-  using Fragments = KeyFragmentsFor<kBf16Keys ? 2 : 4>;
+  using Fragments = KeyFragmentsFor<kBf16 ? 2 : 4>;
   __shared__ Fragments frag;
   __shared__ float w_tile[kWarps][16][4];
+  __shared__ float w_scale[kWarps][4];  // bf16-class values: the tile's fixed-point scale per head
   __shared__ float part_m[kWarps][4], part_l[kWarps][4];
   __shared__ float part_acc[kWarps][4][kD];
   __shared__ TileStage stages[kWarps][2];
@@ -114,6 +137,9 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     return;
   }
   const float vc0 = a.value_centroids[2], vc1 = a.value_centroids[3];
+  // bf16-class values: the lo plane's coefficient, half the hi plane's (its bit sits one place higher), the larger.
+  const float value_lo_coef = vc1 - vc0, value_hi_coef_half = 0.5f * (vc0 + vc1);
+  const float value_coef_max = fmaxf(fabsf(value_lo_coef), fabsf(value_hi_coef_half));
 
   const TqLayout& l = a.l;
   const std::int64_t slot0 = kvh * l.capacity;
@@ -121,19 +147,20 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   const int w_begin = t_begin + warp * warp_tokens;
   const int w_end = min(w_begin + warp_tokens, seq);
   // The head whose scores this thread holds (after the limb combination, in the exact variant).
-  const int head = kBf16Keys ? tig : row & 3;
+  const int head = kBf16 ? tig : row & 3;
   float m = -INFINITY, lsum = 0.0f;
   // +-1 as a bf16 pair, kept in a register (the zero term is opaque to the compiler, so it cannot
   // fold the constant back into an immediate).
   const std::uint32_t mag = 0x3F803F80u | (std::uint32_t(a.l.key_bits) >> 8);
   const std::uint32_t keep_lo = 0x01010101u << tig, keep_hi = 0x10101010u << tig;  // this thread's bits of a word
-  float acc[8][4] = {};
+  float acc[8][4] = {};  // exact variant; the bf16-class one keeps vacc (and wsum) instead
+  float vacc[8][2] = {}, wsum = 0.0f;
   // The words of one tile that a thread uses.
   struct TileWords {
     uint4 code[2][2];                  // code words 0-3, 4-7 of tokens row (n-tile 0) and row + 8 (n-tile 1)
     uint4 jl[2];                       // their QJL words
     std::uint32_t kn[2][2], vn[2][2];  // key and value norm words of tokens 8 nt + 2 tig + x (bf16: 8 nt + row)
-    std::uint32_t va[2], vb[2];        // value word `row` of tokens 8 ks + tig, 8 ks + tig + 4 (inverted)
+    std::uint32_t va[2], vb[2];        // value word `row` of tokens 8 ks + tig, 8 ks + tig + 4 (exact: inverted)
   };
   const std::uint32_t jl_off = std::uint32_t(l.key_jl_offset()), k_norm_off = std::uint32_t(l.key_norm_offset());
   const std::uint32_t v_norm_off = std::uint32_t(l.value_norm_offset());
@@ -202,15 +229,15 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       w.jl[nt] = st.key[8 * nt + row][2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
-        const int token = kBf16Keys ? 8 * nt + row : 8 * nt + 2 * tig + x;
+        const int token = kBf16 ? 8 * nt + row : 8 * nt + 2 * tig + x;
         w.kn[nt][x] = st.key_norm[token];
         w.vn[nt][x] = st.value_norm[token];
       }
     }
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
-      w.va[ks] = ~st.value[8 * ks + tig][row];
-      w.vb[ks] = ~st.value[8 * ks + tig + 4][row];
+      w.va[ks] = kBf16 ? st.value[8 * ks + tig][row] : ~st.value[8 * ks + tig][row];
+      w.vb[ks] = kBf16 ? st.value[8 * ks + tig + 4][row] : ~st.value[8 * ks + tig + 4][row];
     }
     return w;
   };
@@ -219,29 +246,35 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   const float limb_weight = row < 4 ? 1.0f : 256.0f;
   const float score_scale = a.scale * kLog2e;                               // base-2 scores
   float k_unscale = 0.0f, k_offset = 0.0f, j_unscale = 0.0f, j_sum = 0.0f;  // read once the fragments have landed
-  // The bf16-class key product and softmax of one tile (kBf16Keys): the weights of head tig's tokens row and
+  // The bf16-class key product and softmax of one tile (kBf16): the weights of head tig's tokens row and
   // row + 8 into w_tile; returns the correction of the thread's value accumulators (head tig's).
   auto bf16_keys_softmax = [&](const TileWords& cur, int t0) {
     // ---- integer key products: tokens t0 + row + 8 half are the rows, (head, limb) the columns ----
-    int P2[2][4] = {}, J[4] = {};
+    // k-step m: words 2 (m / 2) and 2 (m / 2) + 1 of a key, lower nibbles (m even) or upper ones (m odd).
+    int P[2][4] = {}, J[2][4] = {};  // [nibble]
+    auto word_of = [&](int nt, int w) {
+      const uint4 q4 = w < 8 ? cur.code[nt][w / 4] : cur.jl[nt];
+      return w % 4 == 0 ? q4.x : w % 4 == 1 ? q4.y : w % 4 == 2 ? q4.z : q4.w;
+    };
 #pragma unroll
     for (int step = 0; step < kKeySteps; ++step) {
       const uint2 bf = reinterpret_cast<const KeyFragmentsBf16&>(frag).b[step][lane];
-      const uint4 q0 = step < 8 ? cur.code[0][step / 4] : cur.jl[0];
-      const uint4 q1 = step < 8 ? cur.code[1][step / 4] : cur.jl[1];
-      const int c = step % 4;
-      const std::uint32_t w0 = c == 0 ? q0.x : c == 1 ? q0.y : c == 2 ? q0.z : q0.w;
-      const std::uint32_t w1 = c == 0 ? q1.x : c == 1 ? q1.y : c == 2 ? q1.z : q1.w;
-      const uint4 bits = make_uint4(w0 & keep_lo, w1 & keep_lo, (w0 >> 4) & keep_lo, (w1 >> 4) & keep_lo);
-      imma16832_bits_a(step < 8 ? P2[step % 2] : J, bits, bf);
+      const int w = 2 * (step / 2);
+      const std::uint32_t keep = step % 2 ? keep_hi : keep_lo;
+      const uint4 bits =
+          make_uint4(word_of(0, w) & keep, word_of(1, w) & keep, word_of(0, w + 1) & keep, word_of(1, w + 1) & keep);
+      imma16832_bits_a(step < 8 ? P[step % 2] : J[step % 2], bits, bf);
     }
     // ---- base-2 scores of head tig, tokens t0 + row + 8 half ----
     const float qjl = a.qjl_scale;
     float score[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float p = float(P2[0][2 * half] + P2[1][2 * half]) + 256.0f * float(P2[0][2 * half + 1] + P2[1][2 * half + 1]);
-      const float q = float(J[2 * half]) + 256.0f * float(J[2 * half + 1]);
+      // An upper nibble's products are 16 times its elements' (each a multiple of 16: the shift is exact).
+      auto limbs = [&](const int (&x)[2][4]) {
+        return float(x[0][2 * half] + (x[1][2 * half] >> 4)) + 256.0f * float(x[0][2 * half + 1] + (x[1][2 * half + 1] >> 4));
+      };
+      const float p = limbs(P), q = limbs(J);
       const float polar = fmaf(p, k_unscale, k_offset), jl = fmaf(q, j_unscale, -j_sum);
       const std::uint32_t nw = cur.kn[half][0];
       const float s = score_scale * f16_low(nw) * fmaf(f16_low(nw >> 16) * qjl, jl, polar);
@@ -255,14 +288,62 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     const float m_new = fmaxf(m, mx);
     const float corr = exp2_approx(m - m_new);
     lsum *= corr;
+    wsum *= corr;
     m = m_new;
+    float wmax = 0.0f;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const float p = exp2_approx(score[half] - m_new);
+      const float w = p * f16_low(cur.vn[half][0]);
       lsum += p;
-      w_tile[warp][row + 8 * half][tig] = p * f16_low(cur.vn[half][0]);
+      wsum += w;
+      wmax = fmaxf(wmax, fabsf(w));
+      w_tile[warp][row + 8 * half][tig] = w;
     }
+    // The tile's fixed point for head tig's weights: the largest weight times the larger value coefficient just
+    // under 2^14 (a power of two; bounded so that it and its inverse stay normal floats).
+    wmax = fmaxf(wmax, __shfl_xor_sync(0xFFFFFFFFu, wmax, 4));
+    wmax = fmaxf(wmax, __shfl_xor_sync(0xFFFFFFFFu, wmax, 8));
+    wmax = fmaxf(wmax, __shfl_xor_sync(0xFFFFFFFFu, wmax, 16));
+    const int e = max(-100, min(100, ((__float_as_int(wmax * value_coef_max) >> 23) & 0xFF) - 126));
+    if (row == 0) w_scale[warp][tig] = __int_as_float((127 + 14 - e) << 23);
     return corr;
+  };
+  // The bf16-class values of one tile, on integer tensor cores: out[dim][head] += sum_k bits[dim][k] . w[k][head]
+  // with k = (plane, token): the A operand (u8) holds for each of its dims the bit of one plane of 4 tokens
+  // (tokens tig + 4 i of the tile, gathered a byte per token by PRMT, then one AND per register: the bit stays in
+  // place, 2^(its position)); the B operand (s8) the weights in 15-bit fixed point per tile and head (w_scale),
+  // two limbs, columns (head, limb). A code's centroid is -c1 + (c1 - c0) lo + (c0 + c1) hi: the bit products
+  // carry the two coefficients (the hi plane's halved, its bit sitting one place higher), the constant -c1 sum(w)
+  // is added at the end. Row g of m-tile i is dim 16 g + 2 i, its plane-0 bit at 4 (i % 2) of byte i / 2; row
+  // g + 8 is dim 16 g + 2 i + 1, two places higher: vacc[i][r] is in units of 2^(4 (i % 2) + 2 r).
+  auto bf16_values = [&](const TileWords& cur) {
+    const std::uint32_t w0 = cur.va[0], w1 = cur.vb[0], w2 = cur.va[1], w3 = cur.vb[1];  // tokens tig + 4 i
+    const std::uint32_t r[4] = {bytes_of(w0, w1, w2, w3, 0), bytes_of(w0, w1, w2, w3, 1), bytes_of(w0, w1, w2, w3, 2),
+                                bytes_of(w0, w1, w2, w3, 3)};
+    const int bhead = row >> 1, limb = row & 1;  // this thread's B column
+    const float scale = w_scale[warp][bhead], unscale = 1.0f / w_scale[warp][tig];
+    std::uint32_t lo_digits[4], hi_digits[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float w = w_tile[warp][tig + 4 * i][bhead] * scale;
+      lo_digits[i] = two_digits(w * value_lo_coef);
+      hi_digits[i] = two_digits(w * value_hi_coef_half);
+    }
+    const uint2 b = make_uint2(bytes_of(lo_digits[0], lo_digits[1], lo_digits[2], lo_digits[3], limb),
+                               bytes_of(hi_digits[0], hi_digits[1], hi_digits[2], hi_digits[3], limb));
+    const std::uint32_t one = 0x01010101u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const std::uint32_t src = r[i / 2];
+      const int base = 4 * (i % 2);
+      int c[4];
+      imma16832_bits_a_from_zero(
+          c, make_uint4(src & (one << base), src & (one << (base + 2)), src & (one << (base + 1)), src & (one << (base + 3))),
+          b);
+      vacc[i][0] = fmaf(float(c[0] + 256 * c[1]), unscale, vacc[i][0]);
+      vacc[i][1] = fmaf(float(c[2] + 256 * c[3]), unscale, vacc[i][1]);
+    }
   };
   // The exact key product and softmax of one tile: the weights of head `head`'s tokens 8 nt + 2 tig + x into
   // w_tile; returns the correction of the thread's value accumulators (head tig's: lane 4 tig's).
@@ -322,7 +403,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   };
   auto process_tile = [&](const TileWords& cur, int t0) {
     float corr_v;
-    if constexpr (kBf16Keys) {
+    if constexpr (kBf16) {
       corr_v = bf16_keys_softmax(cur, t0);
     } else {
       corr_v = exact_keys_softmax(cur, t0);
@@ -332,8 +413,15 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[i][c] *= corr_v;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) vacc[i][0] *= corr_v, vacc[i][1] *= corr_v;
     }
     __syncwarp();
+    if constexpr (kBf16) {
+      bf16_values(cur);
+      __syncwarp();
+      return;
+    }
     // ---- values: dims 16 row + {2i, 2i+1} of tokens t0 + 8 ks + {tig, tig + 4} ----
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
@@ -383,21 +471,33 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     process_tile(read_stage(stages[warp][buf]), t0);
     __syncwarp();  // every lane has read this stage before it is refilled
   }
-  if constexpr (kBf16Keys) {  // head tig's sum over the 8 lanes of its tokens
+  if constexpr (kBf16) {  // head tig's sum over the 8 lanes of its tokens
     lsum += __shfl_xor_sync(0xFFFFFFFFu, lsum, 4);
     lsum += __shfl_xor_sync(0xFFFFFFFFu, lsum, 8);
     lsum += __shfl_xor_sync(0xFFFFFFFFu, lsum, 16);
   } else {
     lsum = group_sum(lsum);
   }
-  if (kBf16Keys ? row == 0 : row < 4 && tig == 0) {
+  if (kBf16 ? row == 0 : row < 4 && tig == 0) {
     part_m[warp][head] = m;
     part_l[warp][head] = lsum;
   }
+  if constexpr (kBf16) {  // back from the rows' units; plus -c1 sum(w) of head tig
+    wsum += __shfl_xor_sync(0xFFFFFFFFu, wsum, 4);
+    wsum += __shfl_xor_sync(0xFFFFFFFFu, wsum, 8);
+    wsum += __shfl_xor_sync(0xFFFFFFFFu, wsum, 16);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    part_acc[warp][tig][16 * row + 2 * i] = acc[i][0] + acc[i][1];
-    part_acc[warp][tig][16 * row + 2 * i + 1] = acc[i][2] + acc[i][3];
+    for (int i = 0; i < 8; ++i) {
+      const float unit = i % 2 ? 1.0f / 16.0f : 1.0f;
+      part_acc[warp][tig][16 * row + 2 * i] = fmaf(vacc[i][0], unit, -vc1 * wsum);
+      part_acc[warp][tig][16 * row + 2 * i + 1] = fmaf(vacc[i][1], unit * 0.25f, -vc1 * wsum);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      part_acc[warp][tig][16 * row + 2 * i] = acc[i][0] + acc[i][1];
+      part_acc[warp][tig][16 * row + 2 * i + 1] = acc[i][2] + acc[i][3];
+    }
   }
   __syncthreads();
   // Combine the 4 warps: thread tid owns dim tid of every head. The maxima are base 2; the merge
@@ -426,17 +526,17 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
 static_assert(kD == tiles::kTqDecodeMmaDim, "kernel_choice.hpp's table names this kernel's head_dim");
 
 namespace {
-template <bool kBf16Keys>
+template <bool kBf16>
 void launch_mma_decode_for(const AttendParams& a, dim3 grid, cudaStream_t stream) {
   const char* what = "TurboQuant decode kernel";
   const dim3 block(32 * kWarps);
   if (a.l.paged()) {
     if (a.softcap > 0.0f)
-      return launch_dependent(mma_decode_kernel<true, true, kBf16Keys>, grid, block, stream, what, a);
-    return launch_dependent(mma_decode_kernel<false, true, kBf16Keys>, grid, block, stream, what, a);
+      return launch_dependent(mma_decode_kernel<true, true, kBf16>, grid, block, stream, what, a);
+    return launch_dependent(mma_decode_kernel<false, true, kBf16>, grid, block, stream, what, a);
   }
-  if (a.softcap > 0.0f) return launch_dependent(mma_decode_kernel<true, false, kBf16Keys>, grid, block, stream, what, a);
-  launch_dependent(mma_decode_kernel<false, false, kBf16Keys>, grid, block, stream, what, a);
+  if (a.softcap > 0.0f) return launch_dependent(mma_decode_kernel<true, false, kBf16>, grid, block, stream, what, a);
+  launch_dependent(mma_decode_kernel<false, false, kBf16>, grid, block, stream, what, a);
 }
 }  // namespace
 

@@ -2,10 +2,12 @@
 // of the rotated-query scratch into the query operand of the integer key product. The queries become
 // fixed point per head (an exponent per head, the largest element just under 2^30 with four limbs, 2^14
 // with two), split into balanced signed 8-bit limbs. Element k of a k-step meets the cache word's bit
-// 8 (k % 4) + 4 (k / 16) + (k % 16) / 4, which the decode kernel feeds scaled by 2^sigma, so each query
-// element is pre-divided by 2^sigma here: sigma = 4 (k / 16) + (k % 16) / 4 for the exact decode (the bit
-// left in place in its byte); sigma = (k % 16) / 4 for the bf16-class one, which shifts the word's upper
-// nibbles down first, so that no element of its 15-bit fixed point loses more than 3 bits.
+// 8 (k % 4) + 4 (k / 16) + (k % 16) / 4, which the decode kernel feeds scaled by 2^sigma (the bit left in
+// place in its byte), so each query element is pre-divided by 2^sigma here, sigma = 4 (k / 16) + (k % 16) / 4.
+// The bf16-class decode's k-step m instead pairs the cache words 2 (m / 2) (k < 16) and 2 (m / 2) + 1 (k >= 16),
+// both in their lower nibbles (m even) or upper ones (m odd): element k meets bit 8 (k % 4) + 4 (m % 2) +
+// (k % 16) / 4 and is pre-divided by 2^((k % 16) / 4) only (the kernel divides an upper nibble's products by 16),
+// so that no element of its 15-bit fixed point loses more than 3 bits.
 //   exact (4 limbs): the A operand of mma.m16n8k32.s8.u8, rows (limb, head); KeyFragments.
 //   bf16-class (2 limbs): the B operand of mma.m16n8k32.u8.s8, columns (head, limb); KeyFragmentsBf16.
 // A 2-bit code's centroid is -c1 + (c1 - c0) lo + (c0 + c1) hi, so the code words' elements carry those
@@ -74,10 +76,12 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_key_fragments(AttendP
   constexpr std::uint32_t kBias = kLimbs == 4 ? 0x80808080u : 0x8080u;
   for (int e = tid; e < kKeySteps * 4 * 32; e += kPrepareThreads) {
     const int step = e / 128, head = (e / 32) % 4, k = e % 32;
-    const int bit = 8 * (k % 4) + 4 * (k / 16) + (k % 16) / 4;
+    // The cache word and bit that element k of this k-step meets.
+    const int word = kLimbs == 4 ? step : 2 * (step / 2) + k / 16;
+    const int bit = 8 * (k % 4) + 4 * (kLimbs == 4 ? k / 16 : step % 2) + (k % 16) / 4;
     const int sigma = kLimbs == 4 ? bit % 8 : (k % 16) / 4;
-    const float x = step < 8 ? q_rot[head][16 * step + bit / 2] * ((bit & 1) ? hi_coef : lo_coef)
-                             : q_jl[head][32 * (step - 8) + bit];
+    const float x = word < 8 ? q_rot[head][16 * word + bit / 2] * ((bit & 1) ? hi_coef : lo_coef)
+                             : q_jl[head][32 * (word - 8) + bit];
     const int exponent = (step < 8 ? fix_exp[head] : jl_exp[head]) - sigma;  // in [-105, 100]: a normal float
     const int fixed = __float2int_rn(x * __int_as_float((127 + exponent) << 23));
     digits[step][head][k] = (std::uint32_t(fixed) + kBias) ^ kBias;
