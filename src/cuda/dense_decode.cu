@@ -66,16 +66,32 @@ struct DecodeArgs {
   PagedTable table;  // page_table null: k and v are [B, Sk, Hkv, D]
 };
 
+// Sequence b's problem: with pages its own length (clamped: a device table is the caller's word) and causal offset.
+__device__ __forceinline__ DenseProblem sequence_problem(const DecodeArgs& a, std::int64_t b) {
+  DenseProblem p = a.p;
+  if (a.table.page_table != nullptr) {
+    const std::int64_t n = a.table.seq_lens_k[b];
+    p.Sk = n < 0 ? 0 : n > a.p.Sk ? a.p.Sk : n;
+    if (a.table.offset_from_end) p.causal_offset = p.Sk - p.Sq;
+  }
+  return p;
+}
+
 // Row (i, h)'s end: O / l to out and the LSE, from its maximum M (log2 units), sum L and unnormalised O (x(d)),
 // as store_rows (dense_softmax.cuh) does it: the sink joins, a row that saw nothing gets 0 and the sink's logit
-// (or -inf), a row f32 cannot finish gets NaN for repair_dense_forward.
+// (or -inf), a row f32 cannot finish gets NaN for repair_dense_forward. A row with visible keys whose maximum is
+// still -inf is one of those: every f32 score fell to -inf (a dot product past f32's range, which the double
+// repair may find finite), not a row without keys.
 template <typename T, typename X>
 __device__ __forceinline__ bool finish_row(const DecodeArgs& a, std::int64_t b, std::int64_t i, std::int64_t h, float M,
                                            float L, int d0, int d_step, X x) {
   const DenseProblem& p = a.p;
-  const bool seen_nothing = (M == -INFINITY && L == 0.0f) || (isfinite(L) && isfinite(M) && M <= -1e30f * kLog2e);
+  const core::KeyRange keys = core::key_range(sequence_problem(a, b), i, i + 1);
+  const bool fell_out = M == -INFINITY && keys.begin < keys.end;
+  const bool seen_nothing =
+      !fell_out && ((M == -INFINITY && L == 0.0f) || (isfinite(L) && isfinite(M) && M <= -1e30f * kLog2e));
   const RowTotal total = with_sink(p, h, M, seen_nothing ? 0.0f : L);
-  const bool finished = isfinite(total.l) && total.l > 0.0f && isfinite(total.m);
+  const bool finished = !fell_out && isfinite(total.l) && total.l > 0.0f && isfinite(total.m);
   const bool empty = seen_nothing && !finished;
   const float inv = finished ? total.weight / total.l : empty ? 0.0f : NAN;
   bool bad = !finished && !empty;
@@ -104,13 +120,7 @@ __global__ void __launch_bounds__(kThreads, Shape<D, NT>::kBlocksPerSm < 4 ? Sha
   const int split = blockIdx.x;
   const PagedTable& pt = a.table;
   const bool paged = pt.page_table != nullptr;
-  // With pages: this sequence's own length (clamped: a device table is the caller's word) and causal offset.
-  DenseProblem p = a.p;
-  if (paged) {
-    const std::int64_t n = pt.seq_lens_k[b];
-    p.Sk = n < 0 ? 0 : n > a.p.Sk ? a.p.Sk : n;
-    if (pt.offset_from_end) p.causal_offset = p.Sk - p.Sq;
-  }
+  const DenseProblem p = sequence_problem(a, b);
 
   // The keys any row of the block sees, this split's share, and this warp's (multiples of 16: no tile straddles).
   const core::KeyRange range = core::key_range(p, 0, p.Sq);
