@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "conformance/conformance.hpp"
+#include "conformance/device_buffer.hpp"
+#include "conformance/host_tensor.hpp"
 #include "flashtq/flashtq.hpp"
 #include "seeded.hpp"
 
@@ -115,6 +117,52 @@ TEST_P(ExtremeInputs, ScoresPastF32StillGiveTheSoftmax) {
   b.synchronize();
   const std::vector<float> got = out.read();
   for (std::int64_t d = 0; d < D; ++d) EXPECT_FLOAT_EQ(got[std::size_t(d)], 1.5f + float(d)) << "column " << d;
+}
+
+// Found on cuda (the bf16 decode kernel, PagedOnCuda with FLASHTQ_TEST_SEED=4903088662383852643): a score whose
+// dot product passes f32's range on the way and comes back finite (here the first half of the dims adds -1.3e39,
+// the second half +1.3e39 and 1 % more) can end at -inf in f32, where the sum runs in that order, which read as a
+// row without keys (LSE -inf, zeros) against the oracle's finite softmax. Every key alike: uniform weights.
+TEST_P(ExtremeInputs, ScoresPastF32ThatEndAtMinusInfStillGiveTheSoftmax) {
+  Backend& b = under_test();
+  SKIP_WITHOUT_DEVICE(b);
+  std::mt19937_64 rng = test_rng();
+  const std::int64_t S = 40, D = 256;
+  for (const DType dtype : {DType::f32, DType::bf16}) {  // 1e19 is past f16's range
+    SCOPED_TRACE(dtype_name(dtype));
+    conformance::HostTensor q({1, 1, 1, D}, dtype, false), k({1, S, 1, D}, dtype, false), v(k), out(q);
+    q.map([](auto...) { return 1e19f; });
+    k.map([](std::int64_t, std::int64_t, std::int64_t, float) { return 0.0f; });
+    for (std::int64_t j = 0; j < S; ++j) k.set_row(0, j, 0, [&](std::int64_t d) { return d < D / 2 ? -1e18 : 1.0157e18; });
+    v.fill_normal(rng);
+    // The premise: summed in order of dims in f32, the dot product is -inf; in double it is finite and positive.
+    float f32_sum = 0.0f;
+    double exact = 0.0;
+    const std::vector<double> qv = q.values(), kv = k.values();
+    for (std::int64_t d = 0; d < D; ++d) {
+      f32_sum += float(qv[std::size_t(d)]) * float(kv[std::size_t(d)]);
+      exact += qv[std::size_t(d)] * kv[std::size_t(d)];
+    }
+    ASSERT_EQ(f32_sum, -kInf);
+    ASSERT_TRUE(std::isfinite(exact) && exact > 0.0) << exact;
+
+    conformance::HostTensor want(out);
+    std::vector<float> want_lse(1);
+    attention_forward(backend("reference"), {q.view, k.view, v.view, want.view, want_lse.data(), nullptr}, {});
+    ASSERT_TRUE(std::isfinite(want_lse[0]) && want_lse[0] > 1e30f) << want_lse[0];
+    conformance::DeviceBuffer dq(b, q.bytes), dk(b, k.bytes), dv(b, v.bytes), dout(b, out.bytes),
+        dlse(b, std::vector<float>(1, kNaN));
+    out.poison();
+    attention_forward(b,
+                      {q.on(dq.get(), b.memory()), k.on(dk.get(), b.memory()), v.on(dv.get(), b.memory()),
+                       out.on(dout.get(), b.memory()), static_cast<float*>(dlse.get()), nullptr},
+                      {});
+    b.synchronize();
+    out.assign(dout.read<std::uint8_t>());
+    std::string detail;
+    EXPECT_LE(conformance::relative_error(want.values(), out.values(), detail), 1e-2) << b.last_kernel() << " " << detail;
+    EXPECT_NEAR(dlse.read<float>()[0], want_lse[0], 1e-3 * want_lse[0]) << b.last_kernel();
+  }
 }
 
 // The conformance suite's Extreme kinds (conformance.hpp), forward and backward, on fresh shapes:
