@@ -71,5 +71,17 @@ __device__ __forceinline__ float group_sum(float x) {
   x += __shfl_xor_sync(0xFFFFFFFFu, x, 1);
   return x + __shfl_xor_sync(0xFFFFFFFFu, x, 2);
 }
+// Max and sum over the 8 threads of a column group (lanes tig, tig + 4, ..., tig + 28: one column of an mma
+// result, its rows g and g + 8 on each).
+__device__ __forceinline__ float column_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 4));
+  x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 8));
+  return fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 16));
+}
+__device__ __forceinline__ float column_sum(float x) {
+  x += __shfl_xor_sync(0xFFFFFFFFu, x, 4);
+  x += __shfl_xor_sync(0xFFFFFFFFu, x, 8);
+  return x + __shfl_xor_sync(0xFFFFFFFFu, x, 16);
+}
 
 }  // namespace flashtq::cuda

@@ -281,11 +281,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       score[half] = t0 + row + 8 * half >= w_end ? -INFINITY : kCapped ? capped_score(s, a.softcap * kLog2e) : s;
     }
     // ---- online softmax of head tig over the tile: its 16 tokens are on the 8 lanes of this tig ----
-    float mx = fmaxf(score[0], score[1]);
-    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 4));
-    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 8));
-    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 16));
-    const float m_new = fmaxf(m, mx);
+    const float m_new = fmaxf(m, column_max(fmaxf(score[0], score[1])));
     const float corr = exp2_approx(m - m_new);
     lsum *= corr;
     wsum *= corr;
@@ -302,9 +298,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     }
     // The tile's fixed point for head tig's weights: the largest weight times the larger value coefficient just
     // under 2^14 (a power of two; bounded so that it and its inverse stay normal floats).
-    wmax = fmaxf(wmax, __shfl_xor_sync(0xFFFFFFFFu, wmax, 4));
-    wmax = fmaxf(wmax, __shfl_xor_sync(0xFFFFFFFFu, wmax, 8));
-    wmax = fmaxf(wmax, __shfl_xor_sync(0xFFFFFFFFu, wmax, 16));
+    wmax = column_max(wmax);
     const int e = max(-100, min(100, ((__float_as_int(wmax * value_coef_max) >> 23) & 0xFF) - 126));
     if (row == 0) w_scale[warp][tig] = __int_as_float((127 + 14 - e) << 23);
     return corr;
@@ -471,21 +465,13 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
     process_tile(read_stage(stages[warp][buf]), t0);
     __syncwarp();  // every lane has read this stage before it is refilled
   }
-  if constexpr (kBf16) {  // head tig's sum over the 8 lanes of its tokens
-    lsum += __shfl_xor_sync(0xFFFFFFFFu, lsum, 4);
-    lsum += __shfl_xor_sync(0xFFFFFFFFu, lsum, 8);
-    lsum += __shfl_xor_sync(0xFFFFFFFFu, lsum, 16);
-  } else {
-    lsum = group_sum(lsum);
-  }
+  lsum = kBf16 ? column_sum(lsum) : group_sum(lsum);  // bf16-class: head tig's sum over the 8 lanes of its tokens
   if (kBf16 ? row == 0 : row < 4 && tig == 0) {
     part_m[warp][head] = m;
     part_l[warp][head] = lsum;
   }
   if constexpr (kBf16) {  // back from the rows' units; plus -c1 sum(w) of head tig
-    wsum += __shfl_xor_sync(0xFFFFFFFFu, wsum, 4);
-    wsum += __shfl_xor_sync(0xFFFFFFFFu, wsum, 8);
-    wsum += __shfl_xor_sync(0xFFFFFFFFu, wsum, 16);
+    wsum = column_sum(wsum);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const float unit = i % 2 ? 1.0f / 16.0f : 1.0f;
