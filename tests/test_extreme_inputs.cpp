@@ -122,18 +122,21 @@ TEST_P(ExtremeInputs, ScoresPastF32StillGiveTheSoftmax) {
 // Found on cuda (the bf16 decode kernel, PagedOnCuda with FLASHTQ_TEST_SEED=4903088662383852643): a score whose
 // dot product passes f32's range on the way and comes back finite (here the first half of the dims adds -1.3e39,
 // the second half +1.3e39 and 1 % more) can end at -inf in f32, where the sum runs in that order, which read as a
-// row without keys (LSE -inf, zeros) against the oracle's finite softmax. Every key alike: uniform weights.
+// row without keys (LSE -inf, zeros) against the oracle's finite softmax. Every key alike: uniform weights. One
+// query row (the decode kernels) and 64 (the tiled forwards), every row the same.
 TEST_P(ExtremeInputs, ScoresPastF32ThatEndAtMinusInfStillGiveTheSoftmax) {
   Backend& b = under_test();
   SKIP_WITHOUT_DEVICE(b);
   std::mt19937_64 rng = test_rng();
   const std::int64_t S = 40, D = 256;
-  for (const DType dtype : {DType::f32, DType::bf16}) {  // 1e19 is past f16's range
-    SCOPED_TRACE(dtype_name(dtype));
-    conformance::HostTensor q({1, 1, 1, D}, dtype, false), k({1, S, 1, D}, dtype, false), v(k), out(q);
+  for (const auto& [dtype, Sq] : {std::pair{DType::f32, 1}, std::pair{DType::bf16, 1}, std::pair{DType::f32, 64},
+                                  std::pair{DType::bf16, 64}}) {  // 1e19 is past f16's range
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + ", Sq " + std::to_string(Sq));
+    conformance::HostTensor q({1, Sq, 1, D}, dtype, false), k({1, S, 1, D}, dtype, false), v(k), out(q);
     q.map([](auto...) { return 1e19f; });
     k.map([](std::int64_t, std::int64_t, std::int64_t, float) { return 0.0f; });
-    for (std::int64_t j = 0; j < S; ++j) k.set_row(0, j, 0, [&](std::int64_t d) { return d < D / 2 ? -1e18 : 1.0157e18; });
+    for (std::int64_t j = 0; j < S; ++j)
+      k.set_row(0, j, 0, [&](std::int64_t d) { return d < D / 2 ? -1e18 : 1.0157e18; });
     v.fill_normal(rng);
     // The premise: summed in order of dims in f32, the dot product is -inf; in double it is finite and positive.
     float f32_sum = 0.0f;
@@ -147,11 +150,11 @@ TEST_P(ExtremeInputs, ScoresPastF32ThatEndAtMinusInfStillGiveTheSoftmax) {
     ASSERT_TRUE(std::isfinite(exact) && exact > 0.0) << exact;
 
     conformance::HostTensor want(out);
-    std::vector<float> want_lse(1);
+    std::vector<float> want_lse(static_cast<std::size_t>(Sq));
     attention_forward(backend("reference"), {q.view, k.view, v.view, want.view, want_lse.data(), nullptr}, {});
     ASSERT_TRUE(std::isfinite(want_lse[0]) && want_lse[0] > 1e30f) << want_lse[0];
     conformance::DeviceBuffer dq(b, q.bytes), dk(b, k.bytes), dv(b, v.bytes), dout(b, out.bytes),
-        dlse(b, std::vector<float>(1, kNaN));
+        dlse(b, std::vector<float>(std::size_t(Sq), kNaN));
     out.poison();
     attention_forward(b,
                       {q.on(dq.get(), b.memory()), k.on(dk.get(), b.memory()), v.on(dv.get(), b.memory()),
@@ -160,8 +163,12 @@ TEST_P(ExtremeInputs, ScoresPastF32ThatEndAtMinusInfStillGiveTheSoftmax) {
     b.synchronize();
     out.assign(dout.read<std::uint8_t>());
     std::string detail;
-    EXPECT_LE(conformance::relative_error(want.values(), out.values(), detail), 1e-2) << b.last_kernel() << " " << detail;
-    EXPECT_NEAR(dlse.read<float>()[0], want_lse[0], 1e-3 * want_lse[0]) << b.last_kernel();
+    EXPECT_LE(conformance::relative_error(want.values(), out.values(), detail), 1e-2)
+        << b.last_kernel() << " " << detail;
+    const std::vector<float> got_lse = dlse.read<float>();
+    for (std::int64_t i = 0; i < Sq; ++i)
+      EXPECT_NEAR(got_lse[std::size_t(i)], want_lse[std::size_t(i)], 1e-3 * want_lse[std::size_t(i)])
+          << b.last_kernel() << " row " << i;
   }
 }
 

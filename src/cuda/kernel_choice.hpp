@@ -28,15 +28,15 @@ enum class DenseBackwardKernel : std::uint8_t {
   warp_per_row,  // a warp per query row for dQ, per key row for dK dV (dense.cu)
 };
 enum class TqAttendKernel : std::uint8_t {
-  decode_mma,    // tensor-core decode of the seed layout at head_dim 128 (tq_decode_mma.cu), exact: for
-                 // TqAttendArgs::exact
+  decode_mma,       // tensor-core decode of the seed layout at head_dim 128 (tq_decode_mma.cu), exact: for
+                    // TqAttendArgs::exact
   decode_mma_bf16,  // the same kernel with the bf16-class key product (queries in 15-bit fixed point): the
                     // seed layout's default
-  decode_tc,     // bf16 tensor-core decode of keys without QJL, codes turned into operands through tables of
-                 // centroid pairs (tq_decode_tc.cu); bf16-class, the presets' code widths
-  split_k,       // the scalar split-K kernel, every layout (tq_attend.cu)
-  prefill_bf16,  // chunked prefill: the visible timesteps decoded to bf16, then the dense tensor-core
-                 // forward (tq_prefill.cu); bf16-class, every layout
+  decode_tc,        // bf16 tensor-core decode of keys without QJL, codes turned into operands through tables of
+                    // centroid pairs (tq_decode_tc.cu); bf16-class, the presets' code widths
+  split_k,          // the scalar split-K kernel, every layout (tq_attend.cu)
+  prefill_bf16,     // chunked prefill: the visible timesteps decoded to bf16, then the dense tensor-core
+                    // forward (tq_prefill.cu); bf16-class, every layout
 };
 
 const char* kernel_name(DenseForwardKernel k);

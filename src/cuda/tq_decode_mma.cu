@@ -63,14 +63,15 @@ __device__ __forceinline__ void imma16832_bits_a(int (&d)[4], const uint4& a, co
 }
 // D = A . B from zero (no accumulator registers to clear first).
 __device__ __forceinline__ void imma16832_bits_a_from_zero(int (&d)[4], const uint4& a, const uint2& b) {
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-               : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y), "r"(0));
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y), "r"(0));
 }
 
 // Byte `limb` of each of four words, packed (word i in byte i).
-__device__ __forceinline__ std::uint32_t bytes_of(std::uint32_t w0, std::uint32_t w1, std::uint32_t w2, std::uint32_t w3,
-                                                  int limb) {
+__device__ __forceinline__ std::uint32_t bytes_of(std::uint32_t w0, std::uint32_t w1, std::uint32_t w2,
+                                                  std::uint32_t w3, int limb) {
   const std::uint32_t sel = std::uint32_t(limb) | std::uint32_t(limb + 4) << 4;
   return __byte_perm(__byte_perm(w0, w1, sel), __byte_perm(w2, w3, sel), 0x5410u);
 }
@@ -271,8 +272,9 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       // An upper nibble's products are 16 times its elements' (each a multiple of 16: the shift is exact).
-      auto limbs = [&](const int (&x)[2][4]) {
-        return float(x[0][2 * half] + (x[1][2 * half] >> 4)) + 256.0f * float(x[0][2 * half + 1] + (x[1][2 * half + 1] >> 4));
+      auto limbs = [&](const int(&x)[2][4]) {
+        return float(x[0][2 * half] + (x[1][2 * half] >> 4)) +
+               256.0f * float(x[0][2 * half + 1] + (x[1][2 * half + 1] >> 4));
       };
       const float p = limbs(P), q = limbs(J);
       const float polar = fmaf(p, k_unscale, k_offset), jl = fmaf(q, j_unscale, -j_sum);
@@ -332,9 +334,10 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       const std::uint32_t src = r[i / 2];
       const int base = 4 * (i % 2);
       int c[4];
-      imma16832_bits_a_from_zero(
-          c, make_uint4(src & (one << base), src & (one << (base + 2)), src & (one << (base + 1)), src & (one << (base + 3))),
-          b);
+      imma16832_bits_a_from_zero(c,
+                                 make_uint4(src & (one << base), src & (one << (base + 2)), src & (one << (base + 1)),
+                                            src & (one << (base + 3))),
+                                 b);
       vacc[i][0] = fmaf(float(c[0] + 256 * c[1]), unscale, vacc[i][0]);
       vacc[i][1] = fmaf(float(c[2] + 256 * c[3]), unscale, vacc[i][1]);
     }
@@ -517,8 +520,7 @@ void launch_mma_decode_for(const AttendParams& a, dim3 grid, cudaStream_t stream
   const char* what = "TurboQuant decode kernel";
   const dim3 block(32 * kWarps);
   if (a.l.paged()) {
-    if (a.softcap > 0.0f)
-      return launch_dependent(mma_decode_kernel<true, true, kBf16>, grid, block, stream, what, a);
+    if (a.softcap > 0.0f) return launch_dependent(mma_decode_kernel<true, true, kBf16>, grid, block, stream, what, a);
     return launch_dependent(mma_decode_kernel<false, true, kBf16>, grid, block, stream, what, a);
   }
   if (a.softcap > 0.0f) return launch_dependent(mma_decode_kernel<true, false, kBf16>, grid, block, stream, what, a);

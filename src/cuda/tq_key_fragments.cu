@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_key_fragments(AttendP
   allow_next_grid();
   const std::int64_t groups = a.H / 4, j = blockIdx.x / groups, h0 = (blockIdx.x % groups) * 4;
   auto& out = *reinterpret_cast<KeyFragmentsFor<kLimbs>*>(static_cast<char*>(a.key_fragments) +
-                                                         std::size_t(blockIdx.x) * kKeyFragmentBytes);
+                                                          std::size_t(blockIdx.x) * kKeyFragmentBytes);
   constexpr int kTop = kLimbs == 4 ? 30 : 14;  // the largest element's fixed point stays below 2^kTop
   const float kc0 = a.key_centroids[2], kc1 = a.key_centroids[3];
   const float lo_coef = kc1 - kc0, hi_coef = kc0 + kc1;  // centroid = -c1 + lo_coef lo + hi_coef hi
