@@ -62,6 +62,14 @@ __device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
   return y;
 }
 
+// Byte `index` of each of four words, packed (word i's in byte i): two PRMTs pick it from pairs of words, a third
+// joins the halves. The integer tensor-core operands gather limbs and value bits this way.
+__device__ __forceinline__ std::uint32_t byte_of_each(std::uint32_t w0, std::uint32_t w1, std::uint32_t w2,
+                                                      std::uint32_t w3, int index) {
+  const std::uint32_t sel = std::uint32_t(index) | std::uint32_t(index + 4) << 4;
+  return __byte_perm(__byte_perm(w0, w1, sel), __byte_perm(w2, w3, sel), 0x5410u);
+}
+
 // Max and sum over the 4 threads of a group (lanes 4g .. 4g + 3: one row of an mma result).
 __device__ __forceinline__ float group_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 1));

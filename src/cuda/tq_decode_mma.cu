@@ -69,13 +69,6 @@ __device__ __forceinline__ void imma16832_bits_a_from_zero(int (&d)[4], const ui
       : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y), "r"(0));
 }
 
-// Byte `limb` of each of four words, packed (word i in byte i).
-__device__ __forceinline__ std::uint32_t bytes_of(std::uint32_t w0, std::uint32_t w1, std::uint32_t w2,
-                                                  std::uint32_t w3, int limb) {
-  const std::uint32_t sel = std::uint32_t(limb) | std::uint32_t(limb + 4) << 4;
-  return __byte_perm(__byte_perm(w0, w1, sel), __byte_perm(w2, w3, sel), 0x5410u);
-}
-
 // A value in 15-bit fixed point as two balanced signed 8-bit digits (bytes 0 and 1).
 __device__ __forceinline__ std::uint32_t two_digits(float x) {
   return (std::uint32_t(__float2int_rn(x)) + 0x8080u) ^ 0x8080u;
@@ -315,8 +308,8 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
   // g + 8 is dim 16 g + 2 i + 1, two places higher: vacc[i][r] is in units of 2^(4 (i % 2) + 2 r).
   auto bf16_values = [&](const TileWords& cur) {
     const std::uint32_t w0 = cur.va[0], w1 = cur.vb[0], w2 = cur.va[1], w3 = cur.vb[1];  // tokens tig + 4 i
-    const std::uint32_t r[4] = {bytes_of(w0, w1, w2, w3, 0), bytes_of(w0, w1, w2, w3, 1), bytes_of(w0, w1, w2, w3, 2),
-                                bytes_of(w0, w1, w2, w3, 3)};
+    const std::uint32_t r[4] = {byte_of_each(w0, w1, w2, w3, 0), byte_of_each(w0, w1, w2, w3, 1),
+                                byte_of_each(w0, w1, w2, w3, 2), byte_of_each(w0, w1, w2, w3, 3)};
     const int bhead = row >> 1, limb = row & 1;  // this thread's B column
     const float scale = w_scale[warp][bhead], unscale = 1.0f / w_scale[warp][tig];
     std::uint32_t lo_digits[4], hi_digits[4];
@@ -326,8 +319,8 @@ __global__ void __launch_bounds__(32 * kWarps, 4) mma_decode_kernel(AttendParams
       lo_digits[i] = two_digits(w * value_lo_coef);
       hi_digits[i] = two_digits(w * value_hi_coef_half);
     }
-    const uint2 b = make_uint2(bytes_of(lo_digits[0], lo_digits[1], lo_digits[2], lo_digits[3], limb),
-                               bytes_of(hi_digits[0], hi_digits[1], hi_digits[2], hi_digits[3], limb));
+    const uint2 b = make_uint2(byte_of_each(lo_digits[0], lo_digits[1], lo_digits[2], lo_digits[3], limb),
+                               byte_of_each(hi_digits[0], hi_digits[1], hi_digits[2], hi_digits[3], limb));
     const std::uint32_t one = 0x01010101u;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {

@@ -15,6 +15,7 @@
 // sum(q_jl) in jl_sum.
 #include "cuda/common.cuh"
 #include "cuda/launch.hpp"
+#include "cuda/mma.cuh"
 #include "cuda/tq_key_fragments.cuh"
 
 namespace flashtq::cuda {
@@ -90,9 +91,7 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_key_fragments(AttendP
   // Byte `limb` of the digits of elements k0 .. k0 + 3 of a head, as one register.
   auto limb_bytes = [&](int step, int head, int k0, int limb) {
     const uint4 d = *reinterpret_cast<const uint4*>(&digits[step][head][k0]);
-    const std::uint32_t sel = std::uint32_t(limb) | std::uint32_t(limb + 4) << 4;  // byte `limb` of each word
-    const std::uint32_t lo = __byte_perm(d.x, d.y, sel), hi = __byte_perm(d.z, d.w, sel);
-    return __byte_perm(lo, hi, 0x5410u);
+    return byte_of_each(d.x, d.y, d.z, d.w, limb);
   };
   if constexpr (kLimbs == 4) {
     // A, register i of lane (g, t): row g + 8 (i & 1) (limb row / 4 of head row % 4), k = 16 (i >> 1) + 4 t + byte.
