@@ -196,12 +196,17 @@ __device__ __forceinline__ void store_rows(const Tile& t, const TensorView& ov, 
       const float keys_sum = row_sum<Tile::kRowLanes>(l[a][r]);
       if (i >= p.Sq) continue;
       const float keys_max = m[a][r];
-      // Every score at most -1e30 counts as masked (docs/spec.md §3): the row saw nothing.
-      const bool seen_nothing = (keys_max == -INFINITY && keys_sum == 0.0f) ||
-                                (isfinite(keys_sum) && isfinite(keys_max) && keys_max <= -1e30f * kLog2e);
+      // Every score at most -1e30 counts as masked (docs/spec.md §3): the row saw nothing. A row with visible keys
+      // whose maximum is still -inf did not: every f32 score fell to -inf (a dot product past f32's range, which
+      // the double repair may find finite), so it goes to the repair.
+      const core::KeyRange keys = core::key_range(p, i, i + 1);
+      const bool fell_out = keys_max == -INFINITY && keys.begin < keys.end;
+      const bool seen_nothing =
+          !fell_out && ((keys_max == -INFINITY && keys_sum == 0.0f) ||
+                        (isfinite(keys_sum) && isfinite(keys_max) && keys_max <= -1e30f * kLog2e));
       const RowTotal total = with_sink(p, t.h, keys_max, seen_nothing ? 0.0f : keys_sum);
       const float mr = total.m, sum = total.l;
-      const bool finished = isfinite(sum) && sum > 0.0f && isfinite(mr);
+      const bool finished = !fell_out && isfinite(sum) && sum > 0.0f && isfinite(mr);
       const bool empty = seen_nothing && !finished;
       // Neither (a score past f32's range): NaN, which repair_dense_forward finds and recomputes.
       const float inv = finished ? total.weight / sum : empty ? 0.0f : NAN;
