@@ -78,31 +78,21 @@ __device__ __forceinline__ DenseProblem sequence_problem(const DecodeArgs& a, st
 }
 
 // Row (i, h)'s end: O / l to out and the LSE, from its maximum M (log2 units), sum L and unnormalised O (x(d)),
-// as store_rows (dense_softmax.cuh) does it: the sink joins, a row that saw nothing gets 0 and the sink's logit
-// (or -inf), a row f32 cannot finish gets NaN for repair_dense_forward. A row with visible keys whose maximum is
-// still -inf is one of those: every f32 score fell to -inf (a dot product past f32's range, which the double
-// repair may find finite), not a row without keys.
+// as end_of_row (dense_softmax.cuh) says, with sequence b's own keys. Returns whether the row is for the repair.
 template <typename T, typename X>
 __device__ __forceinline__ bool finish_row(const DecodeArgs& a, std::int64_t b, std::int64_t i, std::int64_t h, float M,
                                            float L, int d0, int d_step, X x) {
   const DenseProblem& p = a.p;
-  const core::KeyRange keys = core::key_range(sequence_problem(a, b), i, i + 1);
-  const bool fell_out = M == -INFINITY && keys.begin < keys.end;
-  const bool seen_nothing =
-      !fell_out && ((M == -INFINITY && L == 0.0f) || (isfinite(L) && isfinite(M) && M <= -1e30f * kLog2e));
-  const RowTotal total = with_sink(p, h, M, seen_nothing ? 0.0f : L);
-  const bool finished = !fell_out && isfinite(total.l) && total.l > 0.0f && isfinite(total.m);
-  const bool empty = seen_nothing && !finished;
-  const float inv = finished ? total.weight / total.l : empty ? 0.0f : NAN;
-  bool bad = !finished && !empty;
+  const RowEnd end = end_of_row(sequence_problem(a, b), h, i, M, L);
+  const float inv = end.inv;
+  bool bad = end.unfinished;
   T* out = static_cast<T*>(a.out.data) + row_offset(a.out, b, i, h);
   for (int d = d0; d < p.D; d += d_step) {
     const float y = x(d) * inv;
     bad |= !isfinite(y);
     out[d] = from_float<T>(y);
   }
-  if (a.lse != nullptr && d0 == 0)
-    a.lse[p.lse_at(b, h, i)] = finished ? total.m * kLn2 + logf(total.l) : empty ? -INFINITY : NAN;
+  if (a.lse != nullptr && d0 == 0) a.lse[p.lse_at(b, h, i)] = end.lse;
   return bad;
 }
 

@@ -81,6 +81,30 @@ __device__ __forceinline__ RowTotal with_sink(const DenseProblem& p, std::int64_
   return {top, l * keep + exp2f(sink - top), keep};
 }
 
+// How row i of head h ends, from its maximum (log2 units) and sum over its keys: `inv`, what its unnormalised O is
+// multiplied by, and its LSE. A row that saw nothing (no key, or every score at most -1e30, which counts as masked:
+// docs/spec.md §3) gets 0 and the sink's logit (or -inf). A row f32 cannot finish gets NaN in both and `unfinished`,
+// for repair_dense_forward: among them a row with visible keys whose maximum is still -inf, where every f32 score
+// fell to -inf (a dot product past f32's range, which the double repair may find finite). `p` is the row's own
+// problem (a paged sequence's length and causal offset), for the keys it sees.
+struct RowEnd {
+  float inv, lse;
+  bool unfinished;
+};
+__device__ __forceinline__ RowEnd end_of_row(const DenseProblem& p, std::int64_t h, std::int64_t i, float keys_max,
+                                             float keys_sum) {
+  const core::KeyRange keys = core::key_range(p, i, i + 1);
+  const bool fell_out = keys_max == -INFINITY && keys.begin < keys.end;
+  const bool seen_nothing = !fell_out && ((keys_max == -INFINITY && keys_sum == 0.0f) ||
+                                          (isfinite(keys_sum) && isfinite(keys_max) && keys_max <= -1e30f * kLog2e));
+  const RowTotal total = with_sink(p, h, keys_max, seen_nothing ? 0.0f : keys_sum);
+  const bool finished = !fell_out && isfinite(total.l) && total.l > 0.0f && isfinite(total.m);
+  const bool empty = seen_nothing && !finished;
+  if (finished) return {total.weight / total.l, total.m * kLn2 + logf(total.l), false};
+  if (empty) return {0.0f, -INFINITY, false};
+  return {NAN, NAN, true};
+}
+
 // Turns one tile of raw scores S (keys j0 + [0, 8 NT)) into the weights P of O += P V, in place: scale,
 // visibility and mask (per element only where the tile is not `interior`), the running maxima m and
 // sums l of each row (in log2 units), O's rescale when a maximum grows, exp2, dropout.
@@ -195,22 +219,9 @@ __device__ __forceinline__ void store_rows(const Tile& t, const TensorView& ov, 
       const std::int64_t i = t.row_of(a, r);
       const float keys_sum = row_sum<Tile::kRowLanes>(l[a][r]);
       if (i >= p.Sq) continue;
-      const float keys_max = m[a][r];
-      // Every score at most -1e30 counts as masked (docs/spec.md §3): the row saw nothing. A row with visible keys
-      // whose maximum is still -inf did not: every f32 score fell to -inf (a dot product past f32's range, which
-      // the double repair may find finite), so it goes to the repair.
-      const core::KeyRange keys = core::key_range(p, i, i + 1);
-      const bool fell_out = keys_max == -INFINITY && keys.begin < keys.end;
-      const bool seen_nothing =
-          !fell_out && ((keys_max == -INFINITY && keys_sum == 0.0f) ||
-                        (isfinite(keys_sum) && isfinite(keys_max) && keys_max <= -1e30f * kLog2e));
-      const RowTotal total = with_sink(p, t.h, keys_max, seen_nothing ? 0.0f : keys_sum);
-      const float mr = total.m, sum = total.l;
-      const bool finished = !fell_out && isfinite(sum) && sum > 0.0f && isfinite(mr);
-      const bool empty = seen_nothing && !finished;
-      // Neither (a score past f32's range): NaN, which repair_dense_forward finds and recomputes.
-      const float inv = finished ? total.weight / sum : empty ? 0.0f : NAN;
-      bad |= !finished && !empty;
+      const RowEnd end = end_of_row(p, t.h, i, m[a][r], keys_sum);
+      const float inv = end.inv;
+      bad |= end.unfinished;
       T* out = static_cast<T*>(ov.data) + row_offset(ov, t.b, i, t.h);
 #pragma unroll
       for (int nt = 0; nt < DT; ++nt) {
@@ -220,7 +231,7 @@ __device__ __forceinline__ void store_rows(const Tile& t, const TensorView& ov, 
         out[t.dim_of(nt, 1)] = from_float<T>(x1);
       }
       if (lse != nullptr && threadIdx.x % Tile::kRowLanes == 0) {
-        lse[p.lse_at(t.b, t.h, i)] = finished ? mr * kLn2 + logf(sum) : empty ? -INFINITY : NAN;
+        lse[p.lse_at(t.b, t.h, i)] = end.lse;
       }
     }
   }
