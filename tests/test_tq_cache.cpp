@@ -272,20 +272,21 @@ TEST(TqKvCacheFile, FailedSaveKeepsThePreviousFile) {
 // The cache on every backend, its words in that backend's memory: appended rows and attention over
 // them, against the oracle's attention over the very same packed words (saved on the backend, loaded
 // on the reference), and the words against the oracle's encode (codes may flip at a boundary).
-class TqKvCacheOn : public ::testing::TestWithParam<std::string> {};
-
-// The backend of that name among those compiled in (available here or not), or null.
-Backend* compiled_backend(const std::string& name) {
-  for (Backend* x : all_backends())
-    if (x->name() == name) return x;
-  return nullptr;
-}
+// SetUp finds the backend among those compiled in and skips, saying why, where it is not available here.
+class TqKvCacheOn : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    for (Backend* x : all_backends())
+      if (x->name() == GetParam()) backend_ = x;
+    ASSERT_NE(backend_, nullptr) << "no backend '" << GetParam() << "' is compiled in";
+    if (!backend_->available())
+      GTEST_SKIP() << "backend '" << backend_->name() << "' is not available here: " << backend_->unavailable_reason();
+  }
+  Backend* backend_ = nullptr;
+};
 
 TEST_P(TqKvCacheOn, AttendEqualsTheOracleOnTheSameWords) {
-  Backend* found = compiled_backend(GetParam());
-  ASSERT_NE(found, nullptr);
-  Backend& b = *found;
-  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is not available here: " << b.unavailable_reason();
+  Backend& b = *backend_;
   std::mt19937_64 rng = test_rng();
   const std::int64_t D = 128, Hkv = 2, H = 8, T = 300, n = 5;
   const TqCacheConfig config{2, {D, Hkv, 512, 2, 2}, rng()};
@@ -334,10 +335,7 @@ TEST_P(TqKvCacheOn, AttendEqualsTheOracleOnTheSameWords) {
 // kernel that keeps its value products in fixed point across tiles must move that fixed point (the cuda
 // bf16-class decode). Default call within 1e-2 of the oracle on the same words, exact call within 1e-5.
 TEST_P(TqKvCacheOn, AttendEqualsTheOracleWhenValueNormsSpanOrdersOfMagnitude) {
-  Backend* found = compiled_backend(GetParam());
-  ASSERT_NE(found, nullptr);
-  Backend& b = *found;
-  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is not available here: " << b.unavailable_reason();
+  Backend& b = *backend_;
   std::mt19937_64 rng = test_rng();
   const std::int64_t D = 128, Hkv = 2, H = 8, T = 4096;
   const TqCacheConfig config{1, {D, Hkv, T, 2, 2}, rng()};
@@ -380,10 +378,7 @@ TEST_P(TqKvCacheOn, AttendEqualsTheOracleWhenValueNormsSpanOrdersOfMagnitude) {
 // the calls before it left, and codes the timesteps that leave it) give the oracle's words exactly, and
 // attention over them equals the oracle's on the same words.
 TEST_P(TqKvCacheOn, BlockMeansAfterChunkedAppendsAreTheOraclesWords) {
-  Backend* found = compiled_backend(GetParam());
-  ASSERT_NE(found, nullptr);
-  Backend& b = *found;
-  if (!b.available()) GTEST_SKIP() << "backend '" << b.name() << "' is not available here: " << b.unavailable_reason();
+  Backend& b = *backend_;
   std::mt19937_64 rng = test_rng();
   const std::int64_t D = std::array<std::int64_t, 3>{64, 128, 256}[rng() % 3], Hkv = 2, H = 4, T = 130;
   TqLayout l{D, Hkv, 160, 3, 3};
