@@ -3,7 +3,7 @@
 # run on one GPU, merged into bench/results/cuda_turboquant-<commit>.json (or $1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=build/release/bench/cuda_turboquant_bench
+bin=${BIN:-build/release/bench/cuda_turboquant_bench}  # BIN: a binary built elsewhere (bench/device/run.sh)
 if [ ! -x "$bin" ]; then
   cmake --preset release -DFLASHTQ_BUILD_TESTS=OFF >/dev/null
   cmake --build --preset release --target cuda_turboquant_bench -j "$(nproc)"

@@ -37,10 +37,7 @@ if [ "${SANITIZE:-0}" = 1 ]; then
 fi
 if [ "${BENCH:-0}" = 1 ]; then
   peers
-  /tmp/bin/bench_a > "$OUT/flashtq.json" 2> "$OUT/bench_err.txt"; echo "bench rc=$?"
-  (cd bench && python3 torch_sdpa.py) > "$OUT/torch.json" 2> "$OUT/torch_err.txt"; echo "torch rc=$?"; tail -3 "$OUT/torch_err.txt"
-  python3 bench/merge_turboquant.py "$OUT/flashtq.json" "$OUT/torch.json" "${COMMIT:-unknown}" > "$OUT/merged.json"
-  python3 bench/merge_turboquant.py --table "$OUT/merged.json"
+  BIN=/tmp/bin/bench_a COMMIT=${COMMIT:-unknown} bash bench/cuda_turboquant.sh "$OUT/merged.json" 2>&1 | tail -60
 fi
 if [ -n "${NCU:-}" ]; then
   ncu ${NCUOPTS:---set full} -o "$OUT/prof" /tmp/bin/${NCUBIN:-bench_a} $NCU > "$OUT/ncu-log.txt" 2>&1; echo "ncu rc=$?"; tail -3 "$OUT/ncu-log.txt"
