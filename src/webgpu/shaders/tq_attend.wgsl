@@ -62,10 +62,26 @@ var<workgroup> weight: array<vec4<f32>, 128>;   // score, then p * |v| of each t
 var<workgroup> prob: array<vec4<f32>, 128>;     // p of each token of the tile
 var<workgroup> partials: array<vec4<f32>, 32>;  // the first step of a reduction over the tile
 var<workgroup> mean_dots: array<vec4<f32>, 33>;  // <q_rot, mu_b> of the split's key blocks (at most 256 / 8 + 1)
+// The uniform centroid tables copied to workgroup memory (keys, outlier part, values: 16 entries each): a code
+// picks its centroid per invocation, and a uniform array indexed by values that differ across invocations is
+// read one distinct index at a time on some GPUs, while 16 consecutive words sit in distinct banks here.
+var<workgroup> centroid_table: array<f32, 48>;
 var<workgroup> running_max: vec4<f32>;
 var<workgroup> correction: vec4<f32>;  // of the running sums, for the tile's new maxima
 var<workgroup> begin_shared: u32;
 var<workgroup> end_shared: u32;
+
+// Every invocation calls it, before the workgroup's first barrier; the centroids are read after that barrier.
+fn load_centroids(tid: u32) {
+  if (tid < 16u) {
+    centroid_table[tid] = P.key_centroids[tid / 4u][tid % 4u];
+    centroid_table[16u + tid] = P.outlier_centroids[tid / 4u][tid % 4u];
+    centroid_table[32u + tid] = P.value_centroids[tid / 4u][tid % 4u];
+  }
+}
+// Key part 0 of a layout with outlier channels has centroids of its own.
+fn key_centroid(idx: u32, outlier: bool) -> f32 { return centroid_table[select(0u, 16u, outlier) + idx]; }
+fn value_centroid(idx: u32) -> f32 { return centroid_table[32u + idx]; }
 
 fn f16_lo(w: u32) -> f32 { return unpack2x16float(w).x; }
 fn f16_hi(w: u32) -> f32 { return unpack2x16float(w).y; }
@@ -197,7 +213,7 @@ fn coded_key_scores(keys: u32, kvh: u32, at: u32, D: u32, jl_sums: vec4<f32>, me
       var idx = lo >> (bit % 32u);
       if ((bit % 32u) + part.z > 32u) { idx |= hi << (32u - bit % 32u); }
       idx &= (1u << part.z) - 1u;
-      let c = select(P.key_centroids[idx / 4u][idx % 4u], P.outlier_centroids[idx / 4u][idx % 4u], outlier);
+      let c = key_centroid(idx, outlier);
       let d = part.x + i;
       polar = fma(q_rot[d], vec4<f32>(c), polar);
       if (P.qjl != 0u) {
@@ -236,6 +252,7 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
   let D = P.D;
   let b = row / P.nq;
   let t_begin = split * P.split_tokens;
+  load_centroids(tid);
   if (tid == 0u) {
     end_shared = min(t_begin + P.split_tokens, seq_len(row));
     begin_shared = max(t_begin, first_visible(row));
@@ -333,11 +350,11 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
       let base = values + (kvh * P.capacity + at) * value_code_words;
       if (tid < D) {
         let idx = value_code(base, tid, P.value_bits);
-        acc0 = fma(wi, vec4<f32>(P.value_centroids[idx / 4u][idx % 4u]), acc0);
+        acc0 = fma(wi, vec4<f32>(value_centroid(idx)), acc0);
       }
       if (tid + TILE < D) {
         let idx = value_code(base, tid + TILE, P.value_bits);
-        acc1 = fma(wi, vec4<f32>(P.value_centroids[idx / 4u][idx % 4u]), acc1);
+        acc1 = fma(wi, vec4<f32>(value_centroid(idx)), acc1);
       }
       if (P.value_block != 0u) {  // p mu_b: the block's mean, which the codes do not hold
         if (at / P.value_block != block) {
@@ -463,8 +480,7 @@ fn decode_pair(b: u32, kvh: u32, t: u32, d0: u32, end: u32, exact_base: u32, k: 
       let p = part_of(P.parts, P.n_parts, d);
       let part = P.parts[p];
       let idx = key_code(keys + slot * P.key_code_words, part.w + (d - part.x) * part.z, part.z);
-      let c = select(P.key_centroids[idx / 4u][idx % 4u], P.outlier_centroids[idx / 4u][idx % 4u],
-                     P.outliers != 0u && p == 0u);
+      let c = key_centroid(idx, P.outliers != 0u && p == 0u);
       (*k)[e] = unpack2x16float(KEYS[norms + p / 2u])[p % 2u] * c;
     }
   }
@@ -500,7 +516,7 @@ fn decode_pair(b: u32, kvh: u32, t: u32, d0: u32, end: u32, exact_base: u32, k: 
   let vn = f16_lo(VALUES[values + P.value_norm_off + slot]);
   let c0 = value_code(base, d0, P.value_bits);
   let c1 = value_code(base, d0 + 1u, P.value_bits);
-  *v = vn * vec2<f32>(P.value_centroids[c0 / 4u][c0 % 4u], P.value_centroids[c1 / 4u][c1 % 4u]);
+  *v = vn * vec2<f32>(value_centroid(c0), value_centroid(c1));
   if (P.value_block != 0u) {
     let mean = values + P.value_mean_off + (kvh * P.value_mean_blocks + at / P.value_block) * (D / 2u);
     *v += vec2<f32>(value_mean(mean, d0), value_mean(mean, d0 + 1u));
@@ -517,6 +533,8 @@ fn prefill_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
   let D = P.D;
   let end = u32(P.start_pos) + P.nq;  // the rows' sequence end: the prefill serves unclamped rows only
   let exact_base = (min(exact_set(b), P.exact_sets - 1u) * P.n_kv + kvh) * P.exact_rows * (D / 2u);
+  load_centroids(tid);
+  workgroupBarrier();
   for (var i = 0u; i < PREFILL_STEPS; i++) {
     let s = (P.row0 + wid.x) * PREFILL_STEPS + i;
     if (s >= P.pf_keys) { break; }  // uniform: the same for the whole workgroup
