@@ -285,8 +285,9 @@ AttendTimes dense_decode_ms(std::int64_t batch, std::int64_t ctx, std::int64_t h
 }  // namespace
 
 // `cuda_turboquant_bench --decode B CTX [PRESET]` times that one decode shape (the seed layout unless a preset is
-// named), `--dense B CTX [PAGE]` flashtq's bf16 decode of that shape (through pages of PAGE keys when given), and
-// prints its time only (for profilers and quick comparisons); without arguments, the whole benchmark as JSON.
+// named), `--prefill CHUNK [PRESET]` a chunked prefill of CHUNK rows over one 32k sequence, `--dense B CTX [PAGE]`
+// flashtq's bf16 decode of that shape (through pages of PAGE keys when given), and prints its time only (for profilers
+// and quick comparisons); without arguments, the whole benchmark as JSON.
 int main(int argc, char** argv) {
   if (argc >= 4 && argc <= 6 && std::string(argv[1]) == "--decode") {  // `--decode B CTX [PRESET [PAGE]]`
     std::mt19937_64 rng(7);
@@ -297,6 +298,16 @@ int main(int argc, char** argv) {
     const AttendTimes t = attend_ms(s, 32, 1, rng());
     std::printf("decode B=%lld ctx=%lld page %d: graph %.4f ms, eager %.4f ms\n", (long long)batch, (long long)ctx,
                 page, t.graph_ms, t.eager_ms);
+    free_sequences(s);
+    return 0;
+  }
+  if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--prefill") {  // `--prefill CHUNK [PRESET]` over 32k
+    std::mt19937_64 rng(7);
+    const std::int64_t chunk = std::atoll(argv[2]);
+    Sequences s = make_sequences(1, flashtq::tq_preset_layout(argc == 4 ? argv[3] : "seed", 128, 8, 32768), rng);
+    const AttendTimes t = attend_ms(s, 32, chunk, rng());
+    std::printf("prefill chunk=%lld over 32k: graph %.4f ms, eager %.4f ms\n", (long long)chunk, t.graph_ms,
+                t.eager_ms);
     free_sequences(s);
     return 0;
   }
