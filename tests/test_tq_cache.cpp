@@ -332,8 +332,8 @@ TEST_P(TqKvCacheOn, AttendEqualsTheOracleOnTheSameWords) {
 
 // Value rows whose norms span four orders of magnitude, in random order over thousands of timesteps: each
 // token's weight (p times its value norm) jumps up and down between the tiles of a decode, which is where a
-// kernel that keeps its value products in fixed point across tiles must move that fixed point (the cuda
-// bf16-class decode). Default call within 1e-2 of the oracle on the same words, exact call within 1e-5.
+// kernel that puts its weights in fixed point must choose that fixed point well (the cuda bf16-class decode
+// picks one per tile and head). Default call within 1e-2 of the oracle on the same words, exact call within 1e-5.
 TEST_P(TqKvCacheOn, AttendEqualsTheOracleWhenValueNormsSpanOrdersOfMagnitude) {
   Backend& b = *backend_;
   std::mt19937_64 rng = test_rng();

@@ -3,8 +3,8 @@
 # checkout's built binaries (xz, to fit the carry limit), the shared libraries they need there, the glvnd and
 # Vulkan loader packages for the webgpu backend, the peer wheels (../shared/peers: FlashInfer and its
 # dependencies) and the driver bench/device/run.sh, which docs/benchmarks.md calls as `.gpu/run.sh`.
-# Usage: bench/device/pack.sh [bench_b [bench_c ...]] — extra names take further copies of
-# cuda_turboquant_bench built elsewhere (put them in .gpu/bin yourself) for run.sh's AB mode.
+# Usage: bench/device/pack.sh (no arguments). For run.sh's AB mode, put further builds of cuda_turboquant_bench
+# into .gpu/bin as bench_b.xz, bench_c.xz, ... yourself: this script rewrites only bench_a and leaves them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=build/release
