@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng(7);
     const std::int64_t chunk = std::atoll(argv[2]);
     Sequences s = make_sequences(1, flashtq::tq_preset_layout(argc == 4 ? argv[3] : "seed", 128, 8, 32768), rng);
-    const AttendTimes t = attend_ms(s, 32, chunk, rng());
+    const AttendTimes t = attend_ms(s, 32, chunk, rng(), {false});  // start_pos: the prefill path, as below
     std::printf("prefill chunk=%lld over 32k: graph %.4f ms, eager %.4f ms\n", (long long)chunk, t.graph_ms,
                 t.eager_ms);
     free_sequences(s);
