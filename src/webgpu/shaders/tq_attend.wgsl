@@ -214,14 +214,15 @@ fn coded_key_scores(keys: u32, kvh: u32, at: u32, D: u32, jl_sums: vec4<f32>, me
     let part = P.parts[p];  // offset, size, bits, bit_offset
     let outlier = P.outliers != 0u && p == 0u;
     var polar = vec4<f32>(0.0);
-    // The codes' words are read once each (two at a time: a code may straddle them), the QJL bits a word per
-    // 32 coordinates.
-    // The next word is loaded when a word is started, so that its load is in flight while this one's codes are
-    // decoded (a code advances at most one word).
+    // The codes' words are read once each, and the next one when a word is started (a code advances at most one
+    // word and may straddle two), so that its load is in flight while this word's codes are decoded; the QJL bits
+    // likewise a word per 32 coordinates, the next one ahead, added without a branch.
     var at_word = part.w / 32u;
     var lo = KEYS[codes + at_word];
     var hi = KEYS[codes + at_word + 1u];
     var signs = 0u;
+    var signs_next = 0u;
+    if (P.qjl != 0u) { signs_next = KEYS[jl + part.x / 32u]; }
     for (var i = 0u; i < part.y; i++) {
       let bit = part.w + i * part.z;
       if (bit / 32u != at_word) {
@@ -236,8 +237,11 @@ fn coded_key_scores(keys: u32, kvh: u32, at: u32, D: u32, jl_sums: vec4<f32>, me
       let d = part.x + i;
       polar = fma(q_rot[d], vec4<f32>(c), polar);
       if (P.qjl != 0u) {
-        if (i == 0u || d % 32u == 0u) { signs = KEYS[jl + d / 32u]; }
-        if (((signs >> (d % 32u)) & 1u) != 0u) { positive += q_jl[d]; }
+        if (i == 0u || d % 32u == 0u) {
+          signs = signs_next;
+          if (d / 32u + 1u < D / 32u) { signs_next = KEYS[jl + d / 32u + 1u]; }
+        }
+        positive = fma(vec4<f32>(f32((signs >> (d % 32u)) & 1u)), q_jl[d], positive);
       }
     }
     dot = fma(vec4<f32>(unpack2x16float(KEYS[norms + p / 2u])[p % 2u]), polar, dot);  // part p's norm half
