@@ -66,6 +66,15 @@ var<workgroup> mean_dots: array<vec4<f32>, 33>;  // <q_rot, mu_b> of the split's
 // picks its centroid per invocation, and a uniform array indexed by values that differ across invocations is
 // read one distinct index at a time on some GPUs, while 16 consecutive words sit in distinct banks here.
 var<workgroup> centroid_table: array<f32, 48>;
+// The tile's tokens for the value sums, written once by the thread that scored them: the image timestep of a
+// coded token, or EXACT_TOKEN | its exact row; its value block (with block means). The value code words of a run
+// of the tile's tokens are staged in value_words with coalesced loads, so that the sums' loop over tokens reads
+// workgroup memory and not one dependent global load per token.
+const EXACT_TOKEN: u32 = 0x80000000u;
+const VALUE_STAGE_WORDS: u32 = 256u;
+var<workgroup> token_at: array<u32, 128>;
+var<workgroup> token_block: array<u32, 128>;
+var<workgroup> value_words: array<u32, 256>;
 var<workgroup> running_max: vec4<f32>;
 var<workgroup> correction: vec4<f32>;  // of the running sums, for the tile's new maxima
 var<workgroup> begin_shared: u32;
@@ -99,6 +108,14 @@ fn value_code(base: u32, d: u32, bits: u32) -> u32 {
   let bit = d * bits;  // values are one part
   var c = VALUES[base + bit / 32u] >> (bit % 32u);
   if ((bit % 32u) + bits > 32u) { c |= VALUES[base + bit / 32u + 1u] << (32u - bit % 32u); }
+  return c & ((1u << bits) - 1u);
+}
+
+// The code of value dim d of the staged token whose words start at `base` in value_words.
+fn staged_value_code(base: u32, d: u32, bits: u32) -> u32 {
+  let bit = d * bits;
+  var c = value_words[base + bit / 32u] >> (bit % 32u);
+  if ((bit % 32u) + bits > 32u) { c |= value_words[base + bit / 32u + 1u] << (32u - bit % 32u); }
   return c & ((1u << bits) - 1u);
 }
 
@@ -197,17 +214,20 @@ fn coded_key_scores(keys: u32, kvh: u32, at: u32, D: u32, jl_sums: vec4<f32>, me
     let part = P.parts[p];  // offset, size, bits, bit_offset
     let outlier = P.outliers != 0u && p == 0u;
     var polar = vec4<f32>(0.0);
-    // The codes' words are read once each (two at a time: a code may straddle them), the QJL bits a word per
-    // 32 coordinates.
-    var at_word = 0xffffffffu;
-    var lo = 0u;
-    var hi = 0u;
+    // The codes' words are read once each, and the next one when a word is started (a code advances at most one
+    // word and may straddle two), so that its load is in flight while this word's codes are decoded; the QJL bits
+    // likewise a word per 32 coordinates, the next one ahead, added without a branch.
+    var at_word = part.w / 32u;
+    var lo = KEYS[codes + at_word];
+    var hi = KEYS[codes + at_word + 1u];
     var signs = 0u;
+    var signs_next = 0u;
+    if (P.qjl != 0u) { signs_next = KEYS[jl + part.x / 32u]; }
     for (var i = 0u; i < part.y; i++) {
       let bit = part.w + i * part.z;
       if (bit / 32u != at_word) {
         at_word = bit / 32u;
-        lo = KEYS[codes + at_word];
+        lo = hi;
         hi = KEYS[codes + at_word + 1u];
       }
       var idx = lo >> (bit % 32u);
@@ -217,8 +237,11 @@ fn coded_key_scores(keys: u32, kvh: u32, at: u32, D: u32, jl_sums: vec4<f32>, me
       let d = part.x + i;
       polar = fma(q_rot[d], vec4<f32>(c), polar);
       if (P.qjl != 0u) {
-        if (i == 0u || d % 32u == 0u) { signs = KEYS[jl + d / 32u]; }
-        if (((signs >> (d % 32u)) & 1u) != 0u) { positive += q_jl[d]; }
+        if (i == 0u || d % 32u == 0u) {
+          signs = signs_next;
+          if (d / 32u + 1u < D / 32u) { signs_next = KEYS[jl + d / 32u + 1u]; }
+        }
+        positive = fma(vec4<f32>(f32((signs >> (d % 32u)) & 1u)), q_jl[d], positive);
       }
     }
     dot = fma(vec4<f32>(unpack2x16float(KEYS[norms + p / 2u])[p % 2u]), polar, dot);  // part p's norm half
@@ -317,6 +340,16 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
       for (var g = 0u; g < 4u; g++) { s[g] = P.softcap * softcap_tanh(s[g], P.softcap); }
     }
     weight[tid] = s;
+    if (t < t_end) {
+      if (er >= 0) {
+        token_at[tid] = EXACT_TOKEN | u32(er);
+        token_block[tid] = 0xffffffffu;
+      } else {
+        let at = timestep(b, t);
+        token_at[tid] = at;
+        token_block[tid] = select(0u, at / max(P.value_block, 1u), P.value_block != 0u);
+      }
+    }
     workgroupBarrier();
     let m = tile_max(tid);
     let corr = correction;
@@ -337,32 +370,37 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
     let n = min(TILE, t_end - t0);
     var block = 0xffffffffu;       // the value block of the tokens summed in block_p (none yet)
     var block_p = vec4<f32>(0.0);  // their p: the block's mean is added once, times this sum
-    for (var i = 0u; i < n; i++) {
-      let wi = weight[i];
-      let ei = exact_row(t0 + i, seq_end);
-      if (ei >= 0) {
-        let eb = values + P.value_exact_off + exact_base + u32(ei) * (D / 2u);
-        if (tid < D) { acc0 = fma(wi, vec4<f32>(exact_value(eb, tid)), acc0); }
-        if (tid + TILE < D) { acc1 = fma(wi, vec4<f32>(exact_value(eb, tid + TILE)), acc1); }
-        continue;
+    let run = VALUE_STAGE_WORDS / value_code_words;  // tokens staged at a time (at least 4: D * bits <= 2048)
+    for (var r0 = 0u; r0 < n; r0 += run) {  // uniform: n and run are the workgroup's
+      let rn = min(run, n - r0);
+      workgroupBarrier();  // the previous run's words are read
+      for (var k = tid; k < rn * value_code_words; k += TILE) {
+        let at = token_at[r0 + k / value_code_words];
+        if (at < EXACT_TOKEN) { value_words[k] = VALUES[values + (kvh * P.capacity + at) * value_code_words + k % value_code_words]; }
       }
-      let at = timestep(b, t0 + i);
-      let base = values + (kvh * P.capacity + at) * value_code_words;
-      if (tid < D) {
-        let idx = value_code(base, tid, P.value_bits);
-        acc0 = fma(wi, vec4<f32>(value_centroid(idx)), acc0);
-      }
-      if (tid + TILE < D) {
-        let idx = value_code(base, tid + TILE, P.value_bits);
-        acc1 = fma(wi, vec4<f32>(value_centroid(idx)), acc1);
-      }
-      if (P.value_block != 0u) {  // p mu_b: the block's mean, which the codes do not hold
-        if (at / P.value_block != block) {
-          add_value_mean(values, kvh, block, block_p, tid, D, &acc0, &acc1);
-          block = at / P.value_block;
-          block_p = vec4<f32>(0.0);
+      workgroupBarrier();
+      for (var i = r0; i < r0 + rn; i++) {
+        let wi = weight[i];
+        let at = token_at[i];
+        if (at >= EXACT_TOKEN) {
+          let eb = values + P.value_exact_off + exact_base + (at & ~EXACT_TOKEN) * (D / 2u);
+          if (tid < D) { acc0 = fma(wi, vec4<f32>(exact_value(eb, tid)), acc0); }
+          if (tid + TILE < D) { acc1 = fma(wi, vec4<f32>(exact_value(eb, tid + TILE)), acc1); }
+          continue;
         }
-        block_p += prob[i];
+        let base = (i - r0) * value_code_words;
+        if (tid < D) { acc0 = fma(wi, vec4<f32>(value_centroid(staged_value_code(base, tid, P.value_bits))), acc0); }
+        if (tid + TILE < D) {
+          acc1 = fma(wi, vec4<f32>(value_centroid(staged_value_code(base, tid + TILE, P.value_bits))), acc1);
+        }
+        if (P.value_block != 0u) {  // p mu_b: the block's mean, which the codes do not hold
+          if (token_block[i] != block) {
+            add_value_mean(values, kvh, block, block_p, tid, D, &acc0, &acc1);
+            block = token_block[i];
+            block_p = vec4<f32>(0.0);
+          }
+          block_p += prob[i];
+        }
       }
     }
     add_value_mean(values, kvh, block, block_p, tid, D, &acc0, &acc1);
