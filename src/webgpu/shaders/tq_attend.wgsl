@@ -370,7 +370,7 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
     let n = min(TILE, t_end - t0);
     var block = 0xffffffffu;       // the value block of the tokens summed in block_p (none yet)
     var block_p = vec4<f32>(0.0);  // their p: the block's mean is added once, times this sum
-    let run = VALUE_STAGE_WORDS / value_code_words;  // tokens staged at a time (at least 4: D * bits <= 2048)
+    let run = VALUE_STAGE_WORDS / value_code_words;  // tokens staged at a time: at least 8 (head_dim <= 256, 4 bits)
     for (var r0 = 0u; r0 < n; r0 += run) {  // uniform: n and run are the workgroup's
       let rn = min(run, n - r0);
       workgroupBarrier();  // the previous run's words are read
