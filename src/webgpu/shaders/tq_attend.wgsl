@@ -326,6 +326,7 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
     let t = t0 + tid;
     var s = vec4<f32>(bitcast<f32>(NEG_INF_BITS));
     let er = exact_row(t, seq_end);
+    let at = timestep(b, t);  // its slot in the image: read once for the key, the value norm and the value sums
     if (t < t_end && er >= 0) {  // a sink or recent timestep: its exact rotated row
       let base = keys + P.key_exact_off + exact_base + u32(er) * (D / 2u);
       var dot = vec4<f32>(0.0);
@@ -334,7 +335,7 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
     } else if (t < t_end) {
       var mean_dot = vec4<f32>(0.0);
       if (P.key_block != 0u) { mean_dot = mean_dots[t / key_block - first_block]; }
-      s = P.scale * coded_key_scores(keys, kvh, timestep(b, t), D, jl_sums, mean_dot);
+      s = P.scale * coded_key_scores(keys, kvh, at, D, jl_sums, mean_dot);
     }
     if (P.softcap > 0.0 && t < t_end) {  // docs/spec.md §1.8
       for (var g = 0u; g < 4u; g++) { s[g] = P.softcap * softcap_tanh(s[g], P.softcap); }
@@ -345,7 +346,6 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
         token_at[tid] = EXACT_TOKEN | u32(er);
         token_block[tid] = 0xffffffffu;
       } else {
-        let at = timestep(b, t);
         token_at[tid] = at;
         token_block[tid] = select(0u, at / max(P.value_block, 1u), P.value_block != 0u);
       }
@@ -358,7 +358,7 @@ fn partial(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
     if (t < t_end) {
       p = exp(s - m);
       w = p;
-      if (er < 0) { w = p * f16_lo(VALUES[values + P.value_norm_off + kvh * P.capacity + timestep(b, t)]); }
+      if (er < 0) { w = p * f16_lo(VALUES[values + P.value_norm_off + kvh * P.capacity + at]); }
     }
     sums = fma(sums, corr, p);
     prob[tid] = p;
