@@ -180,7 +180,9 @@ struct ValueDecoder {
 
   explicit ValueDecoder(D d, const float* c) {
     const DU du;
-    for (int i = 0; i < levels; ++i) centroids[i] = c[i];
+    // Repeated every `levels` entries: a permute that reads an index's low log2(N) bits (permute) then
+    // finds code i at entry i + levels * k as well, whatever the higher code bits above it hold.
+    for (int i = 0; i < 16; ++i) centroids[i] = c[i % levels];
     lo = hn::LoadU(d, centroids);
     hi = N < 16 ? hn::LoadU(d, centroids + N) : lo;
     // Lane i of a chunk holds dim c + i: its code sits at bit b * ((c + i) % 8) of the 32-bit window
@@ -204,25 +206,54 @@ struct ValueDecoder {
     }
   }
 
-  HWY_INLINE V centroids_of(D d, VU idx) const {
+  // Lane i: table[idx[i] mod N]. x86's lane permutes read only the low log2(N) bits of each index, so a
+  // code's window needs no mask there; other targets mask it.
+  static HWY_INLINE V permute(D d, V table, VU idx) {
+#if HWY_TARGET == HWY_AVX2
+    (void)d;
+    return V{_mm256_permutevar8x32_ps(table.raw, idx.raw)};
+#elif HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    (void)d;
+    return V{_mm512_permutexvar_ps(idx.raw, table.raw)};
+#else
+    const DU du;
     const hn::RebindToSigned<D> di;
+    const VU low = hn::And(idx, hn::Set(du, std::uint32_t(N - 1)));
+    return hn::TableLookupLanes(table, hn::IndicesFromVec(d, hn::BitCast(di, low)));
+#endif
+  }
+
+  // The centroids (from the tables lo and hi, ValueDecoder's or scaled copies of them) of the codes in the
+  // low `bits` bits of idx's lanes; the bits above them are ignored. A codebook larger than two vectors is
+  // gathered from `centroids`, unscaled.
+  HWY_INLINE V centroids_of(D d, VU idx, V table_lo, V table_hi) const {
     if constexpr (levels <= N) {
-      return hn::TableLookupLanes(lo, hn::IndicesFromVec(d, hn::BitCast(di, idx)));
-    } else if constexpr (levels <= 2 * N) {
+      return permute(d, table_lo, idx);
+    } else if constexpr (levels <= 2 * N) {  // codes N and above from the second table
+#if HWY_TARGET == HWY_AVX2
+      // blendv selects by the sign bit: bit 3 of the code (8 lanes) moved there.
+      return V{_mm256_blendv_ps(permute(d, table_lo, idx).raw, permute(d, table_hi, idx).raw,
+                                _mm256_castsi256_ps(_mm256_slli_epi32(idx.raw, 28)))};
+#else
       const DU du;
-      const VU low = hn::And(idx, hn::Set(du, std::uint32_t(N - 1)));
-      const auto in_lo = hn::TableLookupLanes(lo, hn::IndicesFromVec(d, hn::BitCast(di, low)));
-      const auto in_hi = hn::TableLookupLanes(hi, hn::IndicesFromVec(d, hn::BitCast(di, low)));
-      const auto below = hn::Lt(hn::BitCast(di, idx), hn::Set(di, std::int32_t(N)));  // idx < 16: signed is exact
-      return hn::IfThenElse(hn::RebindMask(d, below), in_lo, in_hi);
+      const hn::RebindToSigned<D> di;
+      const VU code = hn::And(idx, hn::Set(du, std::uint32_t(levels - 1)));
+      const auto below = hn::Lt(hn::BitCast(di, code), hn::Set(di, std::int32_t(N)));  // code < 16: signed is exact
+      return hn::IfThenElse(hn::RebindMask(d, below), permute(d, table_lo, idx), permute(d, table_hi, idx));
+#endif
     } else {
-      return hn::GatherIndex(d, centroids, hn::BitCast(di, idx));
+      const DU du;
+      const hn::RebindToSigned<D> di;
+      return hn::GatherIndex(d, centroids, hn::BitCast(di, hn::And(idx, hn::Set(du, std::uint32_t(levels - 1)))));
     }
   }
+  HWY_INLINE V centroids_of(D d, VU idx) const { return centroids_of(d, idx, lo, hi); }
 
   // Centroids of dims [c, c + N) of a row whose code bytes start at `codes` (c a multiple of N). The
   // last window reads up to one byte past the row, which the next region of the cache always holds.
-  HWY_INLINE V decode(D d, const std::uint8_t* codes, std::int64_t c) const {
+  HWY_INLINE V decode(D d, const std::uint8_t* codes, std::int64_t c) const { return decode(d, codes, c, lo, hi); }
+  // The same from the tables table_lo and table_hi (scaled copies of lo and hi).
+  HWY_INLINE V decode(D d, const std::uint8_t* codes, std::int64_t c, V table_lo, V table_hi) const {
     const DU du;
     VU window;
     VU shift = shifts;
@@ -233,7 +264,7 @@ struct ValueDecoder {
       window = hn::Set(du, load_u32(codes + bits * (c / 8)));
       if (N == 4 && c % 8 != 0) shift = hn::Add(shift, hn::Set(du, std::uint32_t(bits * 4)));
     }
-    return centroids_of(d, hn::And(hn::Shr(window, shift), hn::Set(du, std::uint32_t(levels - 1))));
+    return centroids_of(d, hn::Shr(window, shift), table_lo, table_hi);
   }
 
   // Dims [c, c + N) and [c + N, c + 2N) (c a multiple of 8) with one load of the 16 bytes at the first
@@ -244,14 +275,17 @@ struct ValueDecoder {
   bool pairs_at(std::int64_t slot, std::int64_t slots) const { return pairs && slot + 1 < slots; }
 
   HWY_INLINE void decode_pair(D d, const std::uint8_t* codes, std::int64_t c, V& out0, V& out1) const {
+    decode_pair(d, codes, c, lo, hi, out0, out1);
+  }
+  HWY_INLINE void decode_pair(D d, const std::uint8_t* codes, std::int64_t c, V table_lo, V table_hi, V& out0,
+                              V& out1) const {
     const DU du;
     const D8 d8;
     const V8 bytes = hn::LoadDup128(d8, codes + bits * (c / 8));
-    const VU mask = hn::Set(du, std::uint32_t(levels - 1));
     const VU w0 = hn::BitCast(du, hn::TableLookupBytesOr0(bytes, pair_bytes[0]));
     const VU w1 = hn::BitCast(du, hn::TableLookupBytesOr0(bytes, pair_bytes[1]));
-    out0 = centroids_of(d, hn::And(hn::Shr(w0, pair_shifts[0]), mask));
-    out1 = centroids_of(d, hn::And(hn::Shr(w1, pair_shifts[1]), mask));
+    out0 = centroids_of(d, hn::Shr(w0, pair_shifts[0]), table_lo, table_hi);
+    out1 = centroids_of(d, hn::Shr(w1, pair_shifts[1]), table_lo, table_hi);
   }
 };
 
@@ -271,14 +305,26 @@ HWY_INLINE hn::Vec<D> f16_chunk(D d, const std::uint32_t* row, std::int64_t c) {
   return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row) + c));
 }
 
+// out[i] = the f16 halves of words [0, count) as floats, in memory order (a word's low half first): a
+// vector of conversions at a time instead of one scalar conversion per norm.
+template <class D>
+HWY_INLINE void halves_to_floats(D d, const std::uint32_t* words, std::int64_t count, float* out) {
+  const hn::Rebind<hwy::float16_t, D> dh;
+  const std::int64_t N = std::int64_t(hn::Lanes(d)), halves = 2 * count;
+  const auto* h = reinterpret_cast<const hwy::float16_t*>(words);
+  std::int64_t i = 0;
+  for (; i + N <= halves; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, h + i)), d, out + i);
+  for (; i < halves; ++i) out[i] = (i % 2 == 0 ? f16_low(words[i / 2]) : f16_low(words[i / 2] >> 16));
+}
+
 // Heads [g0, g0 + GT) (GT <= 4) of one (row, kv head) over timesteps [t0, t1): fills their m, l and
 // rotated-space accumulators (acc: GT x D). Each code word is read once for all the heads.
 // The heads' dot products of q_rot with a key's decoded codes are added to sum0/sum1 (two chains, so that
 // the FMAs interleave), the codes decoded a vector at a time (as values are) instead of through tables:
 // the tables of 2- to 4-bit codes are 64 to 256 KB at D = 128 and their reads wait on L2 (this measured
-// about 1.5x faster for 4-bit keys, docs/benchmarks.md). The decoded centroids are multiplied by
-// `part_scale` (the part's norm times the softmax scale) first, so the parts of a key with outlier channels
-// share one reduction per head (row_sums). `first`: the coordinate of q_rot where these codes start; dim is a
+// about 1.5x faster for 4-bit keys, docs/benchmarks.md). The codes index the centroids times `part_scale`
+// (the part's norm times the softmax scale: one multiply per part, not per chunk), so the parts of a key with outlier
+// channels share one reduction per head (row_sums). `first`: the coordinate of q_rot where these codes start; dim is a
 // multiple of the lanes (parts are at least 16 coordinates), not always of twice them. `pairs`: whether
 // decode_pair may read past these codes (ValueDecoder::decode_pair).
 template <int GT, class D, class Decoder>
@@ -288,24 +334,30 @@ HWY_INLINE void add_key_dots(D d, const Decoder& dec, const float* const* q_rot,
   using V = hn::Vec<D>;
   const std::int64_t N = std::int64_t(hn::Lanes(d));
   const V k = hn::Set(d, part_scale);
+  // The centroids times the part's scale: the tables scaled once where they are vectors, each decoded
+  // chunk scaled where the codebook is gathered (16 levels on 4 lanes).
+  constexpr bool kScaledTables = Decoder::levels <= 2 * Decoder::N;
+  const V table_lo = kScaledTables ? hn::Mul(dec.lo, k) : dec.lo,
+          table_hi = kScaledTables ? hn::Mul(dec.hi, k) : dec.hi;
+  auto scaled = [&](V cent) { return kScaledTables ? cent : hn::Mul(cent, k); };
   std::int64_t c = 0;
   for (; c + 2 * N <= dim; c += 2 * N) {
     V cent0, cent1;
     if (pairs) {
-      dec.decode_pair(d, codes, c, cent0, cent1);
+      dec.decode_pair(d, codes, c, table_lo, table_hi, cent0, cent1);
     } else {
-      cent0 = dec.decode(d, codes, c);
-      cent1 = dec.decode(d, codes, c + N);
+      cent0 = dec.decode(d, codes, c, table_lo, table_hi);
+      cent1 = dec.decode(d, codes, c + N, table_lo, table_hi);
     }
-    cent0 = hn::Mul(cent0, k);
-    cent1 = hn::Mul(cent1, k);
+    cent0 = scaled(cent0);
+    cent1 = scaled(cent1);
     for (int g = 0; g < GT; ++g) {
       sum0[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c), cent0, sum0[g]);
       sum1[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c + N), cent1, sum1[g]);
     }
   }
   if (c < dim) {
-    const V cent0 = hn::Mul(dec.decode(d, codes, c), k);
+    const V cent0 = scaled(dec.decode(d, codes, c, table_lo, table_hi));
     for (int g = 0; g < GT; ++g) sum0[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c), cent0, sum0[g]);
   }
 }
@@ -364,14 +416,22 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
     const std::int64_t r = lay.exact_row(t, end);
     return r < 0 ? nullptr : cache + region + lay.exact_row_at(seq.exact_set, kvh, r);
   };
+  // Per head, the block's scores, then p * |v_t|: the weights of the values.
   alignas(64) float w[GT][kBlock];
   // Decoded keys: each token's per-head vector of partial dot products (N <= 16 lanes), reduced by row_sums;
   // zeroed once so that the rows past a block's last token hold finite numbers.
   alignas(64) float partial[kKeyBits != 0 ? GT : 1][kKeyBits != 0 ? kBlock * 16 : 1] = {};
   bool coded[kBlock];
-  alignas(16) float scores[kBlock][4];
+  alignas(16) float scores[kBlock][4];  // exact rows' scores, and the tables' (four heads a token)
   const std::uint32_t* exact_v[kBlock];
+  // The block's norms from f16, a vector at a time: each key slot's norm words (2 halves per word: the
+  // norm and gamma, or the parts' norms), and each value slot's word (the norm in its low half).
+  constexpr std::int64_t kMaxNormHalves = 2 * ((core::kMaxKeyParts + 1) / 2);
+  const std::int64_t key_halves = 2 * lay.key_norm_words();
+  alignas(64) float key_norms[kBlock * kMaxNormHalves];
+  alignas(64) float value_norms[2 * kBlock];
   alignas(64) float vnorm[kBlock];
+  const std::int64_t slots = lay.slots();
   // Block means (docs/turboquant_layout.md): the heads' <q_rot, mu_b> of the key block last seen, computed
   // once per block; a value block's mean is added once per softmax step, weighted by its coded timesteps' p.
   std::int64_t key_block_seen = -1;
@@ -397,8 +457,12 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
     const std::int64_t slot0 = kvh * lay.capacity + seq.timestep(tb);  // timestep tb's slot
     // Whether the block holds an exact row: the sinks, or the recent window at the sequence's end.
     const bool any_exact = tb < lay.sink_tokens || (lay.recent_tokens > 0 && tb + n > end - lay.recent_tokens);
+    halves_to_floats(d, keys + lay.key_norm_offset() + slot0 * lay.key_norm_words(), n * lay.key_norm_words(),
+                     key_norms);
+    halves_to_floats(d, values + lay.value_norm_offset() + slot0, n, value_norms);
     for (std::int64_t t = 0; t < n; ++t) {  // scores of the block's tokens, four heads at once
       const std::int64_t slot = slot0 + t;
+      const float* norms = key_norms + t * key_halves;
       coded[t] = false;
       if (const std::uint32_t* k = any_exact ? exact(keys, lay.key_exact_offset(), tb + t) : nullptr) {
         for (int g = 0; g < 4; ++g) scores[t][g] = 0.0f;
@@ -411,17 +475,15 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
         continue;
       }
       const auto* codes = reinterpret_cast<const std::uint8_t*>(keys + slot * lay.key_code_words());
-      const std::uint32_t nw = keys[lay.key_norm_offset() + slot];
       if (kKeyBits != 0) {  // no QJL with these keys; with outlier channels part by part, each by its norm
         V sum0[GT], sum1[GT];
         for (int g = 0; g < GT; ++g) sum0[g] = sum1[g] = hn::Zero(d);
-        const bool pairs = key_codes.pairs_at(slot, lay.slots());
+        const bool pairs = key_codes.pairs_at(slot, slots);
         if (lay.key_outliers) {
-          const std::uint32_t* halves = keys + lay.key_norm_offset() + slot * lay.key_norm_words();
           for (int p = 0; p < n_parts; ++p) {
             const TqLayout::KeyPart& kp = parts[p];
             const std::uint8_t* part_codes = codes + kp.bit_offset / 8;  // parts start on whole bytes
-            const float k_scale = scale * f16_low(halves[p / 2] >> (16 * (p % 2)));
+            const float k_scale = scale * norms[p];
             if (p == 0) {
               add_key_dots<GT>(d, outlier_codes, q_rot, part_codes, kp.size, kp.offset, k_scale, pairs, sum0, sum1);
             } else {
@@ -429,7 +491,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
             }
           }
         } else {
-          add_key_dots<GT>(d, key_codes, q_rot, codes, D, 0, scale * f16_low(nw), pairs, sum0, sum1);
+          add_key_dots<GT>(d, key_codes, q_rot, codes, D, 0, scale * norms[0], pairs, sum0, sum1);
         }
         for (int g = 0; g < GT; ++g) hn::Store(hn::Add(sum0[g], sum1[g]), d, partial[g] + t * N);
         coded[t] = true;  // its scores come from row_sums after the block's keys
@@ -438,39 +500,38 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       auto dot = key_polar(tables.codes, codes, D, fields);
       if (lay.qjl) {
         const auto* jl = reinterpret_cast<const std::uint8_t*>(keys + lay.key_jl_offset() + slot * lay.jl_words());
-        dot = hn::MulAdd(hn::Set(d4, f16_low(nw >> 16) * qjl), key_signs(tables.signs, jl, D), dot);
+        dot = hn::MulAdd(hn::Set(d4, norms[1] * qjl), key_signs(tables.signs, jl, D), dot);
       }
       // score = scale |k| (<q, centroids> + gamma qjl <q_jl, signs>)
-      hn::Store(hn::Mul(hn::Set(d4, scale * f16_low(nw)), dot), d4, scores[t]);
+      hn::Store(hn::Mul(hn::Set(d4, scale * norms[0]), dot), d4, scores[t]);
     }
-    if (kKeyBits != 0) {  // decoded keys: their scores, N tokens at a time
-      for (int g = 0; g < GT; ++g) {
-        for (std::int64_t u = 0; u < n; u += N) {
-          alignas(64) float sums[16];
-          hn::Store(row_sums(d, partial[g] + u * N), d, sums);
-          for (std::int64_t t = u; t < std::min(n, u + N); ++t)
-            if (coded[t]) scores[t][g] = sums[t - u];
-        }
+    for (int g = 0; g < GT; ++g) {  // the heads' scores into w, head by head
+      float* s = w[g];
+      if (kKeyBits != 0) {  // decoded keys: N tokens at a time (rows past the block's end are finite and unread)
+        for (std::int64_t u = 0; u < n; u += N) hn::Store(row_sums(d, partial[g] + u * N), d, s + u);
+        if (any_exact)
+          for (std::int64_t t = 0; t < n; ++t)
+            if (!coded[t]) s[t] = scores[t][g];
+      } else {
+        for (std::int64_t t = 0; t < n; ++t) s[t] = scores[t][g];
       }
-      for (std::int64_t t = 0; t < n; ++t)
-        if (coded[t])
-          for (int g = GT; g < 4; ++g) scores[t][g] = 0.0f;
     }
-    if (lay.key_block) {  // coded keys: plus <q_rot, mu_b> of their block
-      for (std::int64_t t = 0; t < n; ++t) {
-        if (any_exact && exact(keys, lay.key_exact_offset(), tb + t)) continue;
+    if (lay.key_block) {  // coded keys: plus <q_rot, mu_b> of their block, a run of the block's tokens at a time
+      for (std::int64_t t = 0; t < n;) {
+        const std::int64_t run_end = std::min(n, ((tb + t) / lay.key_block + 1) * lay.key_block - tb);
         const float* dots = key_mean_dot(tb + t);
-        for (int g = 0; g < GT; ++g) scores[t][g] += dots[g];
+        for (int g = 0; g < GT; ++g)
+          for (std::int64_t u = t; u < run_end; ++u)
+            if (!any_exact || !exact(keys, lay.key_exact_offset(), tb + u)) w[g][u] += dots[g];
+        t = run_end;
       }
     }
-    const std::uint32_t* value_norms = values + lay.value_norm_offset() + slot0;
     for (std::int64_t t = 0; t < n; ++t) {  // |v_t|, once for the heads (1 for an exact row)
       exact_v[t] = any_exact ? exact(values, lay.value_exact_offset(), tb + t) : nullptr;
-      vnorm[t] = exact_v[t] ? 1.0f : f16_low(value_norms[t]);
+      vnorm[t] = exact_v[t] ? 1.0f : value_norms[2 * t];
     }
     for (int g = 0; g < GT; ++g) {  // online softmax per head; w becomes p * |v_t|
       float* s = w[g];
-      for (std::int64_t t = 0; t < n; ++t) s[t] = scores[t][g];
       if (a.softcap > 0.0f)  // docs/spec.md §1.8, on the whole score (block means' dots included); all visible
         ::flashtq::cpu::softcap(s, std::size_t(n), a.softcap);
       const float m_new = std::max(m[g], max_of(s, std::size_t(n)));
@@ -496,37 +557,49 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       for (std::int64_t t = 0; t < n; ++t) s[t] *= vnorm[t];
     }
     // Values, two chunks at a time: the heads' accumulators of the chunks stay in registers over the
-    // block, each weight is broadcast once for both, and the two chunks' FMA chains interleave.
+    // block, each weight is broadcast once for both, and the two chunks' FMA chains interleave. `chunks`
+    // gives token t's centroids (or exact row) of the two chunks at c.
     const std::int64_t code_bytes = 4 * lay.value_code_words();
     const auto* block_codes = reinterpret_cast<const std::uint8_t*>(values + slot0 * lay.value_code_words());
-    for (std::int64_t c = 0; c < D; c += 2 * N) {
-      V sum0[GT], sum1[GT];
-      for (int g = 0; g < GT; ++g) {
-        sum0[g] = hn::LoadU(d, acc + g * D + c);
-        sum1[g] = hn::LoadU(d, acc + g * D + c + N);
+    auto accumulate_values = [&](auto chunks) {
+      for (std::int64_t c = 0; c < D; c += 2 * N) {
+        V sum0[GT], sum1[GT];
+        for (int g = 0; g < GT; ++g) {
+          sum0[g] = hn::LoadU(d, acc + g * D + c);
+          sum1[g] = hn::LoadU(d, acc + g * D + c + N);
+        }
+        for (std::int64_t t = 0; t < n; ++t) {
+          V cent0, cent1;
+          chunks(t, c, cent0, cent1);
+          for (int g = 0; g < GT; ++g) {
+            const V wt = hn::Set(d, w[g][t]);
+            sum0[g] = hn::MulAdd(wt, cent0, sum0[g]);
+            sum1[g] = hn::MulAdd(wt, cent1, sum1[g]);
+          }
+        }
+        for (int g = 0; g < GT; ++g) {
+          hn::StoreU(sum0[g], d, acc + g * D + c);
+          hn::StoreU(sum1[g], d, acc + g * D + c + N);
+        }
       }
-      for (std::int64_t t = 0; t < n; ++t) {
+    };
+    if (!any_exact && value_codes.pairs_at(slot0 + n - 1, slots)) {  // every token coded, every pair decode allowed
+      accumulate_values([&](std::int64_t t, std::int64_t c, V& cent0, V& cent1) {
+        value_codes.decode_pair(d, block_codes + t * code_bytes, c, cent0, cent1);
+      });
+    } else {
+      accumulate_values([&](std::int64_t t, std::int64_t c, V& cent0, V& cent1) {
         const std::uint8_t* codes = block_codes + t * code_bytes;
-        V cent0, cent1;
-        if (any_exact && exact_v[t]) {
+        if (exact_v[t]) {
           cent0 = exact_chunk(d, exact_v[t], c);
           cent1 = exact_chunk(d, exact_v[t], c + N);
-        } else if (value_codes.pairs_at(slot0 + t, lay.slots())) {
+        } else if (value_codes.pairs_at(slot0 + t, slots)) {
           value_codes.decode_pair(d, codes, c, cent0, cent1);
         } else {
           cent0 = value_codes.decode(d, codes, c);
           cent1 = value_codes.decode(d, codes, c + N);
         }
-        for (int g = 0; g < GT; ++g) {
-          const V wt = hn::Set(d, w[g][t]);
-          sum0[g] = hn::MulAdd(wt, cent0, sum0[g]);
-          sum1[g] = hn::MulAdd(wt, cent1, sum1[g]);
-        }
-      }
-      for (int g = 0; g < GT; ++g) {
-        hn::StoreU(sum0[g], d, acc + g * D + c);
-        hn::StoreU(sum1[g], d, acc + g * D + c + N);
-      }
+      });
     }
   }
 }
