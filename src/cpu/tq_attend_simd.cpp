@@ -279,9 +279,13 @@ struct ValueDecoder {
   }
   HWY_INLINE void decode_pair(D d, const std::uint8_t* codes, std::int64_t c, V table_lo, V table_hi, V& out0,
                               V& out1) const {
+    decode_pair_at(d, codes + bits * (c / 8), table_lo, table_hi, out0, out1);
+  }
+  // The same from the byte of the pair's first code (codes + bits * c / 8).
+  HWY_INLINE void decode_pair_at(D d, const std::uint8_t* first_code, V table_lo, V table_hi, V& out0, V& out1) const {
     const DU du;
     const D8 d8;
-    const V8 bytes = hn::LoadDup128(d8, codes + bits * (c / 8));
+    const V8 bytes = hn::LoadDup128(d8, first_code);
     const VU w0 = hn::BitCast(du, hn::TableLookupBytesOr0(bytes, pair_bytes[0]));
     const VU w1 = hn::BitCast(du, hn::TableLookupBytesOr0(bytes, pair_bytes[1]));
     out0 = centroids_of(d, hn::Shr(w0, pair_shifts[0]), table_lo, table_hi);
@@ -303,6 +307,18 @@ template <class D>
 HWY_INLINE hn::Vec<D> f16_chunk(D d, const std::uint32_t* row, std::int64_t c) {
   const hn::Rebind<hwy::float16_t, D> dh;
   return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row) + c));
+}
+
+// The sum of x[0, n), a vector at a time.
+template <class D>
+HWY_INLINE float sum_of(D d, const float* x, std::int64_t n) {
+  const std::int64_t N = std::int64_t(hn::Lanes(d));
+  auto sum = hn::Zero(d);
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) sum = hn::Add(sum, hn::LoadU(d, x + i));
+  float total = hn::GetLane(hn::SumOfLanes(d, sum));
+  for (; i < n; ++i) total += x[i];
+  return total;
 }
 
 // out[i] = the f16 halves of words [0, count) as floats, in memory order (a word's low half first): a
@@ -340,21 +356,25 @@ HWY_INLINE void add_key_dots(D d, const Decoder& dec, const float* const* q_rot,
   const V table_lo = kScaledTables ? hn::Mul(dec.lo, k) : dec.lo,
           table_hi = kScaledTables ? hn::Mul(dec.hi, k) : dec.hi;
   auto scaled = [&](V cent) { return kScaledTables ? cent : hn::Mul(cent, k); };
-  std::int64_t c = 0;
-  for (; c + 2 * N <= dim; c += 2 * N) {
-    V cent0, cent1;
-    if (pairs) {
-      dec.decode_pair(d, codes, c, table_lo, table_hi, cent0, cent1);
-    } else {
-      cent0 = dec.decode(d, codes, c, table_lo, table_hi);
-      cent1 = dec.decode(d, codes, c + N, table_lo, table_hi);
-    }
+  auto multiply = [&](std::int64_t c, V cent0, V cent1) {
     cent0 = scaled(cent0);
     cent1 = scaled(cent1);
     for (int g = 0; g < GT; ++g) {
       sum0[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c), cent0, sum0[g]);
       sum1[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c + N), cent1, sum1[g]);
     }
+  };
+  std::int64_t c = 0;
+  if (pairs) {  // the pair's codes a pointer step apart (2N codes: 2N bits / 8 bytes)
+    const std::uint8_t* pair_codes = codes;
+    for (; c + 2 * N <= dim; c += 2 * N, pair_codes += 2 * N * Decoder::bits / 8) {
+      V cent0, cent1;
+      dec.decode_pair_at(d, pair_codes, table_lo, table_hi, cent0, cent1);
+      multiply(c, cent0, cent1);
+    }
+  } else {
+    for (; c + 2 * N <= dim; c += 2 * N)
+      multiply(c, dec.decode(d, codes, c, table_lo, table_hi), dec.decode(d, codes, c + N, table_lo, table_hi));
   }
   if (c < dim) {
     const V cent0 = scaled(dec.decode(d, codes, c, table_lo, table_hi));
@@ -520,9 +540,14 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       for (std::int64_t t = 0; t < n;) {
         const std::int64_t run_end = std::min(n, ((tb + t) / lay.key_block + 1) * lay.key_block - tb);
         const float* dots = key_mean_dot(tb + t);
-        for (int g = 0; g < GT; ++g)
-          for (std::int64_t u = t; u < run_end; ++u)
-            if (!any_exact || !exact(keys, lay.key_exact_offset(), tb + u)) w[g][u] += dots[g];
+        for (int g = 0; g < GT; ++g) {
+          if (any_exact) {
+            for (std::int64_t u = t; u < run_end; ++u)
+              if (!exact(keys, lay.key_exact_offset(), tb + u)) w[g][u] += dots[g];
+          } else {
+            for (std::int64_t u = t; u < run_end; ++u) w[g][u] += dots[g];
+          }
+        }
         t = run_end;
       }
     }
@@ -543,8 +568,12 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
         for (std::int64_t t = 0; t < n;) {
           const std::int64_t block_end = std::min(n, ((tb + t) / lay.value_block + 1) * lay.value_block - tb);
           float weight = 0.0f;
-          for (std::int64_t u = t; u < block_end; ++u)
-            if (!exact_v[u]) weight += s[u];
+          if (any_exact) {
+            for (std::int64_t u = t; u < block_end; ++u)
+              if (!exact_v[u]) weight += s[u];
+          } else {
+            weight = sum_of(d, s + t, block_end - t);
+          }
           if (weight != 0.0f) {
             const std::uint32_t* mean = values + lay.value_mean(kvh, seq.timestep(tb + t));
             const V wt = hn::Set(d, weight);
