@@ -206,15 +206,13 @@ struct ValueDecoder {
     }
   }
 
-  // Lane i: table[idx[i] mod N]. x86's lane permutes read only the low log2(N) bits of each index, so a
-  // code's window needs no mask there; other targets mask it.
+  // Lane i: table[idx[i] mod N]. AVX2's lane permute reads only the low 3 bits of each index, so a code's
+  // window needs no mask there; other targets mask it (AVX-512's permute would not need it either, but
+  // this machine cannot run that path to test it).
   static HWY_INLINE V permute(D d, V table, VU idx) {
 #if HWY_TARGET == HWY_AVX2
     (void)d;
     return V{_mm256_permutevar8x32_ps(table.raw, idx.raw)};
-#elif HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    (void)d;
-    return V{_mm512_permutexvar_ps(idx.raw, table.raw)};
 #else
     const DU du;
     const hn::RebindToSigned<D> di;
