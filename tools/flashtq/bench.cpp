@@ -103,6 +103,7 @@ Command add_bench(CLI::App& app) {
         fmt::print(stderr, "{} threads, {}: FMA peak {:.1f} GFLOP/s, copy {:.1f} GB/s\n", threads,
                    r["backend"].get<std::string>(), peak, bw);
         const int reps = opts->quick ? 1 : 3;
+        const int decode_reps = opts->quick ? 1 : 7;  // decode calls are short: more rounds against the noise
         // Dense forward and backward: B = 1, H = 8, S x S.
         for (DType dtype : opts->decode_only ? std::vector<DType>{} : std::vector<DType>{DType::f32, DType::bf16}) {
           for (std::int64_t D : {64, 128}) {
@@ -159,17 +160,16 @@ Command add_bench(CLI::App& app) {
           const std::int64_t H = 32, Hkv = 8, D = 128;
           auto k = random_bytes<std::uint8_t>(std::size_t(ctx * Hkv * D), DType::f16, rng), v = k;
           auto q = random_bytes<std::uint8_t>(std::size_t(H * D), DType::f16, rng), o = q;
-          const double dense = median_s(
-              [&] {
-                attention_forward(cpu,
-                                  {TensorView::bshd(q.data(), DType::f16, 1, 1, H, D),
-                                   TensorView::bshd(k.data(), DType::f16, 1, ctx, Hkv, D),
-                                   TensorView::bshd(v.data(), DType::f16, 1, ctx, Hkv, D),
-                                   TensorView::bshd(o.data(), DType::f16, 1, 1, H, D)},
-                                  AttentionParams{});
-              },
-              reps);
-          // Every preset, the seed's layout first (the rows of earlier runs are the seed's).
+          auto dense_decode = [&] {
+            attention_forward(cpu,
+                              {TensorView::bshd(q.data(), DType::f16, 1, 1, H, D),
+                               TensorView::bshd(k.data(), DType::f16, 1, ctx, Hkv, D),
+                               TensorView::bshd(v.data(), DType::f16, 1, ctx, Hkv, D),
+                               TensorView::bshd(o.data(), DType::f16, 1, 1, H, D)},
+                              AttentionParams{});
+          };
+          // Every preset, the seed's layout first (the rows of earlier runs are the seed's); each timed alternately
+          // with the dense f16 decode, so that a row's ratio compares the two in the same minutes.
           for (const TqPreset& preset : tq_presets_seed_first()) {
             const TqCacheConfig config{1, tq_preset_layout(preset.name, D, Hkv, ctx), 7};
             TqKvCache cache(config, &cpu);
@@ -177,12 +177,13 @@ Command add_bench(CLI::App& app) {
             cache.append(0, kv, kv, 0);
             const double encode = median_s([&] { TqKvCache(config, &cpu).append(0, kv, kv, 0); }, 1);
             std::vector<float> qf(std::size_t(H * D), 0.5f), out(std::size_t(H * D));
-            const double tq = median_s(
+            const auto [dense, tq] = alternating_median_s(
+                dense_decode,
                 [&] {
                   cache.attend(0, TensorView::bshd(qf.data(), DType::f32, 1, 1, H, D), ctx - 1,
                                TensorView::bshd(out.data(), DType::f32, 1, 1, H, D));
                 },
-                reps);
+                decode_reps);
             const double dense_bytes = double(ctx * Hkv * D * 2 * 2), tq_bytes = double(ctx * cache.bytes_per_token());
             nlohmann::json row = {{"ctx", ctx},
                                   {"preset", preset.name},
