@@ -425,9 +425,16 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   const ValueDecoder<decltype(d), kKeyBits == 0 ? 2 : kKeyBits> key_codes(d, a.tables.key_centroids.data());
   // Outlier channels' part: 4 bits (the only width the SIMD path serves for them, tq_attend_simd).
   const ValueDecoder<decltype(d), 4> outlier_codes(d, a.tables.outlier_centroids.data());
-  TqLayout::KeyPart parts[core::kMaxKeyParts];
+  // The key parts (with outlier channels): where each one's codes start (parts start on whole bytes), its
+  // coordinates and their count; part 0, the outliers, starts at 0.
+  std::int64_t part_byte[core::kMaxKeyParts], part_first[core::kMaxKeyParts], part_size[core::kMaxKeyParts];
   const int n_parts = lay.key_outliers ? lay.key_parts() : 0;
-  for (int p = 0; p < n_parts; ++p) parts[p] = lay.key_part(p);
+  for (int p = 0; p < n_parts; ++p) {
+    const TqLayout::KeyPart kp = lay.key_part(p);
+    part_byte[p] = kp.bit_offset / 8;
+    part_first[p] = kp.offset;
+    part_size[p] = kp.size;
+  }
   if (kKeyBits == 0) build_key_tables(q_rot, q_jl, GT, D, fields, lay.qjl, a.tables.key_centroids.data(), tables);
   // The exact copy of timestep t, or null when its codes are read (docs/turboquant_layout.md).
   auto exact = [&](const std::uint32_t* cache, std::int64_t region, std::int64_t t) -> const std::uint32_t* {
@@ -498,16 +505,10 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
         for (int g = 0; g < GT; ++g) sum0[g] = sum1[g] = hn::Zero(d);
         const bool pairs = key_codes.pairs_at(slot, slots);
         if (lay.key_outliers) {
-          for (int p = 0; p < n_parts; ++p) {
-            const TqLayout::KeyPart& kp = parts[p];
-            const std::uint8_t* part_codes = codes + kp.bit_offset / 8;  // parts start on whole bytes
-            const float k_scale = scale * norms[p];
-            if (p == 0) {
-              add_key_dots<GT>(d, outlier_codes, q_rot, part_codes, kp.size, kp.offset, k_scale, pairs, sum0, sum1);
-            } else {
-              add_key_dots<GT>(d, key_codes, q_rot, part_codes, kp.size, kp.offset, k_scale, pairs, sum0, sum1);
-            }
-          }
+          add_key_dots<GT>(d, outlier_codes, q_rot, codes, part_size[0], 0, scale * norms[0], pairs, sum0, sum1);
+          for (int p = 1; p < n_parts; ++p)
+            add_key_dots<GT>(d, key_codes, q_rot, codes + part_byte[p], part_size[p], part_first[p], scale * norms[p],
+                             pairs, sum0, sum1);
         } else {
           add_key_dots<GT>(d, key_codes, q_rot, codes, D, 0, scale * norms[0], pairs, sum0, sum1);
         }
@@ -613,6 +614,11 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
     if (!any_exact && value_codes.pairs_at(slot0 + n - 1, slots)) {  // every token coded, every pair decode allowed
       accumulate_values([&](std::int64_t t, std::int64_t c, V& cent0, V& cent1) {
         value_codes.decode_pair(d, block_codes + t * code_bytes, c, cent0, cent1);
+      });
+    } else if (!any_exact && !value_codes.pairs) {  // every token coded, each chunk from its own window
+      accumulate_values([&](std::int64_t t, std::int64_t c, V& cent0, V& cent1) {
+        cent0 = value_codes.decode(d, block_codes + t * code_bytes, c);
+        cent1 = value_codes.decode(d, block_codes + t * code_bytes, c + N);
       });
     } else {
       accumulate_values([&](std::int64_t t, std::int64_t c, V& cent0, V& cent1) {
