@@ -245,7 +245,6 @@ struct ValueDecoder {
       return hn::GatherIndex(d, centroids, hn::BitCast(di, hn::And(idx, hn::Set(du, std::uint32_t(levels - 1)))));
     }
   }
-  HWY_INLINE V centroids_of(D d, VU idx) const { return centroids_of(d, idx, lo, hi); }
 
   // Centroids of dims [c, c + N) of a row whose code bytes start at `codes` (c a multiple of N). The
   // last window reads up to one byte past the row, which the next region of the cache always holds.
@@ -273,13 +272,10 @@ struct ValueDecoder {
   bool pairs_at(std::int64_t slot, std::int64_t slots) const { return pairs && slot + 1 < slots; }
 
   HWY_INLINE void decode_pair(D d, const std::uint8_t* codes, std::int64_t c, V& out0, V& out1) const {
-    decode_pair(d, codes, c, lo, hi, out0, out1);
+    decode_pair_at(d, codes + bits * (c / 8), lo, hi, out0, out1);
   }
-  HWY_INLINE void decode_pair(D d, const std::uint8_t* codes, std::int64_t c, V table_lo, V table_hi, V& out0,
-                              V& out1) const {
-    decode_pair_at(d, codes + bits * (c / 8), table_lo, table_hi, out0, out1);
-  }
-  // The same from the byte of the pair's first code (codes + bits * c / 8).
+  // The same from the byte of the pair's first code (codes + bits * c / 8) and the tables table_lo and
+  // table_hi (scaled copies of lo and hi).
   HWY_INLINE void decode_pair_at(D d, const std::uint8_t* first_code, V table_lo, V table_hi, V& out0, V& out1) const {
     const DU du;
     const D8 d8;

@@ -8,18 +8,26 @@
 
 namespace flashtq::cli {
 
+// Seconds one run of f takes.
+template <typename F>
+double seconds(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+inline double median(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 // Median seconds of `repeats` runs of f after one warm-up.
 template <typename F>
 double median_s(F&& f, int repeats) {
   f();
   std::vector<double> t;
-  for (int i = 0; i < repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  for (int i = 0; i < repeats; ++i) t.push_back(seconds(f));
+  return median(std::move(t));
 }
 
 // Median seconds of f and of g over `repeats` rounds of one run of each, after one warm-up each: on a shared
@@ -29,18 +37,11 @@ std::pair<double, double> alternating_median_s(F&& f, G&& g, int repeats) {
   f();
   g();
   std::vector<double> tf, tg;
-  auto seconds = [](auto&& run) {
-    const auto t0 = std::chrono::steady_clock::now();
-    run();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
   for (int i = 0; i < repeats; ++i) {
     tf.push_back(seconds(f));
     tg.push_back(seconds(g));
   }
-  std::sort(tf.begin(), tf.end());
-  std::sort(tg.begin(), tg.end());
-  return {tf[tf.size() / 2], tg[tg.size() / 2]};
+  return {median(std::move(tf)), median(std::move(tg))};
 }
 
 }  // namespace flashtq::cli
