@@ -68,21 +68,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     cp_async_commit();
   };
   stage_rows<T, D, 8, kThreads>(q_tile, qv, b, h, i0, kRows, p.Sq, tid);  // committed with the first K/V tile
-  const std::int64_t first = range.begin / kKeys * kKeys;
-  if (first < range.end) {
-    issue(first, 0);
-  } else {
-    cp_async_commit();
-  }
-  int stage = 0;
-  for (std::int64_t j0 = first; j0 < range.end; j0 += kKeys, stage ^= 1) {
-    if (j0 + kKeys < range.end) {
-      issue(j0 + kKeys, stage ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // this stage's tile (and, the first time, Q) is visible to every warp
+  auto nothing = [](std::int64_t, int) {};
+  for_each_key_tile<kKeys>(range.begin, range.end, issue, nothing, [&](std::int64_t j0, int stage) {
     const Row* k_tile = k_stages + stage * kKeys;
     const Row* v_tile = v_stages + stage * kKeys;
     // S = Q K^T for this warp's 2 x 16 rows x 64 keys (8 n-tiles), two k-steps at a time: Q's A
@@ -144,8 +131,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
     }
-    __syncthreads();  // every warp is done with this stage before it is refilled
-  }
+  });
   store_rows<T>(tile, ov, lse, o, m, l, unfinished);
 }
 

@@ -125,27 +125,16 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
   };
   stage_rows<float, D, kPad, kThreads>(q_tile, qv, b, h, i0, kRows, p.Sq, tid);  // committed with the first K/V tile
   const std::int64_t first = range.begin / kKeys * kKeys;
-  if (first < range.end) {
-    issue(first, 0);
-  } else {
-    cp_async_commit();
-  }
-  int stage = 0;
-  for (std::int64_t j0 = first; j0 < range.end; j0 += kKeys, stage ^= 1) {
-    if (j0 + kKeys < range.end) {
-      issue(j0 + kKeys, stage ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    Row* k_tile = k_stages + stage * kKeys;
-    Row* v_tile = v_stages + stage * kKeys;
+  auto round = [&](std::int64_t j0, int stage) {  // this thread's own chunks, before the block sees them
     if constexpr (M == Tf32Mode::rounded) {
       if (j0 == first) round_staged<D, kThreads>(q_tile, kRows, tid);
-      round_staged<D, kThreads>(k_tile, kKeys, tid);
-      round_staged<D, kThreads>(v_tile, kKeys, tid);
+      round_staged<D, kThreads>(k_stages + stage * kKeys, kKeys, tid);
+      round_staged<D, kThreads>(v_stages + stage * kKeys, kKeys, tid);
     }
-    __syncthreads();  // this stage's tiles (and, the first time, Q) visible to every warp
+  };
+  for_each_key_tile<kKeys>(range.begin, range.end, issue, round, [&](std::int64_t j0, int stage) {
+    Row* k_tile = k_stages + stage * kKeys;
+    Row* v_tile = v_stages + stage * kKeys;
     // S = Q K^T, 8 dims a step: Q's A fragments by ldmatrix .x4 (matrices: rows 0-7 / 8-15 x dims
     // 0-3 / 4-7), K's B fragments for two steps by one ldmatrix .x4 (dims 0-3, 4-7, 8-11, 12-15).
     float s[2][NT][4] = {};
@@ -225,8 +214,7 @@ __global__ void __launch_bounds__(Tf32Config<M>::kThreads, Tf32Config<M>::kBlock
         }
       }
     }
-    __syncthreads();  // every warp is done with this stage before it is refilled
-  }
+  });
   store_rows<float>(tile, ov, lse, o, m, l, unfinished);
 }
 

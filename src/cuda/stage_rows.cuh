@@ -42,4 +42,33 @@ __device__ __forceinline__ void for_staged_chunks(T (*tile)[D + Pad], int rows, 
   for (int e = tid; e < rows * per_row; e += Threads) f(&tile[e / per_row][(e % per_row) * per_chunk]);
 }
 
+// The mma.sync dense kernels' key loop: tiles of kKeys keys from begin (rounded down to a tile) to end, each staged
+// by stage_tile(j0, stage) (which commits its copies) one tile ahead, in two stages. landed(j0, stage) runs once
+// this thread's own copies of tile j0 (and whatever it committed before the first tile: Q) have arrived, before
+// the block syncs; body(j0, stage) once the whole tile is visible to every warp; the block syncs again after it,
+// so that no warp still reads the stage the next turn refills.
+template <int kKeys, typename Stage, typename Landed, typename Body>
+__device__ __forceinline__ void for_each_key_tile(std::int64_t begin, std::int64_t end, Stage&& stage_tile,
+                                                  Landed&& landed, Body&& body) {
+  const std::int64_t first = begin / kKeys * kKeys;
+  if (first < end) {
+    stage_tile(first, 0);
+  } else {
+    cp_async_commit();
+  }
+  int stage = 0;
+  for (std::int64_t j0 = first; j0 < end; j0 += kKeys, stage ^= 1) {
+    if (j0 + kKeys < end) {
+      stage_tile(j0 + kKeys, stage ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    landed(j0, stage);
+    __syncthreads();
+    body(j0, stage);
+    __syncthreads();
+  }
+}
+
 }  // namespace flashtq::cuda
