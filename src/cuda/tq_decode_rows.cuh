@@ -49,6 +49,25 @@ __device__ __forceinline__ LaneCodes lane_codes(const TqLayout& l, bool keys, in
   return {0, 0, 0};  // not reached: the parts cover [0, D)
 }
 
+// Where a timestep's block means start (TqLayout::key_mean, value_mean) with the per-layout parts worked out once
+// and the block index in 32 bits: timesteps are below capacity, and a packed image holds fewer than 2^32 words
+// (core/validate.cpp), so 64-bit divisions per row are not needed.
+struct MeanBlocks {
+  std::int64_t key_offset = 0, value_offset = 0, key_blocks = 0, value_blocks = 0;
+  std::uint32_t key_block = 1, value_block = 1;
+  __device__ explicit MeanBlocks(const TqLayout& l) {
+    if (l.key_block) key_offset = l.key_mean_offset(), key_blocks = l.mean_blocks(l.key_block), key_block = l.key_block;
+    if (l.value_block)
+      value_offset = l.value_mean_offset(), value_blocks = l.mean_blocks(l.value_block), value_block = l.value_block;
+  }
+  __device__ std::int64_t key(std::int64_t h, std::int64_t t, std::int64_t half_dim) const {
+    return key_offset + (h * key_blocks + std::uint32_t(t) / key_block) * half_dim;
+  }
+  __device__ std::int64_t value(std::int64_t h, std::int64_t t, std::int64_t half_dim) const {
+    return value_offset + (h * value_blocks + std::uint32_t(t) / value_block) * half_dim;
+  }
+};
+
 // The lane's E codes from a slot's code words (`words` of them): one or two loads, then shifts.
 template <int E>
 __device__ __forceinline__ void read_codes(const std::uint32_t* codes, std::int64_t words, const LaneCodes& at,
@@ -65,10 +84,10 @@ __device__ __forceinline__ void read_codes(const std::uint32_t* codes, std::int6
 // Key coordinates [lane * E, lane * E + E) of a coded timestep (slot, and t: its timestep in the image), in
 // q_rot's space.
 template <int E>
-__device__ __forceinline__ void decode_key(const TqLayout& l, float qjl_scale, const std::uint32_t* jl_signs,
-                                           const std::uint32_t* keys, std::int64_t slot, std::int64_t kvh,
-                                           std::int64_t t, const LaneCodes& at, const float* cent, int lane,
-                                           float (&k)[E]) {
+__device__ __forceinline__ void decode_key(const TqLayout& l, const MeanBlocks& means, float qjl_scale,
+                                           const std::uint32_t* jl_signs, const std::uint32_t* keys, std::int64_t slot,
+                                           std::int64_t kvh, std::int64_t t, const LaneCodes& at, const float* cent,
+                                           int lane, float (&k)[E]) {
   constexpr int D = 32 * E;
   std::uint32_t code[E];
   read_codes<E>(keys + slot * l.key_code_words(), l.key_code_words(), at, code);
@@ -91,7 +110,7 @@ __device__ __forceinline__ void decode_key(const TqLayout& l, float qjl_scale, c
     }
   }
   if (l.key_block) {
-    const std::uint32_t* mean = keys + l.key_mean(kvh, t);
+    const std::uint32_t* mean = keys + means.key(kvh, t, D / 2);
 #pragma unroll
     for (int e = 0; e < E; ++e) k[e] += half_at(__ldg(mean + (lane * E + e) / 2), (lane * E + e) % 2);
   }
@@ -101,12 +120,12 @@ __device__ __forceinline__ void decode_key(const TqLayout& l, float qjl_scale, c
 // that ends at `end` (its exact recent window): k and v hold the lane's coordinates. `key_at`, `value_at` and
 // `key_cent` come from lane_codes (once per thread); kc, vc the codebooks in shared memory.
 template <int E>
-__device__ __forceinline__ void decode_timestep(const TqLayout& l, float qjl_scale, const std::uint32_t* jl_signs,
-                                                const std::uint32_t* keys, const std::uint32_t* values,
-                                                const TqSequence& sq, std::int64_t kvh, std::int64_t t,
-                                                std::int64_t end, const LaneCodes& key_at, const LaneCodes& value_at,
-                                                const float* key_cent, const float* vc, int lane, float (&k)[E],
-                                                float (&v)[E]) {
+__device__ __forceinline__ void decode_timestep(const TqLayout& l, const MeanBlocks& means, float qjl_scale,
+                                                const std::uint32_t* jl_signs, const std::uint32_t* keys,
+                                                const std::uint32_t* values, const TqSequence& sq, std::int64_t kvh,
+                                                std::int64_t t, std::int64_t end, const LaneCodes& key_at,
+                                                const LaneCodes& value_at, const float* key_cent, const float* vc,
+                                                int lane, float (&k)[E], float (&v)[E]) {
   constexpr int D = 32 * E;
   const std::int64_t at_t = sq.timestep(t), slot = kvh * l.capacity + at_t;
   const std::int64_t er = l.exact_row(t, end);
@@ -120,14 +139,14 @@ __device__ __forceinline__ void decode_timestep(const TqLayout& l, float qjl_sca
     }
     return;
   }
-  decode_key<E>(l, qjl_scale, jl_signs, keys, slot, kvh, at_t, key_at, key_cent, lane, k);
+  decode_key<E>(l, means, qjl_scale, jl_signs, keys, slot, kvh, at_t, key_at, key_cent, lane, k);
   std::uint32_t code[E];
   read_codes<E>(values + slot * l.value_code_words(), l.value_code_words(), value_at, code);
   const float vn = half_at(__ldg(values + l.value_norm_offset() + slot), 0);
 #pragma unroll
   for (int e = 0; e < E; ++e) v[e] = vn * vc[code[e]];
   if (l.value_block) {
-    const std::uint32_t* mean = values + l.value_mean(kvh, at_t);
+    const std::uint32_t* mean = values + means.value(kvh, at_t, D / 2);
 #pragma unroll
     for (int e = 0; e < E; ++e) v[e] += half_at(__ldg(mean + (lane * E + e) / 2), (lane * E + e) % 2);
   }

@@ -53,7 +53,8 @@ __device__ __forceinline__ void store_bf16(__nv_bfloat16* row, const float (&x)[
   }
 }
 
-// Warps take (sequence, timestep, kv head) rows in turn: each row's key and value in bf16.
+// Each warp takes a run of consecutive (sequence, timestep, kv head) rows: each row's key and value in bf16. A run
+// is split into its indices once and then stepped (64-bit divisions per row had been a large share of the kernel).
 template <int E>
 __global__ void __launch_bounds__(32 * kWarps) decode_rows(DecodeParams a) {
   constexpr int D = 32 * E;
@@ -69,13 +70,39 @@ __global__ void __launch_bounds__(32 * kWarps) decode_rows(DecodeParams a) {
   const LaneCodes key_at = lane_codes<E>(l, true, lane), value_at = lane_codes<E>(l, false, lane);
   const float* key_cent = l.key_outliers && key_at.part == 0 ? oc : kc;
   const std::int64_t Hkv = l.n_kv_heads, rows = a.batch * a.Sk * Hkv;
-  for (std::int64_t row = std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; row < rows;
-       row += std::int64_t(gridDim.x) * kWarps) {  // (b, s, kvh) in that order; whole warps
-    const std::int64_t b = row / (a.Sk * Hkv), t = a.first + (row / Hkv) % a.Sk, kvh = row % Hkv;
+  const std::int64_t warps = std::int64_t(gridDim.x) * kWarps, run = (rows + warps - 1) / warps;
+  std::int64_t row = (std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * run;
+  const std::int64_t last = row + run < rows ? row + run : rows;
+  if (row >= last) return;                                                       // whole warps
+  std::int64_t b = row / (a.Sk * Hkv), s = (row / Hkv) % a.Sk, kvh = row % Hkv;  // rows are (b, s, kvh) in order
+  const MeanBlocks means(l);
+  auto step = [&] {
+    if (++kvh == Hkv) {
+      kvh = 0;
+      if (++s == a.Sk) s = 0, ++b;
+    }
+  };
+  auto decode = [&](float(&k)[E], float(&v)[E]) {
+    decode_timestep<E>(l, means, a.qjl_scale, a.jl_signs, a.k + tq_sequence_base(l, b, true),
+                       a.v + tq_sequence_base(l, b, false), tq_sequence(l, a.pages, b), kvh, a.first + s, a.end, key_at,
+                       value_at, key_cent, vc, lane, k, v);
+  };
+  // Two rows a turn, both decoded before either is stored: their loads are in flight together (a row's few
+  // dependent loads, one turn after another, left the decode waiting on memory).
+  for (; row + 1 < last; row += 2) {
+    float k0[E], v0[E], k1[E], v1[E];
+    decode(k0, v0);
+    step();
+    decode(k1, v1);
+    step();
+    store_bf16<E>(a.k_rows + row * D, k0, lane);
+    store_bf16<E>(a.v_rows + row * D, v0, lane);
+    store_bf16<E>(a.k_rows + (row + 1) * D, k1, lane);
+    store_bf16<E>(a.v_rows + (row + 1) * D, v1, lane);
+  }
+  if (row < last) {
     float k[E], v[E];
-    decode_timestep<E>(l, a.qjl_scale, a.jl_signs, a.k + tq_sequence_base(l, b, true),
-                       a.v + tq_sequence_base(l, b, false), tq_sequence(l, a.pages, b), kvh, t, a.end, key_at, value_at,
-                       key_cent, vc, lane, k, v);
+    decode(k, v);
     store_bf16<E>(a.k_rows + row * D, k, lane);
     store_bf16<E>(a.v_rows + row * D, v, lane);
   }
