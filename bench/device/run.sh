@@ -7,6 +7,7 @@
 #   BENCH=1 COMMIT=c                   cuda_turboquant_bench, bench/torch_sdpa.py with the peers, the merged table
 #   NCU='bench args' NCUOPTS=..        ncu on bench_a (NCUBIN=name for another), details and SASS pages as text
 #   AB='args;args' ROUNDS=n VARIANTS='b c'   the same benchmark arguments on several binaries, interleaved
+#   DURATIONS='bench args' KERNELS=regex VARIANTS='b c'   each kernel's duration by ncu (launches 5-16 that match)
 #   WEBGPU=1                           bench/gpu.sh (cuda and webgpu side by side, through the NVIDIA Vulkan driver)
 #   CMD=..                             anything else, last
 set -uo pipefail
@@ -48,6 +49,14 @@ fi
 if [ -n "${AB:-}" ]; then
   IFS=';' read -ra sets <<< "$AB"
   for r in $(seq ${ROUNDS:-2}); do for args in "${sets[@]}"; do for v in ${VARIANTS:-b c}; do echo "$v r$r [$args] $(/tmp/bin/bench_$v $args 2>&1 | tail -1)"; done; done; done | tee "$OUT/ab.txt"
+fi
+if [ -n "${DURATIONS:-}" ]; then
+  for v in ${VARIANTS:-a}; do
+    ncu -k "regex:${KERNELS:-.}" --launch-skip 4 --launch-count 12 --metrics gpu__time_duration.sum \
+      /tmp/bin/bench_$v $DURATIONS > "$OUT/durations-$v.txt" 2>&1
+    grep -E "^  [a-zA-Z_].*\(|gpu__time_duration" "$OUT/durations-$v.txt" | paste - - |
+      sed -E 's/\(.*\) \(/ (/' | awk -v v=$v '{print v, $1, $2, $3, $NF " us"}'
+  done
 fi
 if [ "${WEBGPU:-0}" = 1 ]; then
   FLASHTQ=/tmp/bin/flashtq COMMIT=${COMMIT:-unknown} bash bench/gpu.sh "$OUT/gpu.json" 2>&1 | tail -30
