@@ -53,8 +53,8 @@ __device__ __forceinline__ void store_bf16(__nv_bfloat16* row, const float (&x)[
   }
 }
 
-// Each warp takes a run of consecutive (sequence, timestep, kv head) rows: each row's key and value in bf16. A run
-// is split into its indices once and then stepped (64-bit divisions per row had been a large share of the kernel).
+// Each warp takes a run of consecutive (sequence, timestep, kv head) rows, split into its indices once and then
+// stepped: each row's key and value in bf16 (docs/benchmarks.md has the row orders and turn sizes measured).
 template <int E>
 __global__ void __launch_bounds__(32 * kWarps) decode_rows(DecodeParams a) {
   constexpr int D = 32 * E;
@@ -87,8 +87,7 @@ __global__ void __launch_bounds__(32 * kWarps) decode_rows(DecodeParams a) {
                        a.v + tq_sequence_base(l, b, false), tq_sequence(l, a.pages, b), kvh, a.first + s, a.end, key_at,
                        value_at, key_cent, vc, lane, k, v);
   };
-  // Two rows a turn, both decoded before either is stored: their loads are in flight together (a row's few
-  // dependent loads, one turn after another, left the decode waiting on memory).
+  // Two rows a turn, both decoded before either is stored, so that their loads are in flight together.
   for (; row + 1 < last; row += 2) {
     float k0[E], v0[E], k1[E], v1[E];
     decode(k0, v0);
