@@ -49,28 +49,45 @@ __device__ __forceinline__ LaneCodes lane_codes(const TqLayout& l, bool keys, in
   return {0, 0, 0};  // not reached: the parts cover [0, D)
 }
 
-// Where a timestep's block means start (TqLayout::key_mean, value_mean) with the per-layout parts worked out once
-// and the block index in 32 bits: timesteps are below capacity, and a packed image holds fewer than 2^32 words
-// (core/validate.cpp), so 64-bit divisions per row are not needed.
+// Where a timestep's block means start (TqLayout::key_mean, value_mean) with the per-layout parts worked out once,
+// in 32 bits: timesteps are below capacity, and a packed image holds fewer than 2^32 words (core/validate.cpp), so
+// 64-bit divisions and products per row are not needed.
 struct MeanBlocks {
-  std::int64_t key_offset = 0, value_offset = 0, key_blocks = 0, value_blocks = 0;
+  std::uint32_t key_offset = 0, value_offset = 0, key_blocks = 0, value_blocks = 0;
   std::uint32_t key_block = 1, value_block = 1;
   __device__ explicit MeanBlocks(const TqLayout& l) {
-    if (l.key_block) key_offset = l.key_mean_offset(), key_blocks = l.mean_blocks(l.key_block), key_block = l.key_block;
+    if (l.key_block)
+      key_offset = std::uint32_t(l.key_mean_offset()), key_blocks = std::uint32_t(l.mean_blocks(l.key_block)),
+      key_block = std::uint32_t(l.key_block);
     if (l.value_block)
-      value_offset = l.value_mean_offset(), value_blocks = l.mean_blocks(l.value_block), value_block = l.value_block;
+      value_offset = std::uint32_t(l.value_mean_offset()), value_blocks = std::uint32_t(l.mean_blocks(l.value_block)),
+      value_block = std::uint32_t(l.value_block);
   }
-  __device__ std::int64_t key(std::int64_t h, std::int64_t t, std::int64_t half_dim) const {
-    return key_offset + (h * key_blocks + std::uint32_t(t) / key_block) * half_dim;
+  __device__ std::uint32_t key(std::uint32_t h, std::uint32_t t, std::uint32_t half_dim) const {
+    return key_offset + (h * key_blocks + t / key_block) * half_dim;
   }
-  __device__ std::int64_t value(std::int64_t h, std::int64_t t, std::int64_t half_dim) const {
-    return value_offset + (h * value_blocks + std::uint32_t(t) / value_block) * half_dim;
+  __device__ std::uint32_t value(std::uint32_t h, std::uint32_t t, std::uint32_t half_dim) const {
+    return value_offset + (h * value_blocks + t / value_block) * half_dim;
   }
+};
+
+// The word counts and offsets a coded row reads (TqLayout's), worked out once per thread and in 32 bits (as above):
+// recomputed by the layout's methods they were a chain of 64-bit products in every row.
+struct RowWords {
+  std::uint32_t capacity, key_code, jl_at, key_norm_at, key_norm, value_code, value_norm_at;
+  __device__ explicit RowWords(const TqLayout& l)
+      : capacity(std::uint32_t(l.capacity)),
+        key_code(std::uint32_t(l.key_code_words())),
+        jl_at(std::uint32_t(l.key_jl_offset())),
+        key_norm_at(std::uint32_t(l.key_norm_offset())),
+        key_norm(std::uint32_t(l.key_norm_words())),
+        value_code(std::uint32_t(l.value_code_words())),
+        value_norm_at(std::uint32_t(l.value_norm_offset())) {}
 };
 
 // The lane's E codes from a slot's code words (`words` of them): one or two loads, then shifts.
 template <int E>
-__device__ __forceinline__ void read_codes(const std::uint32_t* codes, std::int64_t words, const LaneCodes& at,
+__device__ __forceinline__ void read_codes(const std::uint32_t* codes, std::uint32_t words, const LaneCodes& at,
                                            std::uint32_t (&out)[E]) {
   const int w = at.bit / 32, shift = at.bit % 32;
   std::uint64_t window = __ldg(codes + w);
@@ -84,19 +101,19 @@ __device__ __forceinline__ void read_codes(const std::uint32_t* codes, std::int6
 // Key coordinates [lane * E, lane * E + E) of a coded timestep (slot, and t: its timestep in the image), in
 // q_rot's space.
 template <int E>
-__device__ __forceinline__ void decode_key(const TqLayout& l, const MeanBlocks& means, float qjl_scale,
-                                           const std::uint32_t* jl_signs, const std::uint32_t* keys, std::int64_t slot,
-                                           std::int64_t kvh, std::int64_t t, const LaneCodes& at, const float* cent,
-                                           int lane, float (&k)[E]) {
+__device__ __forceinline__ void decode_key(const TqLayout& l, const RowWords& rw, const MeanBlocks& means,
+                                           float qjl_scale, const std::uint32_t* jl_signs, const std::uint32_t* keys,
+                                           std::uint32_t slot, std::uint32_t kvh, std::uint32_t t, const LaneCodes& at,
+                                           const float* cent, int lane, float (&k)[E]) {
   constexpr int D = 32 * E;
   std::uint32_t code[E];
-  read_codes<E>(keys + slot * l.key_code_words(), l.key_code_words(), at, code);
-  const std::uint32_t* norm = keys + l.key_norm_offset() + slot * l.key_norm_words();
+  read_codes<E>(keys + slot * rw.key_code, rw.key_code, at, code);
+  const std::uint32_t* norm = keys + (rw.key_norm_at + slot * rw.key_norm);
   const float n = half_at(__ldg(norm + at.part / 2), at.part % 2);  // the part's norm half (the one norm without parts)
 #pragma unroll
   for (int e = 0; e < E; ++e) k[e] = n * cent[code[e]];
   if (l.qjl) {  // the sketch's signs brought back to q_rot's space: diag(s_jl) H sgn / sqrt(D)
-    const std::uint32_t jl = __ldg(keys + l.key_jl_offset() + slot * (D / 32) + lane * E / 32) >> (lane * E % 32);
+    const std::uint32_t jl = __ldg(keys + (rw.jl_at + slot * (D / 32) + lane * E / 32)) >> (lane * E % 32);
     float s[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) s[e] = ((jl >> e) & 1u) ? 1.0f : -1.0f;
@@ -120,14 +137,15 @@ __device__ __forceinline__ void decode_key(const TqLayout& l, const MeanBlocks& 
 // that ends at `end` (its exact recent window): k and v hold the lane's coordinates. `key_at`, `value_at` and
 // `key_cent` come from lane_codes (once per thread); kc, vc the codebooks in shared memory.
 template <int E>
-__device__ __forceinline__ void decode_timestep(const TqLayout& l, const MeanBlocks& means, float qjl_scale,
-                                                const std::uint32_t* jl_signs, const std::uint32_t* keys,
-                                                const std::uint32_t* values, const TqSequence& sq, std::int64_t kvh,
-                                                std::int64_t t, std::int64_t end, const LaneCodes& key_at,
-                                                const LaneCodes& value_at, const float* key_cent, const float* vc,
-                                                int lane, float (&k)[E], float (&v)[E]) {
+__device__ __forceinline__ void decode_timestep(const TqLayout& l, const RowWords& rw, const MeanBlocks& means,
+                                                float qjl_scale, const std::uint32_t* jl_signs,
+                                                const std::uint32_t* keys, const std::uint32_t* values,
+                                                const TqSequence& sq, std::int64_t kvh, std::int64_t t,
+                                                std::int64_t end, const LaneCodes& key_at, const LaneCodes& value_at,
+                                                const float* key_cent, const float* vc, int lane, float (&k)[E],
+                                                float (&v)[E]) {
   constexpr int D = 32 * E;
-  const std::int64_t at_t = sq.timestep(t), slot = kvh * l.capacity + at_t;
+  const std::uint32_t at_t = std::uint32_t(sq.timestep(t)), slot = std::uint32_t(kvh) * rw.capacity + at_t;
   const std::int64_t er = l.exact_row(t, end);
   if (er >= 0) {  // a sink or recent timestep: its exact rotated rows
     const std::int64_t at = l.exact_row_at(sq.exact_set, kvh, er);
@@ -139,14 +157,14 @@ __device__ __forceinline__ void decode_timestep(const TqLayout& l, const MeanBlo
     }
     return;
   }
-  decode_key<E>(l, means, qjl_scale, jl_signs, keys, slot, kvh, at_t, key_at, key_cent, lane, k);
+  decode_key<E>(l, rw, means, qjl_scale, jl_signs, keys, slot, std::uint32_t(kvh), at_t, key_at, key_cent, lane, k);
   std::uint32_t code[E];
-  read_codes<E>(values + slot * l.value_code_words(), l.value_code_words(), value_at, code);
-  const float vn = half_at(__ldg(values + l.value_norm_offset() + slot), 0);
+  read_codes<E>(values + slot * rw.value_code, rw.value_code, value_at, code);
+  const float vn = half_at(__ldg(values + (rw.value_norm_at + slot)), 0);
 #pragma unroll
   for (int e = 0; e < E; ++e) v[e] = vn * vc[code[e]];
   if (l.value_block) {
-    const std::uint32_t* mean = values + means.value(kvh, at_t, D / 2);
+    const std::uint32_t* mean = values + means.value(std::uint32_t(kvh), at_t, D / 2);
 #pragma unroll
     for (int e = 0; e < E; ++e) v[e] += half_at(__ldg(mean + (lane * E + e) / 2), (lane * E + e) % 2);
   }

@@ -20,6 +20,12 @@ namespace flashtq::cuda {
 namespace {
 
 constexpr int kWarps = 8;  // rows (one per warp) per block of the decode and finish kernels
+// decode_rows waits on its loads more than it computes: registers bounded for a third block per SM pay more than
+// the few bytes it then spills (docs/benchmarks.md has the registers, blocks and times measured).
+#ifndef FLASHTQ_PREFILL_DECODE_BLOCKS
+#define FLASHTQ_PREFILL_DECODE_BLOCKS 3
+#endif
+constexpr int kDecodeBlocksPerSm = FLASHTQ_PREFILL_DECODE_BLOCKS;
 
 struct DecodeParams {
   TqLayout l;
@@ -56,7 +62,7 @@ __device__ __forceinline__ void store_bf16(__nv_bfloat16* row, const float (&x)[
 // Each warp takes a run of consecutive (sequence, timestep, kv head) rows, split into its indices once and then
 // stepped: each row's key and value in bf16 (docs/benchmarks.md has the row orders and turn sizes measured).
 template <int E>
-__global__ void __launch_bounds__(32 * kWarps) decode_rows(DecodeParams a) {
+__global__ void __launch_bounds__(32 * kWarps, kDecodeBlocksPerSm) decode_rows(DecodeParams a) {
   constexpr int D = 32 * E;
   __shared__ float kc[16], vc[16], oc[16];
   if (threadIdx.x < 16) {
@@ -76,15 +82,24 @@ __global__ void __launch_bounds__(32 * kWarps) decode_rows(DecodeParams a) {
   if (row >= last) return;                                                       // whole warps
   std::int64_t b = row / (a.Sk * Hkv), s = (row / Hkv) % a.Sk, kvh = row % Hkv;  // rows are (b, s, kvh) in order
   const MeanBlocks means(l);
+  const RowWords rw(l);
+  // Sequence b's images and table row, worked out when b changes and not per row: an image's words per sequence
+  // cost two 64-bit divisions (its blocks of means) and a chain of products each time.
+  const std::int64_t key_stride = tq_sequence_base(l, 1, true), value_stride = tq_sequence_base(l, 1, false);
+  const std::uint32_t *k_seq = a.k + b * key_stride, *v_seq = a.v + b * value_stride;
+  TqSequence seq = tq_sequence(l, a.pages, b);
   auto step = [&] {
     if (++kvh == Hkv) {
       kvh = 0;
-      if (++s == a.Sk) s = 0, ++b;
+      if (++s == a.Sk) {
+        s = 0, ++b;
+        k_seq += key_stride, v_seq += value_stride;
+        seq = tq_sequence(l, a.pages, b);
+      }
     }
   };
   auto decode = [&](float(&k)[E], float(&v)[E]) {
-    decode_timestep<E>(l, means, a.qjl_scale, a.jl_signs, a.k + tq_sequence_base(l, b, true),
-                       a.v + tq_sequence_base(l, b, false), tq_sequence(l, a.pages, b), kvh, a.first + s, a.end, key_at,
+    decode_timestep<E>(l, rw, means, a.qjl_scale, a.jl_signs, k_seq, v_seq, seq, kvh, a.first + s, a.end, key_at,
                        value_at, key_cent, vc, lane, k, v);
   };
   // Two rows a turn, both decoded before either is stored, so that their loads are in flight together.
