@@ -404,12 +404,10 @@ template <typename T, int D, int NT>
 int resident_blocks() {
   static const int blocks = [] {
     allow_shared_bytes<decode_kernel<T, D, NT>>(Shape<D, NT>::kBytes);
-    int n = 0, device = 0, sms = 0;
+    int n = 0;
     FLASHTQ_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<T, D, NT>, kThreads, Shape<D, NT>::kBytes));
-    FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
-    FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return std::max(1, n) * sms;
+    return std::max(1, n) * multiprocessors();
   }();
   return blocks;
 }

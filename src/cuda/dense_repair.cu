@@ -111,12 +111,7 @@ __global__ void __launch_bounds__(32 * kWarps) repair_dq_rows(BackwardCall c) {
 // (launch.hpp), so that its launch overlaps that kernel's last blocks; a finished call then costs
 // each block two atomics.
 unsigned blocks(const DenseProblem& p) {
-  static const int sms = [] {
-    int device = 0, count = 0;
-    FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
-    FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-  }();
+  static const int sms = multiprocessors();
   const std::int64_t needed = (p.B * p.Sq * p.H + kWarps - 1) / kWarps;
   return unsigned(std::min<std::int64_t>(needed, sms));
 }

@@ -22,6 +22,14 @@ inline bool dependent_launch_supported() {
   return major >= 9;
 }
 
+// The current device's streaming multiprocessors (grids sized to one wave of resident blocks).
+inline int multiprocessors() {
+  int device = 0, count = 0;
+  FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
 // Lets `Kernel` take `bytes` of dynamic shared memory (above the default 48 KB); once per process.
 template <auto Kernel>
 void allow_shared_bytes(int bytes) {

@@ -309,13 +309,6 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge(AttendParams a) {
       y[d] * (1.0f / sqrtf(float(D))) * sign;
 }
 
-int multiprocessors() {
-  int device = 0, count = 0;
-  FLASHTQ_CUDA_CHECK(cudaGetDevice(&device));
-  FLASHTQ_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
 int head_tile(std::int64_t group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1; }
 
 // Query heads per block: decode_tc takes up to kTcHeads of a group (the last block of a larger group fewer),
