@@ -51,23 +51,24 @@ __device__ __forceinline__ LaneCodes lane_codes(const TqLayout& l, bool keys, in
 
 // Where a timestep's block means start (TqLayout::key_mean, value_mean) with the per-layout parts worked out once,
 // in 32 bits: timesteps are below capacity, and a packed image holds fewer than 2^32 words (core/validate.cpp), so
-// 64-bit divisions and products per row are not needed.
+// 64-bit divisions and products per row are not needed. A block is a power of two of timesteps (TqLayout), so a
+// timestep's block is a shift, not a division.
 struct MeanBlocks {
   std::uint32_t key_offset = 0, value_offset = 0, key_blocks = 0, value_blocks = 0;
-  std::uint32_t key_block = 1, value_block = 1;
+  int key_shift = 0, value_shift = 0;
   __device__ explicit MeanBlocks(const TqLayout& l) {
     if (l.key_block)
       key_offset = std::uint32_t(l.key_mean_offset()), key_blocks = std::uint32_t(l.mean_blocks(l.key_block)),
-      key_block = std::uint32_t(l.key_block);
+      key_shift = __ffs(l.key_block) - 1;
     if (l.value_block)
       value_offset = std::uint32_t(l.value_mean_offset()), value_blocks = std::uint32_t(l.mean_blocks(l.value_block)),
-      value_block = std::uint32_t(l.value_block);
+      value_shift = __ffs(l.value_block) - 1;
   }
   __device__ std::uint32_t key(std::uint32_t h, std::uint32_t t, std::uint32_t half_dim) const {
-    return key_offset + (h * key_blocks + t / key_block) * half_dim;
+    return key_offset + (h * key_blocks + (t >> key_shift)) * half_dim;
   }
   __device__ std::uint32_t value(std::uint32_t h, std::uint32_t t, std::uint32_t half_dim) const {
-    return value_offset + (h * value_blocks + t / value_block) * half_dim;
+    return value_offset + (h * value_blocks + (t >> value_shift)) * half_dim;
   }
 };
 

@@ -13,6 +13,7 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.hpp"
 #include "cuda/tq_decode_rows.cuh"
 #include "cuda/tq_dispatch.cuh"
 
@@ -26,6 +27,9 @@ constexpr int kWarps = 8;  // rows (one per warp) per block of the decode and fi
 #define FLASHTQ_PREFILL_DECODE_BLOCKS 3
 #endif
 constexpr int kDecodeBlocksPerSm = FLASHTQ_PREFILL_DECODE_BLOCKS;
+#ifndef FLASHTQ_PREFILL_DECODE_WAVES
+#define FLASHTQ_PREFILL_DECODE_WAVES 1
+#endif
 
 struct DecodeParams {
   TqLayout l;
@@ -48,14 +52,29 @@ struct FinishParams {
   std::uint32_t polar_signs[8];
 };
 
+// The lane's E coordinates of a row as bf16, in 16-byte (or, for fewer coordinates, 8- or 4-byte) stores: rows
+// start on 256-byte pieces of the 16-byte-aligned workspace, so a lane's E * 2 bytes are aligned to their size.
 template <int E>
 __device__ __forceinline__ void store_bf16(__nv_bfloat16* row, const float (&x)[E], int lane) {
   if constexpr (E == 1) {
     row[lane] = __float2bfloat16_rn(x[0]);
   } else {
-    auto* words = reinterpret_cast<__nv_bfloat162*>(row + lane * E);
+    std::uint32_t words[E / 2];
 #pragma unroll
-    for (int e = 0; e < E; e += 2) words[e / 2] = __floats2bfloat162_rn(x[e], x[e + 1]);
+    for (int e = 0; e < E; e += 2) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(x[e], x[e + 1]);
+      words[e / 2] = *reinterpret_cast<const std::uint32_t*>(&pair);
+    }
+    if constexpr (E == 2) {
+      reinterpret_cast<std::uint32_t*>(row)[lane] = words[0];
+    } else if constexpr (E == 4) {
+      reinterpret_cast<uint2*>(row)[lane] = make_uint2(words[0], words[1]);
+    } else {
+      auto* out = reinterpret_cast<uint4*>(row + lane * E);
+#pragma unroll
+      for (int i = 0; i < E / 8; ++i)
+        out[i] = make_uint4(words[4 * i], words[4 * i + 1], words[4 * i + 2], words[4 * i + 3]);
+    }
   }
 }
 
@@ -207,8 +226,11 @@ void launch_tq_prefill(const TqAttendCall& c) {
     d.books.outlier[i] = c.tables.outlier_centroids[std::size_t(i)];
   }
   for (int i = 0; i < 8; ++i) d.jl_signs[i] = c.tables.jl_sign_bits[std::size_t(i)];
-  // Enough blocks to fill the device several times over; each warp then takes rows in turn.
-  const unsigned decode_blocks = unsigned(std::min<std::int64_t>(blocks_for_warps(p.B * p.Sk * p.Hkv), 8192));
+  // One wave of resident blocks, each warp a long run of rows: a warp's set-up (its lanes' code windows, the
+  // layout's offsets, its first row's indices) costs as much as several rows, so short runs paid it too often.
+  static const int sms = multiprocessors();
+  const unsigned decode_blocks = unsigned(std::min<std::int64_t>(
+      blocks_for_warps(p.B * p.Sk * p.Hkv), std::int64_t(sms) * kDecodeBlocksPerSm * FLASHTQ_PREFILL_DECODE_WAVES));
   by_dtype_and_width(DType::f32, l.head_dim, [&](auto, auto width) {
     decode_rows<decltype(width)::value><<<decode_blocks, 32 * kWarps, 0, stream>>>(d);
   });
