@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
 // codes are the encoder's business, so no bit-exact double here). Lane l loads channels [l E, l E + E) and
 // puts each at its permuted coordinate in the warp's shared row: an outlier channel at its rank among the
 // mask's set bits, another at N + (its rank among the rest); then each part's butterflies (relative
-// indices, the signs of its absolute coordinates) and 1 / sqrt(n_p), in shared memory.
+// indices, the signs of its absolute coordinates) and 1 / sqrt(n_p), in registers and shuffles.
 constexpr int kRotateWarps = 4;
 
 template <typename T, int E>
@@ -104,31 +104,50 @@ __global__ void __launch_bounds__(32 * kRotateWarps)
     x[outlier ? below : N + c - below] = to_float(static_cast<const T*>(q.data)[row_offset(q, b, j % n, h) + c]);
   }
   __syncwarp();
+  // Lane l then holds coordinates [l E, l E + E) of the permuted row; they lie in one part (parts are powers of two
+  // of at least 16 coordinates starting on multiples of 16), whose butterflies run in registers and across the
+  // part's lanes by shuffles: the pairs and sums of the shared-memory butterflies, without a round trip a stage.
+  const int first = lane * E;
+  int offset = 0, size = D;
   for (int p = 0; p < l.key_parts(); ++p) {
     const TqLayout::KeyPart kp = l.key_part(p);
-    for (int i = lane; i < kp.size; i += 32) {
-      const int d = kp.offset + i;
-      if ((tables.polar_sign_bits[std::size_t(d / 32)] >> (d % 32)) & 1u) x[d] = -x[d];
-    }
-    __syncwarp();
-    for (int len = 1; len < kp.size; len <<= 1) {
-      for (int k = lane; k < kp.size / 2; k += 32) {  // pair k: relative index i with bit len clear
-        const int i = (k / len) * 2 * len + k % len;
-        const float a = x[kp.offset + i], c = x[kp.offset + i + len];
-        x[kp.offset + i] = a + c;
-        x[kp.offset + i + len] = a - c;
-      }
-      __syncwarp();
-    }
-    const float inv = rsqrtf(float(kp.size));
-    for (int i = lane; i < kp.size; i += 32) x[kp.offset + i] *= inv;
-    __syncwarp();
+    if (first >= kp.offset && first < kp.offset + kp.size) offset = kp.offset, size = kp.size;
   }
+  float y[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int d = first + e;
+    y[e] = ((tables.polar_sign_bits[std::size_t(d / 32)] >> (d % 32)) & 1u) ? -x[d] : x[d];
+  }
+#pragma unroll
+  for (int len = 1; len < E; len <<= 1) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if (!(e & len)) {
+        const float a = y[e], c = y[e + len];
+        y[e] = a + c;
+        y[e + len] = a - c;
+      }
+    }
+  }
+  const int rel = (first - offset) / E, base = offset / E;  // the lane's place in its part, the part's first lane
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {
+    const bool stage = m * E < size;  // every lane shuffles; a lane whose part is done keeps its values
+    const int from = stage ? base + (rel ^ m) : lane;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float other = __shfl_sync(0xFFFFFFFFu, y[e], from);
+      if (stage) y[e] = (rel & m) ? other - y[e] : y[e] + other;
+    }
+  }
+  const float inv = rsqrtf(float(size));
   float* q_rot = scratch + s.q_rot(j, h);
   float* q_jl = scratch + s.q_jl(j, h);  // keys with outlier channels have no QJL bits
-  for (int d = lane; d < D; d += 32) {
-    q_rot[d] = x[d];
-    q_jl[d] = 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    q_rot[first + e] = y[e] * inv;
+    q_jl[first + e] = 0.0f;
   }
   if (lane == 0) scratch[s.sum(j, h)] = 0.0f;
 }
