@@ -77,10 +77,9 @@ __device__ __forceinline__ double sign_of(const std::uint32_t* bits, int d) {
   return ((bits[d / 32] >> (d % 32)) & 1u) ? -1.0 : 1.0;
 }
 
-// The Walsh-Hadamard butterflies over a warp, lane holding coordinates [lane * E, lane * E + E): within the
-// lane first, then across lanes, in core::fwht's order.
+// The butterflies of a Walsh-Hadamard transform whose pairs lie within one lane's E values (strides below E).
 template <typename T, int E>
-__device__ __forceinline__ void warp_fwht(T (&x)[E], int lane) {
+__device__ __forceinline__ void lane_fwht(T (&x)[E]) {
 #pragma unroll
   for (int len = 1; len < E; len <<= 1) {
 #pragma unroll
@@ -92,6 +91,13 @@ __device__ __forceinline__ void warp_fwht(T (&x)[E], int lane) {
       }
     }
   }
+}
+
+// The Walsh-Hadamard butterflies over a warp, lane holding coordinates [lane * E, lane * E + E): within the
+// lane first, then across lanes, in core::fwht's order.
+template <typename T, int E>
+__device__ __forceinline__ void warp_fwht(T (&x)[E], int lane) {
+  lane_fwht<T, E>(x);
 #pragma unroll
   for (int m = 1; m < 32; m <<= 1) {
 #pragma unroll

@@ -119,17 +119,7 @@ __global__ void __launch_bounds__(32 * kRotateWarps)
     const int d = first + e;
     y[e] = ((tables.polar_sign_bits[std::size_t(d / 32)] >> (d % 32)) & 1u) ? -x[d] : x[d];
   }
-#pragma unroll
-  for (int len = 1; len < E; len <<= 1) {
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      if (!(e & len)) {
-        const float a = y[e], c = y[e + len];
-        y[e] = a + c;
-        y[e + len] = a - c;
-      }
-    }
-  }
+  lane_fwht<float, E>(y);
   const int rel = (first - offset) / E, base = offset / E;  // the lane's place in its part, the part's first lane
 #pragma unroll
   for (int m = 1; m < 32; m <<= 1) {
