@@ -93,16 +93,17 @@ __device__ __forceinline__ void lane_fwht(T (&x)[E]) {
   }
 }
 
-// The Walsh-Hadamard butterflies over a warp, lane holding coordinates [lane * E, lane * E + E): within the
-// lane first, then across lanes, in core::fwht's order.
-template <typename T, int E>
-__device__ __forceinline__ void warp_fwht(T (&x)[E], int lane) {
+// The Walsh-Hadamard butterflies over a warp (or over each aligned group of kLanes lanes, `lanes` their mask),
+// lane holding coordinates [lane * E, lane * E + E) of its group's row: within the lane first, then across lanes,
+// in core::fwht's order.
+template <typename T, int E, int kLanes = 32>
+__device__ __forceinline__ void warp_fwht(T (&x)[E], int lane, unsigned lanes = 0xFFFFFFFFu) {
   lane_fwht<T, E>(x);
 #pragma unroll
-  for (int m = 1; m < 32; m <<= 1) {
+  for (int m = 1; m < kLanes; m <<= 1) {
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      const T other = __shfl_xor_sync(0xFFFFFFFFu, x[e], m);
+      const T other = __shfl_xor_sync(lanes, x[e], m);
       x[e] = (lane & m) ? other - x[e] : x[e] + other;
     }
   }

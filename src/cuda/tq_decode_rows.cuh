@@ -1,9 +1,9 @@
 // Turning one timestep of the packed TurboQuant cache back into rotated-space rows (the chunked prefill's
 // bf16 rows, tq_prefill.cu): what the oracle scores and sums (core/tq_rows.cpp),
-// a warp per timestep, lane l holding coordinates [l E, l E + E). Keys: the exact row where there is one,
-// else per part the norm half times the centroids, plus, with QJL, n γ qjl_scale diag(s_jl) H sgn / sqrt(D)
-// (so that <q_rot, k> carries the sketch's term <q_jl, sgn>), plus the block's mean; values likewise
-// without the sketch. The cache is read through the read-only path (__ldg): attention never writes it.
+// a group of L lanes (a warp or half of one) per timestep, its lane l holding coordinates [l E, l E + E). Keys: the
+// exact row where there is one, else per part the norm half times the centroids, plus, with QJL, n γ qjl_scale
+// diag(s_jl) H sgn / sqrt(D) (so that <q_rot, k> carries the sketch's term <q_jl, sgn>), plus the block's mean; values
+// likewise without the sketch. The cache is read through the read-only path (__ldg): attention never writes it.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -100,13 +100,13 @@ __device__ __forceinline__ void read_codes(const std::uint32_t* codes, std::uint
 }
 
 // Key coordinates [lane * E, lane * E + E) of a coded timestep (slot, and t: its timestep in the image), in
-// q_rot's space.
-template <int E>
+// q_rot's space; `lanes` is the mask of the row's L lanes.
+template <int E, int L>
 __device__ __forceinline__ void decode_key(const TqLayout& l, const RowWords& rw, const MeanBlocks& means,
                                            float qjl_scale, const std::uint32_t* jl_signs, const std::uint32_t* keys,
                                            std::uint32_t slot, std::uint32_t kvh, std::uint32_t t, const LaneCodes& at,
-                                           const float* cent, int lane, float (&k)[E]) {
-  constexpr int D = 32 * E;
+                                           const float* cent, int lane, unsigned lanes, float (&k)[E]) {
+  constexpr int D = L * E;
   std::uint32_t code[E];
   read_codes<E>(keys + slot * rw.key_code, rw.key_code, at, code);
   const std::uint32_t* norm = keys + (rw.key_norm_at + slot * rw.key_norm);
@@ -118,7 +118,7 @@ __device__ __forceinline__ void decode_key(const TqLayout& l, const RowWords& rw
     float s[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) s[e] = ((jl >> e) & 1u) ? 1.0f : -1.0f;
-    warp_fwht(s, lane);
+    warp_fwht<float, E, L>(s, lane, lanes);
     const float f = n * half_at(__ldg(norm), 1) * qjl_scale * rsqrtf(float(D));
 #pragma unroll
     for (int e = 0; e < E; ++e) {
@@ -136,16 +136,17 @@ __device__ __forceinline__ void decode_key(const TqLayout& l, const RowWords& rw
 
 // Timestep t of one sequence's caches (slot kvh * capacity + sq.timestep(t)), keys and values, for a sequence
 // that ends at `end` (its exact recent window): k and v hold the lane's coordinates. `key_at`, `value_at` and
-// `key_cent` come from lane_codes (once per thread); kc, vc the codebooks in shared memory.
-template <int E>
+// `key_cent` come from lane_codes (once per thread); kc, vc the codebooks in shared memory; L lanes a row, `lanes`
+// their mask.
+template <int E, int L>
 __device__ __forceinline__ void decode_timestep(const TqLayout& l, const RowWords& rw, const MeanBlocks& means,
                                                 float qjl_scale, const std::uint32_t* jl_signs,
                                                 const std::uint32_t* keys, const std::uint32_t* values,
                                                 const TqSequence& sq, std::int64_t kvh, std::int64_t t,
                                                 std::int64_t end, const LaneCodes& key_at, const LaneCodes& value_at,
-                                                const float* key_cent, const float* vc, int lane, float (&k)[E],
-                                                float (&v)[E]) {
-  constexpr int D = 32 * E;
+                                                const float* key_cent, const float* vc, int lane, unsigned lanes,
+                                                float (&k)[E], float (&v)[E]) {
+  constexpr int D = L * E;
   const std::uint32_t at_t = std::uint32_t(sq.timestep(t)), slot = std::uint32_t(kvh) * rw.capacity + at_t;
   const std::int64_t er = l.exact_row(t, end);
   if (er >= 0) {  // a sink or recent timestep: its exact rotated rows
@@ -158,7 +159,8 @@ __device__ __forceinline__ void decode_timestep(const TqLayout& l, const RowWord
     }
     return;
   }
-  decode_key<E>(l, rw, means, qjl_scale, jl_signs, keys, slot, std::uint32_t(kvh), at_t, key_at, key_cent, lane, k);
+  decode_key<E, L>(l, rw, means, qjl_scale, jl_signs, keys, slot, std::uint32_t(kvh), at_t, key_at, key_cent, lane,
+                   lanes, k);
   std::uint32_t code[E];
   read_codes<E>(values + slot * rw.value_code, rw.value_code, value_at, code);
   const float vn = half_at(__ldg(values + (rw.value_norm_at + slot)), 0);

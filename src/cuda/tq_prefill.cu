@@ -20,16 +20,17 @@
 namespace flashtq::cuda {
 namespace {
 
-constexpr int kWarps = 8;  // rows (one per warp) per block of the decode and finish kernels
+constexpr int kWarps = 8;  // warps per block of the decode and finish kernels
 // decode_rows waits on its loads more than it computes: registers bounded for a third block per SM pay more than
-// the few bytes it then spills (docs/benchmarks.md has the registers, blocks and times measured).
+// the few bytes it then spills; its grid is a few waves of those blocks, each group of lanes a long run of rows
+// (docs/benchmarks.md has the registers, blocks, waves and times measured; the macros build the variants).
 #ifndef FLASHTQ_PREFILL_DECODE_BLOCKS
 #define FLASHTQ_PREFILL_DECODE_BLOCKS 3
 #endif
-constexpr int kDecodeBlocksPerSm = FLASHTQ_PREFILL_DECODE_BLOCKS;
 #ifndef FLASHTQ_PREFILL_DECODE_WAVES
-#define FLASHTQ_PREFILL_DECODE_WAVES 1
+#define FLASHTQ_PREFILL_DECODE_WAVES 4
 #endif
+constexpr int kDecodeBlocksPerSm = FLASHTQ_PREFILL_DECODE_BLOCKS, kDecodeWaves = FLASHTQ_PREFILL_DECODE_WAVES;
 
 struct DecodeParams {
   TqLayout l;
@@ -78,11 +79,12 @@ __device__ __forceinline__ void store_bf16(__nv_bfloat16* row, const float (&x)[
   }
 }
 
-// Each warp takes a run of consecutive (sequence, timestep, kv head) rows, split into its indices once and then
-// stepped: each row's key and value in bf16 (docs/benchmarks.md has the row orders and turn sizes measured).
-template <int E>
+// Each group of L lanes (half a warp up to D = 128, else a warp: E coordinates a lane, at most 8) takes a run of
+// consecutive (sequence, timestep, kv head) rows, split into its indices once and then stepped: each row's key and
+// value in bf16 (docs/benchmarks.md has the row orders, turn sizes and lanes a row measured).
+template <int W>  // the launcher's width, D / 32
 __global__ void __launch_bounds__(32 * kWarps, kDecodeBlocksPerSm) decode_rows(DecodeParams a) {
-  constexpr int D = 32 * E;
+  constexpr int D = 32 * W, L = W <= 4 ? 16 : 32, E = D / L;
   __shared__ float kc[16], vc[16], oc[16];
   if (threadIdx.x < 16) {
     kc[threadIdx.x] = a.books.key[threadIdx.x];
@@ -91,14 +93,15 @@ __global__ void __launch_bounds__(32 * kWarps, kDecodeBlocksPerSm) decode_rows(D
   }
   __syncthreads();
   const TqLayout& l = a.l;
-  const int lane = threadIdx.x % 32;
+  const int lane = threadIdx.x % L;  // within the row's group
+  const unsigned lanes = L == 32 ? 0xFFFFFFFFu : 0xFFFFu << (threadIdx.x & 16);
   const LaneCodes key_at = lane_codes<E>(l, true, lane), value_at = lane_codes<E>(l, false, lane);
   const float* key_cent = l.key_outliers && key_at.part == 0 ? oc : kc;
   const std::int64_t Hkv = l.n_kv_heads, rows = a.batch * a.Sk * Hkv;
-  const std::int64_t warps = std::int64_t(gridDim.x) * kWarps, run = (rows + warps - 1) / warps;
-  std::int64_t row = (std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * run;
+  const std::int64_t groups = std::int64_t(gridDim.x) * blockDim.x / L, run = (rows + groups - 1) / groups;
+  std::int64_t row = ((std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / L) * run;
   const std::int64_t last = row + run < rows ? row + run : rows;
-  if (row >= last) return;                                                       // whole warps
+  if (row >= last) return;                                                       // whole groups
   std::int64_t b = row / (a.Sk * Hkv), s = (row / Hkv) % a.Sk, kvh = row % Hkv;  // rows are (b, s, kvh) in order
   const MeanBlocks means(l);
   const RowWords rw(l);
@@ -118,8 +121,8 @@ __global__ void __launch_bounds__(32 * kWarps, kDecodeBlocksPerSm) decode_rows(D
     }
   };
   auto decode = [&](float(&k)[E], float(&v)[E]) {
-    decode_timestep<E>(l, rw, means, a.qjl_scale, a.jl_signs, k_seq, v_seq, seq, kvh, a.first + s, a.end, key_at,
-                       value_at, key_cent, vc, lane, k, v);
+    decode_timestep<E, L>(l, rw, means, a.qjl_scale, a.jl_signs, k_seq, v_seq, seq, kvh, a.first + s, a.end, key_at,
+                          value_at, key_cent, vc, lane, lanes, k, v);
   };
   // Two rows a turn, both decoded before either is stored, so that their loads are in flight together.
   for (; row + 1 < last; row += 2) {
@@ -226,11 +229,12 @@ void launch_tq_prefill(const TqAttendCall& c) {
     d.books.outlier[i] = c.tables.outlier_centroids[std::size_t(i)];
   }
   for (int i = 0; i < 8; ++i) d.jl_signs[i] = c.tables.jl_sign_bits[std::size_t(i)];
-  // One wave of resident blocks, each warp a long run of rows: a warp's set-up (its lanes' code windows, the
-  // layout's offsets, its first row's indices) costs as much as several rows, so short runs paid it too often.
+  // A few waves of resident blocks, each group of lanes a long run of rows: a group's set-up (its lanes' code
+  // windows, the layout's offsets, its first row's indices) costs as much as several rows, so short runs (the
+  // grid had been up to 8192 blocks) paid it too often; four waves rather than one even out the runs' ends.
   static const int sms = multiprocessors();
   const unsigned decode_blocks = unsigned(std::min<std::int64_t>(
-      blocks_for_warps(p.B * p.Sk * p.Hkv), std::int64_t(sms) * kDecodeBlocksPerSm * FLASHTQ_PREFILL_DECODE_WAVES));
+      blocks_for_warps(p.B * p.Sk * p.Hkv), std::int64_t(sms) * kDecodeBlocksPerSm * kDecodeWaves));
   by_dtype_and_width(DType::f32, l.head_dim, [&](auto, auto width) {
     decode_rows<decltype(width)::value><<<decode_blocks, 32 * kWarps, 0, stream>>>(d);
   });
