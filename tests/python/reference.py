@@ -50,3 +50,12 @@ def grad_rel_err(a, b, scale: float, head_dim: int) -> float:
     a, b = a.detach().double(), b.detach().double()
     floor = 0.1 * scale * head_dim * b.numel() ** 0.5
     return float((a - b).norm() / max(float(b.norm()), floor))
+
+
+def sinks_grad_rel_err(a, b, rows: int) -> float:
+    """rel_err for the sinks' gradient, its denominator at least 0.1 * sqrt(rows) (the C++ suite's floor,
+    src/conformance/dense_checks.cpp): each head's dsink sums -P_sink * D_i over the batch's `rows` query rows, terms
+    of either sign, so its natural size is about sqrt(rows); one that cancels to nearly zero is compared at that
+    scale, not to its own vanishing norm."""
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / max(float(b.norm()), 0.1 * rows ** 0.5))
