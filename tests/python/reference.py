@@ -43,13 +43,17 @@ def rel_err(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
+def floored_rel_err(a, b, floor: float) -> float:
+    """rel_err with its denominator at least `floor`: the size below which a sum that cancels is compared absolutely."""
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / max(float(b.norm()), floor))
+
+
 def grad_rel_err(a, b, scale: float, head_dim: int) -> float:
     """rel_err for a gradient, its denominator at least 0.1 * scale * D * sqrt(n) (docs/spec.md §3's choice, as the
     C++ suite: inputs are N(0, 1), so a gradient's natural size is about scale * D; one that cancels to nearly zero,
     as dq of a row whose softmax has a single key, is compared at that scale, not to its own vanishing norm)."""
-    a, b = a.detach().double(), b.detach().double()
-    floor = 0.1 * scale * head_dim * b.numel() ** 0.5
-    return float((a - b).norm() / max(float(b.norm()), floor))
+    return floored_rel_err(a, b, 0.1 * scale * head_dim * b.numel() ** 0.5)
 
 
 def sinks_grad_rel_err(a, b, rows: int) -> float:
@@ -57,5 +61,4 @@ def sinks_grad_rel_err(a, b, rows: int) -> float:
     src/conformance/dense_checks.cpp): each head's dsink sums -P_sink * D_i over the batch's `rows` query rows, terms
     of either sign, so its natural size is about sqrt(rows); one that cancels to nearly zero is compared at that
     scale, not to its own vanishing norm."""
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / max(float(b.norm()), 0.1 * rows ** 0.5))
+    return floored_rel_err(a, b, 0.1 * rows ** 0.5)
