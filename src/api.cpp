@@ -42,6 +42,22 @@ void attention_backward(Backend& backend, const BackwardArgs& args, const Attent
   core::rethrow_as_error("backend");
 }
 
+std::size_t attention_backward_workspace_bytes(Backend& backend, const BackwardArgs& args,
+                                               const AttentionParams& params) try {
+  BackwardArgs without = args;
+  without.workspace = nullptr;
+  without.workspace_bytes = 0;
+  if (params.paged) throw Error("paged", "the backward takes contiguous keys and values (docs/spec.md §1.7)");
+  // A ragged batch runs as one call per sequence on host backends, which need none.
+  if (params.varlen) {
+    if (backend.memory() == Memory::host) return 0;
+    return backend.backward_workspace(core::validate_packed_backward(backend, without, params));
+  }
+  return backend.backward_workspace(core::validate_backward(backend, without, params));
+} catch (...) {
+  core::rethrow_as_error("backend");
+}
+
 void paged_kv_append(Backend& backend, const PagedAppendArgs& args) try {
   core::paged_append(backend, args);
 } catch (...) {

@@ -127,9 +127,10 @@ TEST(KernelChoice, DenseBackward) {
   EXPECT_EQ(cuda::choose_dense_backward(backward_call(v, DType::f32, 128), kHopper), DenseBackwardKernel::warp_per_row);
   EXPECT_EQ(cuda::choose_dense_backward(backward_call(v, DType::bf16, 128), kAmpere),
             DenseBackwardKernel::warp_per_row);
+  // The rows' statistics live in the workspace, not in dQ: where dQ lies does not decide the kernel.
   BackwardCall shared = backward_call(v, DType::bf16, 128);
-  shared.dq = shared.dout;  // the wgmma kernels stash row statistics in dQ before reading dout
-  EXPECT_EQ(cuda::choose_dense_backward(shared, kHopper), DenseBackwardKernel::warp_per_row);
+  shared.dq = shared.dout;
+  EXPECT_EQ(cuda::choose_dense_backward(shared, kHopper), DenseBackwardKernel::wgmma);
 }
 
 TEST(KernelChoice, TurboQuantAttend) {
@@ -300,6 +301,10 @@ TEST(KernelChoiceOnGpu, EachDenseShapeRanItsKernel) {
     const conformance::CheckResult back = conformance::check_backward(*b, bf16);
     EXPECT_TRUE(back.passed) << bf16.describe() << ": " << back.detail;
     EXPECT_EQ(back.kernel, hopper ? "dense_backward_wgmma" : "dense_backward_warp_per_row");
+    // Without a workspace the Hopper kernels keep the rows' statistics in scratch they allocate on the stream.
+    const conformance::CheckResult own = conformance::check_backward(*b, bf16, /*workspace=*/false);
+    EXPECT_TRUE(own.passed) << bf16.describe() << " without a workspace: " << own.detail;
+    EXPECT_EQ(own.kernel, back.kernel);
     const conformance::DenseCase wide = with_features(dense_case(DType::bf16, 512));
     const conformance::CheckResult wide_back = conformance::check_backward(*b, wide);
     EXPECT_TRUE(wide_back.passed) << wide.describe() << ": " << wide_back.detail;

@@ -247,6 +247,29 @@ TEST(BackwardBadInput, NamesTheArgument) {
   d.params.sinks = sinks.data();
   a.dsinks = reinterpret_cast<float*>(reinterpret_cast<char*>(dsinks.data()) + 1);
   expect_arg(a, "dsinks");
+  d.params.sinks = nullptr;
+  alignas(16) unsigned char scratch[64];
+  a = d.bwd();
+  a.workspace = scratch + 8;  // a workspace starts on 16 bytes
+  a.workspace_bytes = 32;
+  expect_arg(a, "workspace");
+}
+
+// Host backends keep no per-row scratch: the backward's workspace query says 0 for them, after validating the call
+// as the backward does.
+TEST(BackwardWorkspace, HostBackendsNeedNone) {
+  Dense d;
+  for (const char* name : {"reference", "cpu"}) {
+    EXPECT_EQ(attention_backward_workspace_bytes(backend(name), d.bwd(), d.params), 0u) << name;
+    BackwardArgs bad = d.bwd();
+    bad.lse = nullptr;
+    try {
+      attention_backward_workspace_bytes(backend(name), bad, d.params);
+      ADD_FAILURE() << name << ": a call without lse was sized";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "lse") << e.what();
+    }
+  }
 }
 
 // Reading the registry while another thread registers is safe (before all_backends returned a copy,

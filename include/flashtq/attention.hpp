@@ -105,9 +105,14 @@ struct BackwardArgs {
   TensorView dq, dk, dv;          // shaped like q, k, v
   void* stream = nullptr;
   // With params.sinks: optional f32 [H] in the backend's memory, written with the sinks' gradient
-  // (summed over the batch and the rows); null when the caller does not need it. Last, so that
+  // (summed over the batch and the rows); null when the caller does not need it. After the stream, so that
   // positional initialisers written before it keep their meaning.
   float* dsinks = nullptr;
+  // Optional scratch in the backend's memory, 16-byte aligned, attention_backward_workspace_bytes() large: the
+  // cuda backend keeps each row's statistics there (its Hopper kernels). Without it (or with too little) the
+  // backend allocates that scratch on the stream itself; with it a call allocates nothing (a CUDA graph).
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
 };
 
 // New rows appended to each sequence's pages (docs/spec.md §1.7): row t of sequence b goes to position
@@ -125,6 +130,10 @@ void attention_forward(Backend& backend, const ForwardArgs& args, const Attentio
 // them as attention_forward does, the workspace aside.
 std::size_t attention_forward_workspace_bytes(Backend& backend, const ForwardArgs& args, const AttentionParams& params);
 void attention_backward(Backend& backend, const BackwardArgs& args, const AttentionParams& params);
+// The workspace attention_backward uses for these arguments (0: none); validates them as attention_backward does, the
+// workspace aside.
+std::size_t attention_backward_workspace_bytes(Backend& backend, const BackwardArgs& args,
+                                               const AttentionParams& params);
 void paged_kv_append(Backend& backend, const PagedAppendArgs& args);
 
 }  // namespace flashtq

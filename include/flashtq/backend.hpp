@@ -74,6 +74,8 @@ class Backend {
   virtual std::size_t tq_attend_workspace(const TqAttendCall&) const { return 0; }
   // The workspace the forward's fastest plan for this call uses (ForwardArgs::workspace); 0 = none.
   virtual std::size_t forward_workspace(const ForwardCall&) const { return 0; }
+  // The workspace the backward uses for this call (BackwardArgs::workspace); 0 = none.
+  virtual std::size_t backward_workspace(const BackwardCall&) const { return 0; }
   // The kernel that served this thread's last forward, backward or tq_attend on this backend (the
   // conformance suite records it beside each case; tests hold the fast paths to the shapes they are
   // meant for). Empty for a backend with one path per operation.

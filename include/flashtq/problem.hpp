@@ -106,7 +106,9 @@ struct BackwardCall {
   const float* lse = nullptr;
   float* dsinks = nullptr;  // [H], only with p.sinks; null = not wanted
   void* stream = nullptr;
-  RaggedTable ragged;  // with p.packed
+  RaggedTable ragged;         // with p.packed
+  void* workspace = nullptr;  // BackwardArgs::workspace: null, or 16-byte aligned in the backend's memory
+  std::size_t workspace_bytes = 0;
 };
 
 // Rows appended into pages on a device backend (docs/spec.md §1.7; host backends are written by core): row t of

@@ -49,7 +49,7 @@ def _new_out(q: Tensor, bhsd: bool) -> Tensor:
 
 
 def _workspace_for(x: Tensor):
-    """An allocator for a forward's workspace on x's device (None on the CPU, where none is used): the bytes come
+    """An allocator for a call's workspace on x's device (None on the CPU, where none is used): the bytes come
     from torch's caching allocator on the current stream, kept alive by the returned list until the call is made."""
     if not x.is_cuda:
         return None, []
@@ -93,12 +93,13 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: T
               backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsinks = _new_dsinks(q, sinks)
+    allocate, _keep = _workspace_for(q)
     with _device_scope(q):
         _ext.backward(backend_for(q, backend or None), view(q, "q"), view(k, "k"), view(v, "v"), view(out, "out"),
                       view(dout, "dout"), lse.data_ptr(), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"), scale,
                       causal, causal_offset, window, *_mask_args(mask), dropout_p, seed, softcap, _pointer(sinks),
                       _pointer(dsinks if sinks is not None else None),
-                      *_ragged_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), stream_of(q))
+                      *_ragged_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), stream_of(q), allocate)
     return dq, dk, dv, dsinks
 
 

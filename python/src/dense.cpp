@@ -94,23 +94,37 @@ void bind_dense(nb::module_& m) {
          std::int64_t window, std::uintptr_t mask, std::array<std::int64_t, 4> mask_strides, std::int64_t mask_elements,
          float dropout_p, std::uint32_t seed, float softcap, std::uintptr_t sinks, std::uintptr_t dsinks,
          std::int64_t batch, std::uintptr_t cu_q, std::uintptr_t cu_k, std::int64_t max_q, std::int64_t max_k,
-         std::uintptr_t stream) {
+         std::uintptr_t stream, std::optional<nb::callable> workspace) {
         Backend& be = flashtq::backend(backend);
         AttentionParams p = make_params(scale, causal, causal_offset, window, mask, mask_strides, mask_elements,
                                         dropout_p, seed, softcap, sinks);
         add_layout(p, batch, cu_q, cu_k, max_q, max_k, 0, 0, 0);
+        BackwardArgs args{q,
+                          k,
+                          v,
+                          out,
+                          dout,
+                          reinterpret_cast<const float*>(lse),
+                          dq,
+                          dk,
+                          dv,
+                          reinterpret_cast<void*>(stream),
+                          reinterpret_cast<float*>(dsinks)};
+        // The rows' scratch the backend asks for, from the caller's allocator (as the forward's workspace).
+        if (workspace) {
+          args.workspace_bytes = attention_backward_workspace_bytes(be, args, p);
+          if (args.workspace_bytes > 0)
+            args.workspace = reinterpret_cast<void*>(nb::cast<std::uintptr_t>((*workspace)(args.workspace_bytes)));
+        }
         nb::gil_scoped_release release;
-        attention_backward(be,
-                           {q, k, v, out, dout, reinterpret_cast<const float*>(lse), dq, dk, dv,
-                            reinterpret_cast<void*>(stream), reinterpret_cast<float*>(dsinks)},
-                           p);
+        attention_backward(be, args, p);
       },
       nb::arg("backend"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"),
       nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("scale").none(), nb::arg("causal"),
       nb::arg("causal_offset").none(), nb::arg("window"), nb::arg("mask"), nb::arg("mask_strides"),
       nb::arg("mask_elements"), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("softcap"), nb::arg("sinks"),
       nb::arg("dsinks"), nb::arg("batch"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
-      nb::arg("max_seqlen_k"), nb::arg("stream"));
+      nb::arg("max_seqlen_k"), nb::arg("stream"), nb::arg("workspace").none() = nb::none());
   m.def(
       "paged_kv_append",
       [](const std::string& backend, const TensorView& k_pages, const TensorView& v_pages, std::uintptr_t page_table,

@@ -97,7 +97,9 @@ TqCase draw_tq_decode_case(std::mt19937_64& rng, const Backend& backend);
 TqCase draw_tq_prefill_case(std::mt19937_64& rng, const Backend& backend);
 
 CheckResult check_forward(Backend& backend, const DenseCase& c);
-CheckResult check_backward(Backend& backend, const DenseCase& c);
+// With `workspace`, the backward gets the workspace attention_backward_workspace_bytes asks for (poisoned); without,
+// none (a device backend then allocates its own scratch on the stream).
+CheckResult check_backward(Backend& backend, const DenseCase& c, bool workspace = true);
 // Dropout decisions made by the backend's forward, read off exactly (one-hot values).
 CheckResult check_dropout(Backend& backend, std::uint32_t seed, float p);
 CheckResult check_tq_encode(Backend& backend, const TqCase& c);

@@ -284,7 +284,7 @@ CheckResult check_forward(Backend& backend, const DenseCase& c) {
   return r;
 }
 
-CheckResult check_backward(Backend& backend, const DenseCase& c) {
+CheckResult check_backward(Backend& backend, const DenseCase& c, bool with_workspace) {
   CheckResult r{"backward", c.describe(), 0, tolerance(c.dtype, c.tf32), false, "", 0, ""};
   const DenseInputs in(c);
   r.tolerance += in.large_score_allowance(c);
@@ -323,6 +323,12 @@ CheckResult check_backward(Backend& backend, const DenseCase& c) {
                     gv.on(d_dv.get(), mem),
                     nullptr,
                     c.sinks ? static_cast<float*>(d_dsinks.get()) : nullptr};
+  // The workspace it asks for, poisoned as the forward's is.
+  const std::size_t workspace_bytes =
+      with_workspace ? attention_backward_workspace_bytes(backend, args, dev.params) : 0;
+  DeviceBuffer workspace(backend, std::vector<std::uint8_t>(workspace_bytes, 0xFF));
+  args.workspace = workspace_bytes ? workspace.get() : nullptr;
+  args.workspace_bytes = workspace_bytes;
   const auto t0 = std::chrono::steady_clock::now();
   attention_backward(backend, args, dev.params);
   backend.synchronize();

@@ -242,6 +242,12 @@ BackwardCall validate_backward(const Backend& backend, const BackwardArgs& a, co
   c.dv = a.dv;
   c.lse = a.lse;
   c.stream = a.stream;
+  if (a.workspace != nullptr) {
+    check_pointer("workspace", a.workspace, 16);
+    if (auto why = backend.foreign_pointer(a.workspace)) throw Error("workspace", *why);
+    c.workspace = a.workspace;
+    c.workspace_bytes = a.workspace_bytes;
+  }
   return c;
 }
 

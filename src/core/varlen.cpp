@@ -184,7 +184,8 @@ void varlen_forward(Backend& backend, const ForwardArgs& a, const AttentionParam
 
 namespace {
 
-void packed_backward(Backend& backend, const Batch& batch, const BackwardArgs& a, const AttentionParams& params) {
+BackwardCall packed_backward(const Backend& backend, const Batch& batch, const BackwardArgs& a,
+                             const AttentionParams& params) {
   for (std::int64_t b = 0; b < batch.batch(); ++b) {
     const std::int64_t q0 = batch.q[std::size_t(b)], k0 = batch.k[std::size_t(b)], n = batch.rows(b), m = batch.keys(b);
     if (n == 0 || m == 0) continue;
@@ -196,10 +197,14 @@ void packed_backward(Backend& backend, const Batch& batch, const BackwardArgs& a
   }
   BackwardCall c = validate_backward(backend, a, Batch::whole(params, /*packed=*/true));
   batch.pack(c.p, c.ragged, params);
-  backend.backward(c);
+  return c;
 }
 
 }  // namespace
+
+BackwardCall validate_packed_backward(const Backend& backend, const BackwardArgs& a, const AttentionParams& params) {
+  return packed_backward(backend, Batch(a.q, a.k, params), a, params);
+}
 
 ForwardCall validate_packed_forward(const Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
   if (a.lse != nullptr) check_pointer("lse", a.lse, alignof(float));
@@ -208,7 +213,7 @@ ForwardCall validate_packed_forward(const Backend& backend, const ForwardArgs& a
 
 void varlen_backward(Backend& backend, const BackwardArgs& a, const AttentionParams& params) {
   const Batch batch(a.q, a.k, params);
-  if (backend.memory() != Memory::host) return packed_backward(backend, batch, a, params);
+  if (backend.memory() != Memory::host) return backend.backward(packed_backward(backend, batch, a, params));
   validate_backward(backend, a, Batch::whole(params));
   const std::int64_t H = batch.H, Tq = a.q.shape[1];
   // lse from [H, Tq] into each sequence's [H, Sq_b]; each sequence's sink gradient apart, summed after.

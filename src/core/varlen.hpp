@@ -13,6 +13,8 @@ namespace flashtq::core {
 void varlen_forward(Backend& backend, const ForwardArgs& args, const AttentionParams& params);
 // The one call a device backend gets for a ragged batch (validated, not run): what its workspace is sized for.
 ForwardCall validate_packed_forward(const Backend& backend, const ForwardArgs& args, const AttentionParams& params);
+// The ragged backward's one call for a device backend (the workspace query's).
+BackwardCall validate_packed_backward(const Backend& backend, const BackwardArgs& args, const AttentionParams& params);
 void varlen_backward(Backend& backend, const BackwardArgs& args, const AttentionParams& params);
 
 }  // namespace flashtq::core

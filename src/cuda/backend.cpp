@@ -85,6 +85,13 @@ class CudaBackend final : public Backend {
     return choose_dense_forward(c, current_device_traits()) == DenseForwardKernel::decode ? dense_decode_workspace(c)
                                                                                           : 0;
   }
+  std::size_t backward_workspace(const BackwardCall& c) const override {
+    if (c.p.packed)
+      return ragged_backward_workspace(c, [&](const BackwardCall& one) { return backward_workspace(one); });
+    return choose_dense_backward(c, current_device_traits()) == DenseBackwardKernel::wgmma
+               ? dense_backward_wgmma_workspace(c)
+               : 0;
+  }
   void backward(const BackwardCall& c) override {
     if (c.p.packed) return ragged_backward(c, [&](const BackwardCall& one) { backward(one); });
     const DenseBackwardKernel k = choose_dense_backward(c, current_device_traits());

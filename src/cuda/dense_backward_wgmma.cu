@@ -8,9 +8,9 @@
 // - dQ: a block owns 128 query rows (64 per warpgroup) and walks the key tiles of 64 they see:
 //   S = Q K^T and dP = dO V^T, then dQ += dS K.
 // P comes from the forward's LSE (P = exp(S scale + mask - LSE)). A first kernel computes each row's
-// Delta_i = <dO_i, O_i> and LSE in log2 units once, and stashes them (a float2) at the start of the
-// row's dQ, which nothing reads or writes before the dQ kernel: the dK/dV kernel reads them there,
-// the dQ kernel reads its rows' stash before it overwrites them. Dropout decisions come from hash3.
+// Delta_i = <dO_i, O_i> and LSE in log2 units once, into the call's workspace (a float2 a row; allocated on
+// the stream and freed after the last kernel when the caller gave none large enough): the dK/dV and dQ kernels
+// read them there. Dropout decisions come from hash3.
 // The kernels live in dense_backward_dkdv.cu and dense_backward_dq.cu; what they share in dense_backward_wgmma.cuh.
 #include "cuda/dense_backward_wgmma.cuh"
 
@@ -65,11 +65,31 @@ std::optional<Maps> maps_for(const BackwardCall& c, unsigned query_rows, unsigne
 
 }  // namespace
 
-void launch_dense_backward_wgmma(const BackwardCall& c) {
-  const auto kv_maps = maps_for(c, kQueryTile, kKvRows), q_maps = maps_for(c, kQRows, kKeyTile);
+std::size_t dense_backward_wgmma_workspace(const BackwardCall& c) {
+  return std::size_t(c.p.B * c.p.H * c.p.Sq) * sizeof(float2);
+}
+
+void launch_dense_backward_wgmma(const BackwardCall& call) {
+  const auto kv_maps = maps_for(call, kQueryTile, kKvRows), q_maps = maps_for(call, kQRows, kKeyTile);
   if (!kv_maps || !q_maps)
     throw Error("backend", "cuda: no TMA map for views choose_dense_backward gave the wgmma kernels");
-  auto stream = static_cast<cudaStream_t>(c.stream);
+  auto stream = static_cast<cudaStream_t>(call.stream);
+  BackwardCall c = call;
+  const std::size_t bytes = dense_backward_wgmma_workspace(call);
+  // The rows' statistics when the caller's workspace cannot hold them: freed on the stream after the kernels, or
+  // when a launch throws.
+  struct StreamScratch {
+    void* data = nullptr;
+    cudaStream_t stream;
+    ~StreamScratch() {
+      if (data != nullptr) cudaFreeAsync(data, stream);
+    }
+  } own{nullptr, stream};
+  if (call.workspace == nullptr || call.workspace_bytes < bytes) {
+    FLASHTQ_CUDA_CHECK(cudaMallocAsync(&own.data, bytes, stream));
+    c.workspace = own.data;
+    c.workspace_bytes = bytes;
+  }
   const bool half = c.p.dtype == DType::f16;
   if (c.p.D == 64) {
     half ? launch_dim<__half, 64>(c, *kv_maps, *q_maps, stream)

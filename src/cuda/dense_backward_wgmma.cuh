@@ -30,9 +30,10 @@ struct Maps {
   CUtensorMap q, k, v, dout;
 };
 
-// The stash of row (b, i, h): (lse2, delta) in the first 8 bytes of its dQ row.
+// The statistics of row (b, i, h), (lse2, delta), in the call's workspace ([B, H, Sq] float2; the launch provides
+// it when the caller did not).
 __device__ __forceinline__ float2* stash_of(const BackwardCall& c, std::int64_t b, std::int64_t i, std::int64_t h) {
-  return reinterpret_cast<float2*>(static_cast<char*>(c.dq.data) + row_offset(c.dq, b, i, h) * 2);
+  return static_cast<float2*>(c.workspace) + (b * c.p.H + h) * c.p.Sq + i;
 }
 
 #ifdef FLASHTQ_WGMMA

@@ -5,7 +5,6 @@
 
 #include <map>
 #include <mutex>
-#include <optional>
 
 #include "cuda/cuda_check.hpp"
 
@@ -17,38 +16,6 @@ constexpr std::int64_t kInt31 = std::int64_t(1) << 31;  // TMA coordinates are 3
 bool half_precision(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 std::int64_t element_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
-
-// The bytes a view can touch, [first, last); empty when a stride is negative (then treated as overlapping).
-struct Span {
-  std::uintptr_t first = 0, last = 0;
-};
-std::optional<Span> span_of(const void* data, const std::array<std::int64_t, 4>& shape,
-                            const std::array<std::int64_t, 4>& strides, std::int64_t element) {
-  std::int64_t far = 0;
-  for (int d = 0; d < 4; ++d) {
-    if (strides[d] < 0) return std::nullopt;
-    far += (shape[d] - 1) * strides[d];
-  }
-  const auto first = reinterpret_cast<std::uintptr_t>(data);
-  return Span{first, first + std::uintptr_t((far + 1) * element)};
-}
-
-// The wgmma backward stashes the row statistics in dQ before its kernels read q, k, v, out, dout and
-// lse: dQ must not share a byte with any of them.
-bool dq_is_separate(const BackwardCall& c) {
-  const std::int64_t e = element_bytes(c.p.dtype);
-  const auto dq = span_of(c.dq.data, c.dq.shape, c.dq.strides, e);
-  const std::array<std::int64_t, 4> lse_shape{c.p.B * c.p.H * c.p.Sq, 1, 1, 1}, lse_strides{1, 0, 0, 0};
-  const std::optional<Span> inputs[] = {
-      span_of(c.q.data, c.q.shape, c.q.strides, e),          span_of(c.k.data, c.k.shape, c.k.strides, e),
-      span_of(c.v.data, c.v.shape, c.v.strides, e),          span_of(c.out.data, c.out.shape, c.out.strides, e),
-      span_of(c.dout.data, c.dout.shape, c.dout.strides, e), span_of(c.lse, lse_shape, lse_strides, 4)};
-  if (!dq) return false;
-  for (const auto& in : inputs) {
-    if (!in || (in->first < dq->last && dq->first < in->last)) return false;
-  }
-  return true;
-}
 
 bool all_rows_aligned16(std::initializer_list<const TensorView*> views) {
   for (const TensorView* t : views)
@@ -173,7 +140,7 @@ DenseBackwardKernel choose_dense_backward(const BackwardCall& c, const DeviceTra
   const bool fits = p.B * p.H <= 65535 && p.Sq < kInt31 && p.Sk < kInt31;
   if (device.hopper && device.tensor_maps && half_precision(p.dtype) && built_for(tiles::kWgmmaBackwardDims, p.D) &&
       fits && all_rows_aligned16({&c.q, &c.k, &c.v, &c.out, &c.dout, &c.dq}) &&
-      all_describable({&c.q, &c.k, &c.v, &c.dout}) && dq_is_separate(c))
+      all_describable({&c.q, &c.k, &c.v, &c.dout}))
     return DenseBackwardKernel::wgmma;
   return DenseBackwardKernel::warp_per_row;
 }

@@ -26,6 +26,8 @@ void launch_dense_forward_tf32(const ForwardCall& call);
 void launch_dense_forward_ffma(const ForwardCall& call);
 void launch_dense_backward(const BackwardCall& call, DenseBackwardKernel kernel);
 void launch_dense_backward_wgmma(const BackwardCall& call);
+// The workspace the wgmma backward keeps its rows' statistics in (without one it allocates them on the stream).
+std::size_t dense_backward_wgmma_workspace(const BackwardCall& call);
 // dsinks when the call asks for it (dense_sinks_grad.cu); launch_dense_backward runs it first.
 void launch_dense_sinks_grad(const BackwardCall& call);
 
@@ -43,6 +45,8 @@ void ragged_forward(const ForwardCall& call, const std::function<void(const Forw
 std::size_t ragged_forward_workspace(const ForwardCall& call,
                                      const std::function<std::size_t(const ForwardCall&)>& each);
 void ragged_backward(const BackwardCall& call, const std::function<void(const BackwardCall&)>& run);
+std::size_t ragged_backward_workspace(const BackwardCall& call,
+                                      const std::function<std::size_t(const BackwardCall&)>& each);
 // Rows [0, n) of a [1, n, heads, D] view set to zero (zero_rows.cu), on the stream.
 void launch_zero_rows(const TensorView& rows, void* stream);
 

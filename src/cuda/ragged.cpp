@@ -64,13 +64,27 @@ void ragged_forward(const ForwardCall& c, const std::function<void(const Forward
   }
 }
 
-std::size_t ragged_forward_workspace(const ForwardCall& c, const std::function<std::size_t(const ForwardCall&)>& each) {
+namespace {
+
+template <typename Call>
+std::size_t largest_workspace(const Call& c, const std::function<std::size_t(const Call&)>& each) {
   std::size_t most = 0;
   for (std::int64_t b = 0; b < c.p.B; ++b) {
     const Sequence s = sequence(c.ragged, b);
     if (s.n_q > 0 && s.n_k > 0) most = std::max(most, each(sequence_call(c, b, s)));
   }
   return most;
+}
+
+}  // namespace
+
+std::size_t ragged_forward_workspace(const ForwardCall& c, const std::function<std::size_t(const ForwardCall&)>& each) {
+  return largest_workspace(c, each);
+}
+
+std::size_t ragged_backward_workspace(const BackwardCall& c,
+                                      const std::function<std::size_t(const BackwardCall&)>& each) {
+  return largest_workspace(c, each);
 }
 
 void ragged_backward(const BackwardCall& c, const std::function<void(const BackwardCall&)>& run) {
