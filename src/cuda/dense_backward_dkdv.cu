@@ -34,6 +34,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
   auto tile_row = [&](int t) { return first + std::int64_t(t % per_head) * kQueryTile; };
   auto tile_head = [&](int t) { return hk * G + t / per_head; };
   // "full": the producer warp's 32 lanes (stats stored), lane 0 also with the copies' bytes.
+  const tma::Ring<kStages> ring{full, empty};
   if (tid == 0) tma::init_ring(kv_full, full, empty, kStages, 32, 128 * kGroups);
   __syncthreads();
 
@@ -50,7 +51,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
     }
     for (int t = 0; t < tiles; ++t) {
       const int s = t % kStages;
-      if (t >= kStages) tma::wait(empty + 8 * s, unsigned(t / kStages - 1) & 1u);
+      ring.wait_empty(t);
       const std::int64_t i0 = tile_row(t), h = tile_head(t);
       for (int r = lane; r < kQueryTile; r += 32) {
         const float2 st = i0 + r < p.Sq ? *stash_of(c, b, i0 + r, h) : make_float2(INFINITY, 0.0f);
@@ -58,16 +59,17 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
                      "f"(st.y)
                      : "memory");
       }
+      const unsigned bar = ring.full_of(t);
       if (lane != 0) {
-        tma::arrive(full + 8 * s);
+        tma::arrive(bar);
         continue;
       }
-      tma::arrive_expect_bytes(full + 8 * s, 2 * kQBytes);
+      tma::arrive_expect_bytes(bar, 2 * kQBytes);
       const unsigned dst = stages + 2 * s * kQBytes;
       for (int cb = 0; cb < kBlocks; ++cb) {
         const unsigned off = cb * (kQBytes / kBlocks);
-        tma::load_4d(dst + off, maps.q, full + 8 * s, 64 * cb, int(h), int(i0), int(b));
-        tma::load_4d(dst + kQBytes + off, maps.dout, full + 8 * s, 64 * cb, int(h), int(i0), int(b));
+        tma::load_4d(dst + off, maps.q, bar, 64 * cb, int(h), int(i0), int(b));
+        tma::load_4d(dst + kQBytes + off, maps.dout, bar, 64 * cb, int(h), int(i0), int(b));
       }
     }
     return;
@@ -157,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
     if (group == 1) their_turn();  // warpgroup 0 goes first
     tma::wait(kv_full, 0);
     for (int t = 0; t < tiles; ++t) {
-      tma::wait(full + 8 * (t % kStages), unsigned(t / kStages) & 1u);
+      ring.wait_full(t);
       my_turn();
       wgmma::fence();
       issue_scores(t);
@@ -171,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
       wgmma::commit();
       if (t + 1 < tiles || group == 0) their_turn();  // balanced: warpgroup 1 gave one turn away at the start
       wgmma::wait<0>();
-      tma::arrive(empty + 8 * (t % kStages));
+      ring.release(t);
     }
   }
   // Store: row key0 (+ 8) of dK and dV, columns 8 nt + 2 tig (+ 1).

@@ -28,6 +28,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const core::KeyRange range = core::key_range(p, i0, min(i0 + kQRows, p.Sq));
   const std::int64_t first = range.begin / kKeyTile * kKeyTile;
   const int tiles = first < range.end ? int((range.end - first + kKeyTile - 1) / kKeyTile) : 0;
+  const tma::Ring<kDqStages> ring{full, empty};
   if (tid == 0) tma::init_ring(q_full, full, empty, kDqStages, 1, 128 * kGroups);
   __syncthreads();
 
@@ -42,13 +43,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int t = 0; t < tiles; ++t) {
       const int s = t % kDqStages;
-      if (t >= kDqStages) tma::wait(empty + 8 * s, unsigned(t / kDqStages - 1) & 1u);
-      tma::arrive_expect_bytes(full + 8 * s, 2 * kKeyBytes);
+      ring.wait_empty(t);
+      const unsigned bar = ring.full_of(t);
+      tma::arrive_expect_bytes(bar, 2 * kKeyBytes);
       const int jt = int(first) + t * kKeyTile;
       for (int cb = 0; cb < kBlocks; ++cb) {
         const unsigned off = cb * (kKeyBytes / kBlocks);
-        tma::load_4d(stages + 2 * s * kKeyBytes + off, maps.k, full + 8 * s, 64 * cb, int(hk), jt, int(b));
-        tma::load_4d(stages + (2 * s + 1) * kKeyBytes + off, maps.v, full + 8 * s, 64 * cb, int(hk), jt, int(b));
+        tma::load_4d(stages + 2 * s * kKeyBytes + off, maps.k, bar, 64 * cb, int(hk), jt, int(b));
+        tma::load_4d(stages + (2 * s + 1) * kKeyBytes + off, maps.v, bar, 64 * cb, int(hk), jt, int(b));
       }
     }
     return;
@@ -127,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // One turn per key tile: dQ of tile t with the scores of tile t + 1 (faster than two turns per
     // tile, at 64 keys and at 128; docs/benchmarks.md).
-    tma::wait(full, 0);
+    ring.wait_full(0);
     my_turn();
     wgmma::fence();
     issue_scores(0);
@@ -136,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::wait<0>();
     elementwise(0);
     for (int t = 0; t + 1 < tiles; ++t) {
-      tma::wait(full + 8 * ((t + 1) % kDqStages), unsigned((t + 1) / kDqStages) & 1u);
+      ring.wait_full(t + 1);
       my_turn();
       wgmma::fence();
       issue_gradient(t);
@@ -144,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::commit();
       their_turn();
       wgmma::wait<0>();
-      tma::arrive(empty + 8 * (t % kDqStages));
+      ring.release(t);
       elementwise(t + 1);
     }
     my_turn();

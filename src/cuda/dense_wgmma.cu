@@ -71,6 +71,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
   const core::KeyRange range = core::key_range(p, i0, min(i0 + kRows, p.Sq));
   const std::int64_t first = range.begin / kKeys * kKeys;
   const int tiles = first < range.end ? int((range.end - first + kKeys - 1) / kKeys) : 0;
+  const tma::Ring<kStages> ring{full, empty};
   if (tid == 0) tma::init_ring(q_full, full, empty, kStages, 1, 128 * kGroups);
   __syncthreads();
 
@@ -83,14 +84,13 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
     }
     for (int t = 0; t < tiles; ++t) {
       const int s = t % kStages;
-      if (t >= kStages) tma::wait(empty + 8 * s, unsigned(t / kStages - 1) & 1u);  // both warpgroups are done with it
-      tma::arrive_expect_bytes(full + 8 * s, 2 * kKvBytes);
+      ring.wait_empty(t);  // both warpgroups are done with it
+      const unsigned bar = ring.full_of(t);
+      tma::arrive_expect_bytes(bar, 2 * kKvBytes);
       const int j0 = int(first) + t * kKeys;
       for (int c = 0; c < kBlocks; ++c) {
-        tma::load_4d(k_tiles + s * kKvBytes + c * (kKvBytes / kBlocks), maps.k, full + 8 * s, 64 * c, int(hk), j0,
-                     int(b));
-        tma::load_4d(v_tiles + s * kKvBytes + c * (kKvBytes / kBlocks), maps.v, full + 8 * s, 64 * c, int(hk), j0,
-                     int(b));
+        tma::load_4d(k_tiles + s * kKvBytes + c * (kKvBytes / kBlocks), maps.k, bar, 64 * c, int(hk), j0, int(b));
+        tma::load_4d(v_tiles + s * kKvBytes + c * (kKvBytes / kBlocks), maps.v, bar, 64 * c, int(hk), j0, int(b));
       }
     }
     return;
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
   if (tiles > 0) {
     if (group == 1) their_turn();  // warpgroup 0 goes first
     tma::wait(q_full, 0);
-    tma::wait(full, 0);
+    ring.wait_full(0);
     my_turn();
     wgmma::fence();
     scores(s, 0);
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
     // branch between products, which would make the compiler serialise them).
     for (int t = 0; t + 1 < tiles; ++t) {
       const int stage = t % kStages, next = (t + 1) % kStages;
-      tma::wait(full + 8 * next, unsigned((t + 1) / kStages) & 1u);
+      ring.wait_full(t + 1);
       my_turn();
       wgmma::fence();
       accumulate(pa, stage);
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
       wgmma::commit();
       their_turn();
       wgmma::wait<0>();
-      tma::arrive(empty + 8 * stage);
+      ring.release(t);
       softmax(t + 1);
     }
     my_turn();

@@ -59,6 +59,21 @@ __device__ __forceinline__ void init_ring(unsigned once, unsigned full, unsigned
   fence_barrier_init();
 }
 
+// Tile t's slot of such a ring (kStages slots, tile t in slot t % kStages): where its copies arrive, the
+// producer's wait for the consumers to have released the tile kStages before it, the consumers' wait for its bytes,
+// and their release of it. Each use of a slot flips its barriers' phase: tile t is the (t / kStages)-th.
+template <int kStages>
+struct Ring {
+  unsigned full, empty;  // the first stage's barriers (init_ring's)
+
+  __device__ __forceinline__ unsigned full_of(int t) const { return full + 8u * unsigned(t % kStages); }
+  __device__ __forceinline__ void wait_empty(int t) const {
+    if (t >= kStages) wait(empty + 8u * unsigned(t % kStages), unsigned(t / kStages - 1) & 1u);
+  }
+  __device__ __forceinline__ void wait_full(int t) const { wait(full_of(t), unsigned(t / kStages) & 1u); }
+  __device__ __forceinline__ void release(int t) const { arrive(empty + 8u * unsigned(t % kStages)); }
+};
+
 // Named barriers 1..15 among `threads` threads: sync waits for all of them, arrive only counts itself.
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
