@@ -85,8 +85,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
   const std::uint64_t k_desc = wgmma::k_major(k_tile, group * kGroupRows);
   const std::uint64_t v_desc = wgmma::k_major(v_tile, group * kGroupRows);
   // Turns on the tensor cores: warpgroup q waits on named barrier 1 + q, then lets the other go.
-  auto my_turn = [&] { tma::named_sync(1 + group, 128 * kGroups); };
-  auto their_turn = [&] { tma::named_arrive(2 - group, 128 * kGroups); };
+  static_assert(kGroups == 2, "turns between two consumer warpgroups");
+  const tma::WarpgroupTurns turns{group};
   auto q_tile_of = [&](int t) { return stages + 2 * unsigned(t % kStages) * kQBytes; };  // then dO
   float st[NT * 4], dpt[NT * 4];
   std::uint32_t pa[kQueryTile / 16][4], da[kQueryTile / 16][4];
@@ -156,22 +156,22 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
     // Two turns on the tensor cores per tile, scores then gradients. (One turn holding the gradients
     // of tile t with the scores of tile t + 1, as dQ does, needs more than 240 registers here: ptxas
     // then serialises the products.)
-    if (group == 1) their_turn();  // warpgroup 0 goes first
+    if (group == 1) turns.theirs();  // warpgroup 0 goes first
     tma::wait(kv_full, 0);
     for (int t = 0; t < tiles; ++t) {
       ring.wait_full(t);
-      my_turn();
+      turns.mine();
       wgmma::fence();
       issue_scores(t);
       wgmma::commit();
-      their_turn();
+      turns.theirs();
       wgmma::wait<0>();
       elementwise(t);
-      my_turn();
+      turns.mine();
       wgmma::fence();
       issue_gradients(t);
       wgmma::commit();
-      if (t + 1 < tiles || group == 0) their_turn();  // balanced: warpgroup 1 gave one turn away at the start
+      if (t + 1 < tiles || group == 0) turns.theirs();  // balanced: warpgroup 1 gave one turn away at the start
       wgmma::wait<0>();
       ring.release(t);
     }

@@ -63,9 +63,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::int64_t row0 = i0 + r_local;
   float dq[DT * 4] = {};
   if (tiles > 0) {
-    auto my_turn = [&] { tma::named_sync(1 + group, 128 * kGroups); };
-    auto their_turn = [&] { tma::named_arrive(2 - group, 128 * kGroups); };
-    if (group == 1) their_turn();  // warpgroup 0 goes first
+    static_assert(kGroups == 2, "turns between two consumer warpgroups");
+    const tma::WarpgroupTurns turns{group};
+    if (group == 1) turns.theirs();  // warpgroup 0 goes first
     tma::wait(q_full, 0);
     // Delta and lse2 of the two rows, from their stash (the threads that read a row's stash are the
     // ones that write its dQ, at the end).
@@ -130,30 +130,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     // One turn per key tile: dQ of tile t with the scores of tile t + 1 (faster than two turns per
     // tile, at 64 keys and at 128; docs/benchmarks.md).
     ring.wait_full(0);
-    my_turn();
+    turns.mine();
     wgmma::fence();
     issue_scores(0);
     wgmma::commit();
-    their_turn();
+    turns.theirs();
     wgmma::wait<0>();
     elementwise(0);
     for (int t = 0; t + 1 < tiles; ++t) {
       ring.wait_full(t + 1);
-      my_turn();
+      turns.mine();
       wgmma::fence();
       issue_gradient(t);
       issue_scores(t + 1);
       wgmma::commit();
-      their_turn();
+      turns.theirs();
       wgmma::wait<0>();
       ring.release(t);
       elementwise(t + 1);
     }
-    my_turn();
+    turns.mine();
     wgmma::fence();
     issue_gradient(tiles - 1);
     wgmma::commit();
-    if (group == 0) their_turn();  // balanced: warpgroup 1 gave one turn away at the start
+    if (group == 0) turns.theirs();  // balanced: warpgroup 1 gave one turn away at the start
     wgmma::wait<0>();
   }
   bool bad = false;  // dQ = dS K meets the NaN of a key the row does not see through dS = 0

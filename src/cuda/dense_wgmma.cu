@@ -115,8 +115,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
     wgmma::mma_rs_rows<T, D, kKeys>(reinterpret_cast<float(&)[DT * 4]>(o[0]), pa, v_desc);
   };
   // Turns on the tensor cores: warpgroup q waits on named barrier 1 + q, then lets the other go.
-  auto my_turn = [&] { tma::named_sync(1 + group, 128 * kGroups); };
-  auto their_turn = [&] { tma::named_arrive(2 - group, 128 * kGroups); };
+  static_assert(kGroups == 2, "turns between two consumer warpgroups");
+  const tma::WarpgroupTurns turns{group};
   float s[1][NT][4];
   std::uint32_t pa[kKeys / 16][4];
   // Softmax of tile t (in s), then P packed as the A fragments of O += P V (keys 16 kk .. 16 kk + 15).
@@ -133,14 +133,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
     }
   };
   if (tiles > 0) {
-    if (group == 1) their_turn();  // warpgroup 0 goes first
+    if (group == 1) turns.theirs();  // warpgroup 0 goes first
     tma::wait(q_full, 0);
     ring.wait_full(0);
-    my_turn();
+    turns.mine();
     wgmma::fence();
     scores(s, 0);
     wgmma::commit();
-    their_turn();
+    turns.theirs();
     wgmma::wait<0>();
     softmax(0);
     // One turn per tile: O += P_t V_t and S_{t+1} = Q K_{t+1}^T (the last turn only the former; no
@@ -148,21 +148,21 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
     for (int t = 0; t + 1 < tiles; ++t) {
       const int stage = t % kStages, next = (t + 1) % kStages;
       ring.wait_full(t + 1);
-      my_turn();
+      turns.mine();
       wgmma::fence();
       accumulate(pa, stage);
       scores(s, next);
       wgmma::commit();
-      their_turn();
+      turns.theirs();
       wgmma::wait<0>();
       ring.release(t);
       softmax(t + 1);
     }
-    my_turn();
+    turns.mine();
     wgmma::fence();
     accumulate(pa, (tiles - 1) % kStages);
     wgmma::commit();
-    if (group == 0) their_turn();  // balanced: warpgroup 1 gave one turn away at the start
+    if (group == 0) turns.theirs();  // balanced: warpgroup 1 gave one turn away at the start
     wgmma::wait<0>();
   }
   store_rows<T>(tile, ov, lse, o, m, l, unfinished);

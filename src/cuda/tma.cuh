@@ -81,6 +81,16 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+
+// Two consumer warpgroups taking turns on the tensor cores (FlashAttention-3's ping-pong), on named barriers 1 and 2:
+// warpgroup `group` (0 or 1) waits on barrier 1 + group for its turn and gives the turn away by arriving on the
+// other's. Warpgroup 0 goes first when warpgroup 1 starts by giving its turn away.
+struct WarpgroupTurns {
+  int group;
+
+  __device__ __forceinline__ void mine() const { named_sync(1 + group, 256); }
+  __device__ __forceinline__ void theirs() const { named_arrive(2 - group, 256); }
+};
 #endif  // FLASHTQ_WGMMA
 
 }  // namespace flashtq::cuda::tma
