@@ -10,6 +10,13 @@
 #include "flashtq/turboquant.hpp"
 
 namespace flashtq {
+namespace {
+
+void refuse_paged_backward(const AttentionParams& params) {
+  if (params.paged) throw Error("paged", "the backward takes contiguous keys and values (docs/spec.md §1.7)");
+}
+
+}  // namespace
 
 void attention_forward(Backend& backend, const ForwardArgs& args, const AttentionParams& params) try {
   if (params.paged) return core::paged_forward(backend, args, params);
@@ -35,7 +42,7 @@ std::size_t attention_forward_workspace_bytes(Backend& backend, const ForwardArg
 }
 
 void attention_backward(Backend& backend, const BackwardArgs& args, const AttentionParams& params) try {
-  if (params.paged) throw Error("paged", "the backward takes contiguous keys and values (docs/spec.md §1.7)");
+  refuse_paged_backward(params);
   if (params.varlen) return core::varlen_backward(backend, args, params);
   backend.backward(core::validate_backward(backend, args, params));
 } catch (...) {
@@ -47,7 +54,7 @@ std::size_t attention_backward_workspace_bytes(Backend& backend, const BackwardA
   BackwardArgs without = args;
   without.workspace = nullptr;
   without.workspace_bytes = 0;
-  if (params.paged) throw Error("paged", "the backward takes contiguous keys and values (docs/spec.md §1.7)");
+  refuse_paged_backward(params);
   // A ragged batch runs as one call per sequence on host backends, which need none.
   if (params.varlen) {
     if (backend.memory() == Memory::host) return 0;

@@ -51,6 +51,12 @@ void add_layout(AttentionParams& p, std::int64_t batch, std::uintptr_t cu_q, std
   }
 }
 
+// The workspace a call asks for (`bytes`, from the call's *_workspace_bytes query), from the caller's allocator:
+// workspace(n) returns the address of n bytes in the tensors' memory that stay alive until the call has run.
+void* allocated(const std::optional<nb::callable>& workspace, std::size_t bytes) {
+  return workspace && bytes > 0 ? reinterpret_cast<void*>(nb::cast<std::uintptr_t>((*workspace)(bytes))) : nullptr;
+}
+
 }  // namespace
 
 void bind_dense(nb::module_& m) {
@@ -70,12 +76,10 @@ void bind_dense(nb::module_& m) {
         add_layout(p, batch, cu_q, cu_k, max_q, max_k, page_table, max_pages, seq_lens_k,
                    tables_on_device ? be.memory() : Memory::host);
         ForwardArgs args{q, k, v, out, reinterpret_cast<float*>(lse), reinterpret_cast<void*>(stream)};
-        // The workspace the fastest plan asks for (a decode's split keys), from the caller's allocator: workspace(n)
-        // returns the address of n bytes in the tensors' memory that stay alive until the call has run.
+        // The workspace the fastest plan asks for (a decode's split keys).
         if (workspace) {
           args.workspace_bytes = attention_forward_workspace_bytes(be, args, p);
-          if (args.workspace_bytes > 0)
-            args.workspace = reinterpret_cast<void*>(nb::cast<std::uintptr_t>((*workspace)(args.workspace_bytes)));
+          args.workspace = allocated(workspace, args.workspace_bytes);
         }
         nb::gil_scoped_release release;
         attention_forward(be, args, p);
@@ -110,11 +114,10 @@ void bind_dense(nb::module_& m) {
                           dv,
                           reinterpret_cast<void*>(stream),
                           reinterpret_cast<float*>(dsinks)};
-        // The rows' scratch the backend asks for, from the caller's allocator (as the forward's workspace).
+        // The rows' scratch the backend asks for.
         if (workspace) {
           args.workspace_bytes = attention_backward_workspace_bytes(be, args, p);
-          if (args.workspace_bytes > 0)
-            args.workspace = reinterpret_cast<void*>(nb::cast<std::uintptr_t>((*workspace)(args.workspace_bytes)));
+          args.workspace = allocated(workspace, args.workspace_bytes);
         }
         nb::gil_scoped_release release;
         attention_backward(be, args, p);

@@ -190,6 +190,17 @@ DenseProblem resolve_problem(const Backend& backend, const TensorView& q, const 
   return p;
 }
 
+// An optional scratch of the caller's (ForwardArgs or BackwardArgs::workspace) into the call: 16-byte aligned, in the
+// backend's memory. Its size is the backend's to weigh (a smaller one means a plan that needs less).
+template <typename Args, typename Call>
+void take_workspace(const Backend& backend, const Args& a, Call& c) {
+  if (a.workspace == nullptr) return;
+  check_pointer("workspace", a.workspace, 16);
+  if (auto why = backend.foreign_pointer(a.workspace)) throw Error("workspace", *why);
+  c.workspace = a.workspace;
+  c.workspace_bytes = a.workspace_bytes;
+}
+
 }  // namespace
 
 ForwardCall validate_forward(const Backend& backend, const ForwardArgs& a, const AttentionParams& params) {
@@ -205,12 +216,7 @@ ForwardCall validate_forward(const Backend& backend, const ForwardArgs& a, const
   c.out = a.out;
   c.lse = a.lse;
   c.stream = a.stream;
-  if (a.workspace != nullptr) {
-    check_pointer("workspace", a.workspace, 16);
-    if (auto why = backend.foreign_pointer(a.workspace)) throw Error("workspace", *why);
-    c.workspace = a.workspace;
-    c.workspace_bytes = a.workspace_bytes;
-  }
+  take_workspace(backend, a, c);
   return c;
 }
 
@@ -242,12 +248,7 @@ BackwardCall validate_backward(const Backend& backend, const BackwardArgs& a, co
   c.dv = a.dv;
   c.lse = a.lse;
   c.stream = a.stream;
-  if (a.workspace != nullptr) {
-    check_pointer("workspace", a.workspace, 16);
-    if (auto why = backend.foreign_pointer(a.workspace)) throw Error("workspace", *why);
-    c.workspace = a.workspace;
-    c.workspace_bytes = a.workspace_bytes;
-  }
+  take_workspace(backend, a, c);
   return c;
 }
 

@@ -84,9 +84,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_wgmma_kernel(BackwardCall c,
   // K and V rows of this warpgroup as A operands (K-major): k-step kk at column block kk / 4.
   const std::uint64_t k_desc = wgmma::k_major(k_tile, group * kGroupRows);
   const std::uint64_t v_desc = wgmma::k_major(v_tile, group * kGroupRows);
-  // Turns on the tensor cores: warpgroup q waits on named barrier 1 + q, then lets the other go.
-  static_assert(kGroups == 2, "turns between two consumer warpgroups");
-  const tma::WarpgroupTurns turns{group};
+  const tma::WarpgroupTurns<kGroups> turns{group};                                       // turns on the tensor cores
   auto q_tile_of = [&](int t) { return stages + 2 * unsigned(t % kStages) * kQBytes; };  // then dO
   float st[NT * 4], dpt[NT * 4];
   std::uint32_t pa[kQueryTile / 16][4], da[kQueryTile / 16][4];

@@ -63,12 +63,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::int64_t row0 = i0 + r_local;
   float dq[DT * 4] = {};
   if (tiles > 0) {
-    static_assert(kGroups == 2, "turns between two consumer warpgroups");
-    const tma::WarpgroupTurns turns{group};
-    if (group == 1) turns.theirs();  // warpgroup 0 goes first
+    const tma::WarpgroupTurns<kGroups> turns{group};  // turns on the tensor cores
+    if (group == 1) turns.theirs();                   // warpgroup 0 goes first
     tma::wait(q_full, 0);
-    // Delta and lse2 of the two rows, from their stash (the threads that read a row's stash are the
-    // ones that write its dQ, at the end).
+    // Delta and lse2 of the two rows, from the workspace.
     float delta[2], lse2[2];
 #pragma unroll
     for (int pair = 0; pair < 2; ++pair) {

@@ -114,9 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_wgmma_kernel(DenseProblem
     const std::uint64_t v_desc = wgmma::n_major(v_tiles + stage * kKvBytes, kKvBytes / kBlocks);
     wgmma::mma_rs_rows<T, D, kKeys>(reinterpret_cast<float(&)[DT * 4]>(o[0]), pa, v_desc);
   };
-  // Turns on the tensor cores: warpgroup q waits on named barrier 1 + q, then lets the other go.
-  static_assert(kGroups == 2, "turns between two consumer warpgroups");
-  const tma::WarpgroupTurns turns{group};
+  const tma::WarpgroupTurns<kGroups> turns{group};  // turns on the tensor cores
   float s[1][NT][4];
   std::uint32_t pa[kKeys / 16][4];
   // Softmax of tile t (in s), then P packed as the A fragments of O += P V (keys 16 kk .. 16 kk + 15).

@@ -85,11 +85,13 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
 // Two consumer warpgroups taking turns on the tensor cores (FlashAttention-3's ping-pong), on named barriers 1 and 2:
 // warpgroup `group` (0 or 1) waits on barrier 1 + group for its turn and gives the turn away by arriving on the
 // other's. Warpgroup 0 goes first when warpgroup 1 starts by giving its turn away.
+template <int kGroups>
 struct WarpgroupTurns {
+  static_assert(kGroups == 2, "turns between two consumer warpgroups");
   int group;
 
-  __device__ __forceinline__ void mine() const { named_sync(1 + group, 256); }
-  __device__ __forceinline__ void theirs() const { named_arrive(2 - group, 256); }
+  __device__ __forceinline__ void mine() const { named_sync(1 + group, 128 * kGroups); }
+  __device__ __forceinline__ void theirs() const { named_arrive(2 - group, 128 * kGroups); }
 };
 #endif  // FLASHTQ_WGMMA
 
