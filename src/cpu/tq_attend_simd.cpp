@@ -350,29 +350,37 @@ HWY_INLINE void add_key_dots(D d, const Decoder& dec, const float* const* q_rot,
   const V table_lo = kScaledTables ? hn::Mul(dec.lo, k) : dec.lo,
           table_hi = kScaledTables ? hn::Mul(dec.hi, k) : dec.hi;
   auto scaled = [&](V cent) { return kScaledTables ? cent : hn::Mul(cent, k); };
-  auto multiply = [&](std::int64_t c, V cent0, V cent1) {
+  // The heads' query coordinates of these codes: q_rot[g] + first, read at an offset from the first head's.
+  const float* q = q_rot[0] + first;
+  std::ptrdiff_t head_offset[GT];
+  for (int g = 0; g < GT; ++g) head_offset[g] = q_rot[g] - q_rot[0];
+  auto multiply = [&](const float* qc, V cent0, V cent1) {
     cent0 = scaled(cent0);
     cent1 = scaled(cent1);
     for (int g = 0; g < GT; ++g) {
-      sum0[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c), cent0, sum0[g]);
-      sum1[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c + N), cent1, sum1[g]);
+      sum0[g] = hn::MulAdd(hn::LoadU(d, qc + head_offset[g]), cent0, sum0[g]);
+      sum1[g] = hn::MulAdd(hn::LoadU(d, qc + head_offset[g] + N), cent1, sum1[g]);
     }
   };
   std::int64_t c = 0;
-  if (pairs) {  // the pair's codes a pointer step apart (2N codes: 2N bits / 8 bytes)
-    const std::uint8_t* pair_codes = codes;
-    for (; c + 2 * N <= dim; c += 2 * N, pair_codes += 2 * N * Decoder::bits / 8) {
+  if (pairs) {  // the pair's codes a pointer step apart (2N codes: 2N bits / 8 bytes); two induction pointers
+    constexpr std::int64_t kStep = 2 * Decoder::N * Decoder::bits / 8;
+    const std::int64_t count = std::int64_t(std::uint64_t(dim) / (2 * Decoder::N));  // unsigned: a shift
+    const float* qc = q;
+    for (const std::uint8_t *pair_codes = codes, *end = codes + count * kStep; pair_codes != end;
+         pair_codes += kStep, qc += 2 * N) {
       V cent0, cent1;
       dec.decode_pair_at(d, pair_codes, table_lo, table_hi, cent0, cent1);
-      multiply(c, cent0, cent1);
+      multiply(qc, cent0, cent1);
     }
+    c = count * 2 * N;
   } else {
     for (; c + 2 * N <= dim; c += 2 * N)
-      multiply(c, dec.decode(d, codes, c, table_lo, table_hi), dec.decode(d, codes, c + N, table_lo, table_hi));
+      multiply(q + c, dec.decode(d, codes, c, table_lo, table_hi), dec.decode(d, codes, c + N, table_lo, table_hi));
   }
   if (c < dim) {
     const V cent0 = scaled(dec.decode(d, codes, c, table_lo, table_hi));
-    for (int g = 0; g < GT; ++g) sum0[g] = hn::MulAdd(hn::LoadU(d, q_rot[g] + first + c), cent0, sum0[g]);
+    for (int g = 0; g < GT; ++g) sum0[g] = hn::MulAdd(hn::LoadU(d, q + c + head_offset[g]), cent0, sum0[g]);
   }
 }
 
@@ -439,6 +447,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   };
   // Per head, the block's scores, then p * |v_t|: the weights of the values.
   alignas(64) float w[GT][kBlock];
+  alignas(64) float w_lanes[kBlock * GT * 16];  // w broadcast: token t, head g at (t GT + g) N
   // Decoded keys: each token's per-head vector of partial dot products (N <= 16 lanes), reduced by row_sums;
   // zeroed once so that the rows past a block's last token hold finite numbers.
   alignas(64) float partial[kKeyBits != 0 ? GT : 1][kKeyBits != 0 ? kBlock * 16 : 1] = {};
@@ -580,8 +589,12 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
       }
       for (std::int64_t t = 0; t < n; ++t) s[t] *= vnorm[t];
     }
+    // The weights broadcast once per token and head: the FMAs of every chunk pair read them as a memory
+    // operand (AVX2 has no broadcast operand), instead of a broadcast instruction per head and chunk pair.
+    for (std::int64_t t = 0; t < n; ++t)
+      for (int g = 0; g < GT; ++g) hn::Store(hn::Set(d, w[g][t]), d, w_lanes + (t * GT + g) * N);
     // Values, two chunks at a time: the heads' accumulators of the chunks stay in registers over the
-    // block, each weight is broadcast once for both, and the two chunks' FMA chains interleave. `chunks`
+    // block, each weight serves both, and the two chunks' FMA chains interleave. `chunks`
     // gives token t's centroids (or exact row) of the two chunks at c.
     const std::int64_t code_bytes = 4 * lay.value_code_words();
     const auto* block_codes = reinterpret_cast<const std::uint8_t*>(values + slot0 * lay.value_code_words());
@@ -596,7 +609,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
           V cent0, cent1;
           chunks(t, c, cent0, cent1);
           for (int g = 0; g < GT; ++g) {
-            const V wt = hn::Set(d, w[g][t]);
+            const V wt = hn::Load(d, w_lanes + (t * GT + g) * N);
             sum0[g] = hn::MulAdd(wt, cent0, sum0[g]);
             sum1[g] = hn::MulAdd(wt, cent1, sum1[g]);
           }
