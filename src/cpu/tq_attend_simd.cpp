@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/elements.hpp"
@@ -337,9 +338,10 @@ HWY_INLINE void halves_to_floats(D d, const std::uint32_t* words, std::int64_t c
 // channels share one reduction per head (row_sums). `first`: the coordinate of q_rot where these codes start; dim is a
 // multiple of the lanes (parts are at least 16 coordinates), not always of twice them. `pairs`: whether
 // decode_pair may read past these codes (ValueDecoder::decode_pair).
-template <int GT, class D, class Decoder>
-HWY_INLINE void add_key_dots(D d, const Decoder& dec, const float* const* q_rot, const std::uint8_t* codes,
-                             std::int64_t dim, std::int64_t first, float part_scale, bool pairs, hn::Vec<D> (&sum0)[GT],
+// `dim` and `first` are std::int64_t, or std::integral_constant where the layout fixes them (kHead128).
+template <int GT, class D, class Decoder, class Dim, class First>
+HWY_INLINE void add_key_dots(D d, const Decoder& dec, const float* const* q_rot, const std::uint8_t* codes, Dim dim,
+                             First first, float part_scale, bool pairs, hn::Vec<D> (&sum0)[GT],
                              hn::Vec<D> (&sum1)[GT]) {
   using V = hn::Vec<D>;
   const std::int64_t N = std::int64_t(hn::Lanes(d));
@@ -399,8 +401,10 @@ HWY_INLINE hn::Vec<D> row_sums(D d, const float* rows) {
   return v[0];
 }
 
-// kKeyBits: the key code width decoded a vector at a time (keys without QJL), or 0 for the tables.
-template <int GT, int kValueBits, int kKeyBits>
+// kKeyBits: the key code width decoded a vector at a time (keys without QJL), or 0 for the tables. kHead128:
+// head_dim is 128 and the keys' parts are those of kHead128Parts (the presets' at 128), so that every loop over
+// the coordinates and every key part has a constant trip count: a token's parts then cost no loop set-up.
+template <int GT, int kValueBits, int kKeyBits, bool kHead128 = false>
 void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t g0, std::int64_t t0,
                   std::int64_t t1, std::int64_t end, float* m, float* l, float* acc) {
   const hn::ScalableTag<float> d;
@@ -408,7 +412,7 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   using V = hn::Vec<decltype(d)>;
   const std::int64_t N = std::int64_t(hn::Lanes(d));
   const TqLayout& lay = a.layout();
-  const std::int64_t D = lay.head_dim, H = a.n_heads, G = H / lay.n_kv_heads, b = row / a.n_queries;
+  const std::int64_t D = kHead128 ? 128 : lay.head_dim, H = a.n_heads, G = H / lay.n_kv_heads, b = row / a.n_queries;
   const std::uint32_t* keys = a.keys(b);
   const std::uint32_t* values = a.values(b);
   const TqSequence seq = a.sequence(b);
@@ -509,7 +513,18 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
         V sum0[GT], sum1[GT];
         for (int g = 0; g < GT; ++g) sum0[g] = sum1[g] = hn::Zero(d);
         const bool pairs = key_codes.pairs_at(slot, slots);
-        if (lay.key_outliers) {
+        if (kHead128 && lay.key_outliers) {  // 32 outliers (4 bits), then parts of 64 and 32 coordinates
+          using C = std::integral_constant<std::int64_t, 0>;
+          add_key_dots<GT>(d, outlier_codes, q_rot, codes, std::integral_constant<std::int64_t, 32>{}, C{},
+                           scale * norms[0], pairs, sum0, sum1);
+          add_key_dots<GT>(d, key_codes, q_rot, codes + 16, std::integral_constant<std::int64_t, 64>{},
+                           std::integral_constant<std::int64_t, 32>{}, scale * norms[1], pairs, sum0, sum1);
+          add_key_dots<GT>(d, key_codes, q_rot, codes + 16 + 8 * kKeyBits, std::integral_constant<std::int64_t, 32>{},
+                           std::integral_constant<std::int64_t, 96>{}, scale * norms[2], pairs, sum0, sum1);
+        } else if (kHead128) {
+          add_key_dots<GT>(d, key_codes, q_rot, codes, std::integral_constant<std::int64_t, 128>{},
+                           std::integral_constant<std::int64_t, 0>{}, scale * norms[0], pairs, sum0, sum1);
+        } else if (lay.key_outliers) {
           add_key_dots<GT>(d, outlier_codes, q_rot, codes, part_size[0], 0, scale * norms[0], pairs, sum0, sum1);
           for (int p = 1; p < n_parts; ++p)
             add_key_dots<GT>(d, key_codes, q_rot, codes + part_byte[p], part_size[p], part_first[p], scale * norms[p],
@@ -646,12 +661,26 @@ void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std
   }
 }
 
+// Whether attend_heads<..., kHead128> serves the layout: head_dim 128 with no outlier channels, or with 32 of them at
+// 4 bits (parts of 32, 64 and 32 coordinates: the presets' layouts at 128).
+bool has_head128_parts(const TqLayout& l) {
+  if (l.head_dim != 128) return false;
+  if (l.key_outliers == 0) return true;
+  return l.key_outliers == 32 && l.key_outlier_bits == 4 && l.key_parts() == 3 && l.key_part(1).size == 64 &&
+         l.key_part(2).size == 32 && l.key_part(1).bit_offset == 128 &&
+         l.key_part(2).bit_offset == 128 + 64 * l.key_bits;
+}
+
 // One (row, kv head): every head of its group, in quads (the last one 3, 2 or 1 heads).
 template <int kValueBits, int kKeyBits>
 void attend_group(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t t0, std::int64_t t1,
                   std::int64_t end, float* m, float* l, float* acc) {
   const std::int64_t G = a.group(), D = a.layout().head_dim;
   std::int64_t g = 0;
+  if (kKeyBits != 0 && has_head128_parts(a.layout())) {
+    for (; g + 4 <= G; g += 4)
+      attend_heads<4, kValueBits, kKeyBits, true>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
+  }
   for (; g + 4 <= G; g += 4)
     attend_heads<4, kValueBits, kKeyBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
   if (G - g == 3) attend_heads<3, kValueBits, kKeyBits>(a, row, kvh, g, t0, t1, end, m + g, l + g, acc + g * D);
