@@ -144,9 +144,35 @@ __device__ __forceinline__ std::uint32_t window_at(unsigned word, int shift) {
   return __funnelshift_r(lds32(word), lds32(word + 4), shift);
 }
 
-// 32 bits of a bit stream at shared address `words`, from bit `bit` on.
-__device__ __forceinline__ std::uint32_t bits_at(unsigned words, int bit) {
-  return window_at<false>(words + 4 * unsigned(bit >> 5), bit & 31);
+// A lane's value codes of one timestep: the N words from shared word address `words` on, read once, so that
+// each 8-code window of them is cut out in registers (row_window) rather than loaded word by word again.
+template <int N>
+struct RowWords {
+  std::uint32_t w[N];
+  __device__ __forceinline__ explicit RowWords(unsigned words) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = lds32(words + 4u * unsigned(i));
+  }
+};
+
+// The largest bit offset within its word at which lane row r's first value code starts (r D / 8 VB bits into a
+// timestep's codes): whether a window kAt bits further may cross into the next word.
+__host__ __device__ constexpr int largest_value_lead(int D, int VB) {
+  int most = 0;
+  for (int r = 0; r < 8; ++r) most = larger(most, (r * (D / 8) * VB) & 31);
+  return most;
+}
+
+// 32 bits of the row from bit lead + kAt on (lead: the lane's first code's offset in words[0], below 32).
+template <int kLargestLead, int kAt, int N>
+__device__ __forceinline__ std::uint32_t row_window(const RowWords<N>& row, int lead) {
+  constexpr int m = kAt >> 5;
+  constexpr bool kMayCross = kLargestLead + (kAt & 31) >= 32;
+  const int bit = lead + kAt;
+  const bool cross = kMayCross && (bit >> 5) > m;
+  const std::uint32_t lo = cross ? row.w[m + 1 < N ? m + 1 : N - 1] : row.w[m];
+  const std::uint32_t hi = cross ? row.w[m + 2 < N ? m + 2 : N - 1] : row.w[m + 1 < N ? m + 1 : N - 1];
+  return __funnelshift_r(lo, hi, bit & 31);
 }
 
 // Bits x where mask is set, y elsewhere (one LOP3).
@@ -589,14 +615,24 @@ __global__ void __launch_bounds__(kThreads, tc_blocks_per_sm(D))
     {
       static_assert(9 * VB <= 32, "a window's 8 codes shifted by one code still fit 32 bits");
       constexpr std::uint32_t kEvenDims = even_code_bits(VB);
-      const unsigned v0 = vst + 4u * unsigned(2 * col * VW);
+      constexpr int kLead = largest_value_lead(D, VB), kRowWords = (kLead + D / 8 * VB + 31) / 32;
+      const unsigned v0 = vst + 4u * unsigned(2 * col * VW + (value_bit >> 5));
+      const int lead = value_bit & 31;
+      const RowWords<kRowWords> row0(v0), row1(v0 + 4 * VW), row8(v0 + 4 * 8 * VW), row9(v0 + 4 * 9 * VW);
 #pragma unroll
       for (int c = 0; c < D / 64; ++c) {
-        const int bit0 = value_bit + 8 * c * VB;
-        const std::uint32_t x0 = bits_at(v0, bit0), x2 = bits_at(v0 + 4 * 8 * VW, bit0);
+        auto window = [&](const RowWords<kRowWords>& row) {
+          switch (c) {  // the window's place as a constant (c is one after unrolling)
+            case 0: return row_window<kLead, 0 * 8 * VB>(row, lead);
+            case 1: return row_window<kLead, 1 * 8 * VB>(row, lead);
+            case 2: return row_window<kLead, 2 * 8 * VB>(row, lead);
+            default: return row_window<kLead, 3 * 8 * VB>(row, lead);
+          }
+        };
+        const std::uint32_t x0 = window(row0), x2 = window(row8);
         // The odd timesteps' codes one code higher, then merged with the even ones into one word per parity of
         // the dim: dim d's pair index (even code low, odd code high) is that word's 2 VB bits at d VB.
-        const std::uint32_t y1 = bits_at(v0 + 4 * VW, bit0) << VB, y3 = bits_at(v0 + 4 * 9 * VW, bit0) << VB;
+        const std::uint32_t y1 = window(row1) << VB, y3 = window(row9) << VB;
         const std::uint32_t z01[2] = {merge_by_mask(x0, y1, kEvenDims), merge_by_mask(x0, y1, ~kEvenDims)};
         const std::uint32_t z23[2] = {merge_by_mask(x2, y3, kEvenDims), merge_by_mask(x2, y3, ~kEvenDims)};
         const unsigned t = value_lut_lane;
