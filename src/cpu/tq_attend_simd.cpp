@@ -402,8 +402,8 @@ HWY_INLINE hn::Vec<D> row_sums(D d, const float* rows) {
 }
 
 // kKeyBits: the key code width decoded a vector at a time (keys without QJL), or 0 for the tables. kHead128:
-// head_dim is 128 and the keys' parts are those of kHead128Parts (the presets' at 128), so that every loop over
-// the coordinates and every key part has a constant trip count: a token's parts then cost no loop set-up.
+// head_dim is 128 and the keys' parts are those has_head128_parts accepts (the presets' at 128), so that every loop
+// over the coordinates and every key part has a constant trip count: a token's parts then cost no loop set-up.
 template <int GT, int kValueBits, int kKeyBits, bool kHead128 = false>
 void attend_heads(const TqAttendCall& a, std::int64_t row, std::int64_t kvh, std::int64_t g0, std::int64_t t0,
                   std::int64_t t1, std::int64_t end, float* m, float* l, float* acc) {
